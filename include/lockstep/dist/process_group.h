@@ -1,0 +1,88 @@
+// lockstep::ProcessGroup: a c10d backend (Gloo or NCCL) plus the things every
+// caller needs around it: the device its tensors live on, AVG where the
+// backend lacks it, early return at world size 1, and errors that name the
+// rank, the operation and its sequence number.
+//
+// Threads: like c10d backends, one thread issues collectives, in the same
+// order on every rank. Async work may complete on backend threads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/dist/c10d_shim.h"
+#include "lockstep/dist/world.h"
+
+namespace lockstep {
+
+enum class BackendKind { kGloo, kNccl };
+const char* backend_kind_name(BackendKind kind);
+// "gloo" | "nccl"; throws ConfigError listing the valid names.
+BackendKind backend_kind_parse(const std::string& name);
+
+enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
+const char* reduce_kind_name(ReduceKind kind);
+
+struct ProcessGroupOptions {
+  BackendKind backend = BackendKind::kGloo;
+  // Per collective: a peer that does not take part within this time makes
+  // the collective fail instead of hanging.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+class ProcessGroup {
+ public:
+  // Creates the backend over `store` (its keys under a private prefix).
+  // Gloo honours GLOO_SOCKET_IFNAME (comma-separated interfaces). NCCL needs
+  // a CUDA build of LibTorch; elsewhere it throws ConfigError saying so.
+  static std::shared_ptr<ProcessGroup> create(const Ptr<C10dStore>& store, const WorldInfo& world,
+                                              const ProcessGroupOptions& options);
+
+  ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank, int size, int local_rank);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  BackendKind kind() const { return kind_; }
+  // Where this backend's tensors live: CPU for Gloo, cuda:<local rank> for NCCL.
+  at::Device device() const;
+  C10dBackend& backend() { return *backend_; }
+
+  // Blocking collectives; each returns when the result is in place.
+  void allreduce(at::Tensor& tensor, ReduceKind op);
+  void broadcast(at::Tensor& tensor, int root);
+  std::vector<at::Tensor> allgather(const at::Tensor& tensor);
+  void barrier();
+
+  // Starts an all-reduce; the result is in `tensor` after wait(). AVG is only
+  // accepted where the backend has it natively (NCCL); pre-divide otherwise.
+  // Returns nullptr at world size 1 (nothing to wait for).
+  Ptr<C10dWork> allreduce_async(at::Tensor& tensor, ReduceKind op);
+  // Waits for `work` (no-op for nullptr); failures become CommError naming
+  // this rank, `what` and the sequence number.
+  void wait(const Ptr<C10dWork>& work, const std::string& what);
+
+  // Number of collectives issued so far (the next one's sequence number).
+  uint64_t sequence() const { return sequence_; }
+
+ private:
+  std::string describe(const std::string& what) const;
+
+  Ptr<C10dBackend> backend_;
+  BackendKind kind_;
+  int rank_;
+  int size_;
+  int local_rank_;
+  uint64_t sequence_ = 0;
+};
+
+// Implemented by process_group_nccl.cpp (CUDA LibTorch) or
+// process_group_nccl_absent.cpp (CPU LibTorch): CMake picks one.
+Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>& store, int rank, int size,
+                                     std::chrono::milliseconds timeout);
+bool nccl_available();
+
+}  // namespace lockstep

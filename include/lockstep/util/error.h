@@ -1,0 +1,40 @@
+// lockstep's one exception hierarchy. Library code throws these; only main()
+// and the launcher turn them into exit codes (see src/cli/).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace lockstep {
+
+// Base of every error lockstep raises on purpose.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// A bad value in the environment (RANK=abc, MASTER_PORT missing, ...).
+class EnvError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A bad configuration or command-line value.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective or rendezvous failed (peer gone, mismatch, unsupported op).
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A rendezvous or collective did not finish within its configured timeout.
+class TimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+}  // namespace lockstep

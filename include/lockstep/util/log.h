@@ -1,0 +1,20 @@
+// Rank-tagged logging on top of spdlog. Every line carries "[rank N]" so the
+// interleaved output of several ranks can be told apart (and grepped).
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+namespace lockstep {
+
+// Sets the rank tag and the level of the default logger. The level comes from
+// `level` when non-empty, otherwise from LOCKSTEP_LOG_LEVEL, otherwise "info".
+// Throws ConfigError on an unknown level name, listing the valid ones.
+void log_init(int rank, const std::string& level = "");
+
+// Parses "trace|debug|info|warn|error|critical|off"; throws ConfigError
+// naming `where` (e.g. "--log-level") otherwise.
+spdlog::level::level_enum log_parse_level(const std::string& name, const std::string& where);
+
+}  // namespace lockstep

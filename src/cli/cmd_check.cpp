@@ -1,0 +1,69 @@
+// `lockstep check`: consistency checks. --comm runs the communication
+// self-check (lockstep/check/comm_check.h) on every rank of the job.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "common.h"
+#include "lockstep/check/comm_check.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::vector<int64_t> parse_sizes(const std::string& text) {
+  std::vector<int64_t> sizes;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    char* end = nullptr;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 1) {
+      throw ConfigError("--sizes: '" + item + "' is not a positive element count (in '" + text +
+                        "')");
+    }
+    sizes.push_back(value);
+  }
+  if (sizes.empty()) throw ConfigError("--sizes is empty");
+  return sizes;
+}
+
+}  // namespace
+
+int cmd_check(int argc, char** argv) {
+  return run_guarded("check", [&] {
+    cxxopts::Options options("lockstep check", "Consistency checks across the ranks of a job.");
+    options.add_options()
+        ("comm", "communication self-check: every collective, op and dtype against its closed-form answer")
+        ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
+        ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"))
+        ("h,help", "this help");
+    add_dist_options(options);
+    const auto args = options.parse(argc, argv);
+    if (args.count("help") != 0) {
+      std::fputs(options.help().c_str(), stdout);
+      return kExitOk;
+    }
+    if (args.count("comm") == 0) throw ConfigError("nothing to check: pass --comm");
+
+    CommCheckOptions check;
+    check.sizes = parse_sizes(args["sizes"].as<std::string>());
+    check.corrupt_rank = args["corrupt-rank"].as<int>();
+    auto dist = dist_setup(args);
+    const auto report = comm_check_run(*dist.pg, check);
+    if (dist.world.rank == 0) {
+      std::fputs(report.table().c_str(), stdout);
+      std::fflush(stdout);
+    }
+    if (report.passed()) {
+      spdlog::info("comm check passed: {} cases on {} ranks", report.cases.size(),
+                   report.world_size);
+      return kExitOk;
+    }
+    spdlog::error("comm check FAILED (see the table on rank 0)");
+    return kExitCheckFailed;
+  });
+}
+
+}  // namespace lockstep::cli

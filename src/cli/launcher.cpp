@@ -1,0 +1,446 @@
+// lockstep-run's engine. One attempt:
+//   1. fork one worker per local rank, each in its own process group (so that
+//      stopping it also stops what it spawned) and with PDEATHSIG (so that a
+//      killed launcher never leaves workers behind);
+//   2. relay each worker's stdout/stderr line by line, prefixed "[rankN]: ";
+//   3. on the first failure (non-zero exit or signal), SIGTERM the others,
+//      SIGKILL what is left after the grace period, and report the first
+//      failure as the root cause: later failures are usually its echoes
+//      (peers losing their connection to the dead rank).
+// SIGINT/SIGTERM sent to the launcher are forwarded to every worker.
+#include "launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace lockstep::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile sig_atomic_t g_signal = 0;
+int g_wake[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const int saved = errno;
+  if (sig != SIGCHLD) g_signal = sig;
+  const char byte = 0;
+  (void)!write(g_wake[1], &byte, 1);
+  errno = saved;
+}
+
+void write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // our own stdout is gone: nothing better to do
+    done += static_cast<size_t>(n);
+  }
+}
+
+void say(const std::string& text) { write_all(STDERR_FILENO, "lockstep-run: " + text + "\n"); }
+
+void mkdir_p(const std::string& path) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos == path.size() || path[pos] == '/') {
+      const std::string prefix = path.substr(0, pos);
+      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw std::runtime_error("cannot create log directory '" + prefix +
+                                 "': " + std::strerror(errno));
+      }
+    }
+  }
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + " (SIG" + (abbrev ? abbrev : "?") + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+struct Stream {
+  int fd = -1;
+  int to = STDOUT_FILENO;  // where the launcher relays it
+  std::string partial;
+};
+
+struct Worker {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  bool stopped_by_us = false;
+  int status = 0;
+  double ended_s = 0;
+  Stream streams[2];
+  std::deque<std::string> tail;
+  int log_fd = -1;
+};
+
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& options, int attempt, int master_port)
+      : options_(options), attempt_(attempt), master_port_(master_port) {}
+
+  // Returns 0, or the exit code the launcher should end with.
+  int run() {
+    start_ = Clock::now();
+    if (!options_.log_dir.empty()) {
+      mkdir_p(options_.log_dir + "/attempt_" + std::to_string(attempt_));
+    }
+    for (int local = 0; local < options_.nproc_per_node; ++local) spawn(local);
+    loop();
+    return summarize();
+  }
+
+  bool interrupted() const { return interrupted_by_ != 0; }
+
+ private:
+  double elapsed_s() const {
+    return std::chrono::duration<double>(Clock::now() - start_).count();
+  }
+
+  void spawn(int local) {
+    Worker w;
+    w.local_rank = local;
+    w.rank = options_.node_rank * options_.nproc_per_node + local;
+    int pipes[2][2];
+    for (auto& p : pipes) {
+      if (pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    }
+    if (!options_.log_dir.empty()) {
+      const std::string path = options_.log_dir + "/attempt_" + std::to_string(attempt_) +
+                               "/rank_" + std::to_string(w.rank) + ".log";
+      w.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (w.log_fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+    }
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) exec_worker(w, pipes, parent);  // never returns
+    setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
+    w.pid = pid;
+    w.running = true;
+    for (int s = 0; s < 2; ++s) {
+      close(pipes[s][1]);
+      w.streams[s].fd = pipes[s][0];
+      w.streams[s].to = s == 0 ? STDOUT_FILENO : STDERR_FILENO;
+    }
+    workers_.push_back(std::move(w));
+  }
+
+  [[noreturn]] void exec_worker(const Worker& w, int pipes[2][2], pid_t parent) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl
+    dup2(pipes[0][1], STDOUT_FILENO);
+    dup2(pipes[1][1], STDERR_FILENO);
+    const int world = options_.nnodes * options_.nproc_per_node;
+    auto set = [](const char* name, const std::string& value) { setenv(name, value.c_str(), 1); };
+    // torchrun's worker contract (torch.distributed.elastic.agent).
+    set("RANK", std::to_string(w.rank));
+    set("WORLD_SIZE", std::to_string(world));
+    set("LOCAL_RANK", std::to_string(w.local_rank));
+    set("LOCAL_WORLD_SIZE", std::to_string(options_.nproc_per_node));
+    set("GROUP_RANK", std::to_string(options_.node_rank));
+    set("GROUP_WORLD_SIZE", std::to_string(options_.nnodes));
+    set("ROLE_RANK", std::to_string(w.rank));
+    set("ROLE_WORLD_SIZE", std::to_string(world));
+    set("ROLE_NAME", "default");
+    set("MASTER_ADDR", options_.master_addr);
+    set("MASTER_PORT", std::to_string(master_port_));
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_));
+    set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts));
+    set("TORCHELASTIC_RUN_ID", "none");
+    // Rank 0 hosts the store (no agent store here).
+    set("TORCHELASTIC_USE_AGENT_STORE", "False");
+    if (options_.nproc_per_node > 1) setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
+    std::vector<char*> argv;
+    for (const auto& arg : options_.command) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    const std::string why = "lockstep-run: cannot execute '" + options_.command[0] +
+                            "': " + std::strerror(errno) + "\n";
+    write_all(STDERR_FILENO, why);
+    _exit(127);
+  }
+
+  void relay_line(Worker& w, int s, const std::string& line) {
+    write_all(w.streams[s].to, "[rank" + std::to_string(w.rank) + "]: " + line + "\n");
+    if (w.log_fd >= 0) write_all(w.log_fd, line + "\n");
+    w.tail.push_back(line);
+    if (static_cast<int>(w.tail.size()) > options_.tail_lines) w.tail.pop_front();
+  }
+
+  // Reads what is available; relays complete lines. Closes the stream at EOF.
+  void read_stream(Worker& w, int s) {
+    Stream& st = w.streams[s];
+    char buf[65536];
+    const ssize_t n = read(st.fd, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      if (!st.partial.empty()) relay_line(w, s, st.partial);
+      st.partial.clear();
+      close(st.fd);
+      st.fd = -1;
+      return;
+    }
+    st.partial.append(buf, static_cast<size_t>(n));
+    size_t begin = 0;
+    for (size_t nl; (nl = st.partial.find('\n', begin)) != std::string::npos; begin = nl + 1) {
+      relay_line(w, s, st.partial.substr(begin, nl - begin));
+    }
+    st.partial.erase(0, begin);
+  }
+
+  void signal_running(int sig) {
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      kill(-w.pid, sig);
+      if (sig == SIGTERM || sig == SIGKILL) w.stopped_by_us = true;
+    }
+  }
+
+  void begin_stop(int sig) {
+    signal_running(sig);
+    if (!stopping_) kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(options_.grace_s));
+    stopping_ = true;
+  }
+
+  void reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& w : workers_) {
+        if (w.pid != pid) continue;
+        w.running = false;
+        w.status = status;
+        w.ended_s = elapsed_s();
+        // Anything the worker spawned goes with it.
+        kill(-w.pid, SIGKILL);
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && first_failed_ < 0 && !w.stopped_by_us && interrupted_by_ == 0) {
+          first_failed_ = static_cast<int>(&w - workers_.data());
+          int others = 0;
+          for (const auto& o : workers_) others += o.running ? 1 : 0;
+          say("rank " + std::to_string(w.rank) + " " + describe_status(status) + " after " +
+              format_s(w.ended_s) + (others > 0 ? "; stopping the other " +
+                                                      std::to_string(others) + " worker(s)"
+                                                : ""));
+          begin_stop(SIGTERM);
+        }
+      }
+    }
+  }
+
+  static std::string format_s(double s) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f s", s);
+    return text;
+  }
+
+  void loop() {
+    Clock::time_point all_exited_at{};
+    while (true) {
+      std::vector<pollfd> fds{{g_wake[0], POLLIN, 0}};
+      std::vector<std::pair<Worker*, int>> owners{{nullptr, 0}};
+      for (auto& w : workers_) {
+        for (int s = 0; s < 2; ++s) {
+          if (w.streams[s].fd < 0) continue;
+          fds.push_back({w.streams[s].fd, POLLIN, 0});
+          owners.emplace_back(&w, s);
+        }
+      }
+      bool any_running = false;
+      for (const auto& w : workers_) any_running = any_running || w.running;
+      if (!any_running) {
+        if (fds.size() == 1) break;
+        // Pipes still open with every worker gone: a straggler holds them.
+        // Give it a moment to flush, then stop listening.
+        if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
+        if (Clock::now() - all_exited_at > std::chrono::seconds(2)) {
+          for (auto& w : workers_)
+            for (auto& st : w.streams)
+              if (st.fd >= 0) close(st.fd), st.fd = -1;
+          break;
+        }
+      }
+      const int ready = poll(fds.data(), fds.size(), 100);
+      if (ready > 0) {
+        if (fds[0].revents != 0) {
+          char drain[64];
+          while (read(g_wake[0], drain, sizeof drain) > 0) {
+          }
+        }
+        for (size_t k = 1; k < fds.size(); ++k) {
+          if (fds[k].revents != 0) read_stream(*owners[k].first, owners[k].second);
+        }
+      }
+      if (g_signal != 0 && interrupted_by_ == 0) {
+        interrupted_by_ = g_signal;
+        say(std::string("received SIG") + sigabbrev_np(interrupted_by_) +
+            ": forwarding it to every worker");
+        begin_stop(interrupted_by_);
+      }
+      reap();
+      if (stopping_ && Clock::now() >= kill_deadline_) {
+        bool any = false;
+        for (const auto& w : workers_) any = any || w.running;
+        if (any) {
+          say("grace period of " + format_s(options_.grace_s) + " is over: SIGKILL");
+          signal_running(SIGKILL);
+        }
+        kill_deadline_ = Clock::time_point::max();
+      }
+    }
+    for (auto& w : workers_) {
+      if (w.log_fd >= 0) close(w.log_fd);
+    }
+  }
+
+  int summarize() {
+    if (interrupted_by_ != 0) return 128 + interrupted_by_;
+    if (first_failed_ < 0) {
+      // Nobody failed first, yet someone may still have failed (e.g. both
+      // failed in the same instant while we were stopping): check all.
+      for (const auto& w : workers_) {
+        if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return exit_code_of(w.status);
+      }
+      return 0;
+    }
+    const Worker& first = workers_[first_failed_];
+    std::string text = "FAILED (attempt " + std::to_string(attempt_ + 1) + " of " +
+                       std::to_string(options_.max_restarts + 1) + "): root cause: rank " +
+                       std::to_string(first.rank) + " (local rank " +
+                       std::to_string(first.local_rank) + ", pid " + std::to_string(first.pid) +
+                       ") " + describe_status(first.status) + " after " + format_s(first.ended_s);
+    text += "\n  last " + std::to_string(first.tail.size()) + " line(s) of rank " +
+            std::to_string(first.rank) + ":";
+    for (const auto& line : first.tail) text += "\n    " + line;
+    for (const auto& w : workers_) {
+      if (&w == &first) continue;
+      text += "\n  rank " + std::to_string(w.rank) + ": " +
+              (w.stopped_by_us && WIFSIGNALED(w.status) ? "stopped by lockstep-run ("
+                                                        : "") +
+              describe_status(w.status) + (w.stopped_by_us && WIFSIGNALED(w.status) ? ")" : "");
+    }
+    say(text);
+    return exit_code_of(first.status) == 0 ? 1 : exit_code_of(first.status);
+  }
+
+  const LaunchOptions& options_;
+  const int attempt_;
+  const int master_port_;
+  Clock::time_point start_;
+  std::vector<Worker> workers_;
+  int first_failed_ = -1;
+  int interrupted_by_ = 0;
+  bool stopping_ = false;
+  Clock::time_point kill_deadline_ = Clock::time_point::max();
+};
+
+void install_signal_handlers() {
+  if (pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  }
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD}) sigaction(sig, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace
+
+void launch_validate(const LaunchOptions& o) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (o.nproc_per_node < 1) bad("--nproc-per-node=" + std::to_string(o.nproc_per_node) + " must be >= 1");
+  if (o.nnodes < 1) bad("--nnodes=" + std::to_string(o.nnodes) + " must be >= 1");
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    bad("--node-rank=" + std::to_string(o.node_rank) + " must be in [0, --nnodes=" +
+        std::to_string(o.nnodes) + ")");
+  }
+  if (o.master_port < 0 || o.master_port > 65535) {
+    bad("--master-port=" + std::to_string(o.master_port) + " must be in [0, 65535]");
+  }
+  if (o.master_port == 0 && o.nnodes > 1) {
+    bad("--master-port=0 (pick a free port) only works with --nnodes=1: the other nodes could "
+        "not learn the port; pass the same --master-port to every node");
+  }
+  if (o.max_restarts < 0) bad("--max-restarts=" + std::to_string(o.max_restarts) + " must be >= 0");
+  if (!(o.grace_s >= 0)) bad("--grace-s must be >= 0");
+  if (o.command.empty()) bad("no program given: lockstep-run [options] PROGRAM [ARGS...]");
+}
+
+int launch_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    throw std::runtime_error("cannot pick a free port: " + why);
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int launch_run(const LaunchOptions& options) {
+  launch_validate(options);
+  install_signal_handlers();
+  if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    say("OMP_NUM_THREADS is unset: setting it to 1 for each of the " +
+        std::to_string(options.nproc_per_node) + " workers (set it to tune)");
+  }
+  int code = 0;
+  for (int attempt = 0; attempt <= options.max_restarts; ++attempt) {
+    // A fresh port per attempt when auto-picked: the last one may linger.
+    const int port = options.master_port == 0 ? launch_free_port() : options.master_port;
+    Attempt run(options, attempt, port);
+    code = run.run();
+    if (code == 0 || run.interrupted()) return code;
+    if (attempt < options.max_restarts) {
+      say("restarting the worker group (restart " + std::to_string(attempt + 1) + " of " +
+          std::to_string(options.max_restarts) + ")");
+    }
+  }
+  return code;
+}
+
+}  // namespace lockstep::launch

@@ -1,0 +1,36 @@
+// lockstep-run's engine: start one worker per local rank with torchrun's
+// environment contract, relay their output with rank prefixes, and when one
+// fails stop the others and say who failed first. No LibTorch in here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lockstep::launch {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;  // 0: pick a free port (single node only)
+  int max_restarts = 0;     // restarts of the whole worker group after a failure
+  std::string log_dir;      // when set: <log_dir>/attempt_<k>/rank_<r>.log
+  double grace_s = 5;       // SIGTERM, then this long, then SIGKILL
+  int tail_lines = 20;      // lines of the failed worker shown in the summary
+  std::vector<std::string> command;
+};
+
+// Throws std::invalid_argument naming the flag and value when inconsistent.
+void launch_validate(const LaunchOptions& options);
+
+// Runs the job (with restarts) and returns the launcher's exit code:
+// 0 when every worker of the last attempt exited 0; otherwise the first
+// failed worker's exit code, or 128+signal when it was killed by a signal or
+// the launcher was interrupted.
+int launch_run(const LaunchOptions& options);
+
+// Binds port 0 on all interfaces and returns the port the kernel picked.
+int launch_free_port();
+
+}  // namespace lockstep::launch

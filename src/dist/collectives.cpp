@@ -1,0 +1,100 @@
+// ProcessGroup's collectives: thin, but each one early-returns at world size
+// 1, counts its sequence number and turns backend failures into CommError.
+#include <ATen/ATen.h>
+
+#include "lockstep/dist/process_group.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum: return c10d::ReduceOp::SUM;
+    case ReduceKind::kAvg: return c10d::ReduceOp::AVG;
+    case ReduceKind::kMin: return c10d::ReduceOp::MIN;
+    case ReduceKind::kMax: return c10d::ReduceOp::MAX;
+    case ReduceKind::kProduct: return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+std::string ProcessGroup::describe(const std::string& what) const {
+  return "rank " + std::to_string(rank_) + ": " + what + " (" + backend_kind_name(kind_) +
+         ", world size " + std::to_string(size_) + ")";
+}
+
+void ProcessGroup::wait(const Ptr<C10dWork>& work, const std::string& what) {
+  if (!work) return;
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw CommError(describe(what) + " failed: " + e.what());
+  }
+}
+
+Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
+  if (op == ReduceKind::kAvg && kind_ != BackendKind::kNccl) {
+    throw CommError(describe("allreduce_async") +
+                    ": AVG is not native to this backend; pre-divide and use SUM");
+  }
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return {};
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  try {
+    return backend_->allreduce(tensors, options);
+  } catch (const std::exception& e) {
+    throw CommError(describe("allreduce #" + std::to_string(seq)) + " could not start: " + e.what());
+  }
+}
+
+void ProcessGroup::allreduce(at::Tensor& tensor, ReduceKind op) {
+  // Gloo has no AVG: SUM, then divide (truncating for integers, as NCCL does).
+  const bool emulate_avg = op == ReduceKind::kAvg && kind_ != BackendKind::kNccl;
+  const uint64_t seq = sequence_;
+  wait(allreduce_async(tensor, emulate_avg ? ReduceKind::kSum : op),
+       std::string("allreduce(") + reduce_kind_name(op) + ") #" + std::to_string(seq));
+  if (emulate_avg && size_ > 1) {
+    if (at::isIntegralType(tensor.scalar_type(), /*includeBool=*/true)) {
+      tensor.div_(size_, "trunc");
+    } else {
+      tensor.div_(size_);
+    }
+  }
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  if (root < 0 || root >= size_) {
+    throw CommError(describe("broadcast") + ": root " + std::to_string(root) +
+                    " is outside [0, " + std::to_string(size_) + ")");
+  }
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return;
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  wait(backend_->broadcast(tensors, options),
+       "broadcast(root " + std::to_string(root) + ") #" + std::to_string(seq));
+}
+
+std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return {tensor.clone()};
+  std::vector<at::Tensor> inputs{tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+  wait(backend_->allgather(outputs, inputs), "allgather #" + std::to_string(seq));
+  return outputs[0];
+}
+
+void ProcessGroup::barrier() {
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return;
+  wait(backend_->barrier(), "barrier #" + std::to_string(seq));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,37 @@
+#include "lockstep/util/log.h"
+
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <cstdlib>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+
+spdlog::level::level_enum log_parse_level(const std::string& name, const std::string& where) {
+  static const char* kNames[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  for (int i = 0; i < 7; ++i) {
+    if (name == kNames[i]) return static_cast<spdlog::level::level_enum>(i);
+  }
+  throw ConfigError(where + ": unknown log level '" + name +
+                    "' (valid: trace, debug, info, warn, error, critical, off)");
+}
+
+void log_init(int rank, const std::string& level) {
+  std::string name = level;
+  std::string where = "--log-level";
+  if (name.empty()) {
+    const char* env = std::getenv("LOCKSTEP_LOG_LEVEL");
+    name = env != nullptr && *env != '\0' ? env : "info";
+    where = "LOCKSTEP_LOG_LEVEL";
+  }
+  const auto parsed = log_parse_level(name, where);
+  // Logs go to stderr so that stdout stays for results (tables, JSON).
+  spdlog::drop("lockstep");
+  auto logger = spdlog::stderr_logger_mt("lockstep");
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%l] %v");
+  logger->set_level(parsed);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace lockstep
