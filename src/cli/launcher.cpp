@@ -144,9 +144,20 @@ class Attempt {
       if (w.log_fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
     }
     const pid_t parent = getpid();
+    // Signals stay blocked across fork until the child has dropped the
+    // launcher's handlers: a SIGTERM sent to a worker that has not exec'd yet
+    // must kill it, not run our handler in its copy of the launcher.
+    sigset_t all, previous;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &previous);
     const pid_t pid = fork();
+    if (pid == 0) {
+      for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) signal(sig, SIG_DFL);
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
+      exec_worker(w, pipes, parent);  // never returns
+    }
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) exec_worker(w, pipes, parent);  // never returns
     setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
     w.pid = pid;
     w.running = true;

@@ -70,10 +70,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
                                                    const WorldInfo& world,
                                                    const ProcessGroupOptions& options) {
   // A private prefix keeps the backend's keys apart from rendezvous keys and
-  // from any later group created on the same store.
-  static int groups_created = 0;
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      "lockstep/pg" + std::to_string(groups_created++), store);
+  // from any other group created on the same store.
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/pg/" + options.name, store);
   Ptr<C10dBackend> backend;
   try {
     backend = options.backend == BackendKind::kGloo

@@ -1,5 +1,6 @@
 #include "lockstep/dist/world.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
@@ -15,7 +16,9 @@ int parse_int(const std::string& name, const std::string& value, long lo, long h
   errno = 0;
   char* end = nullptr;
   const long parsed = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno == ERANGE) {
+  const bool starts_well = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
+                                              (value[0] == '-' && value.size() > 1));
+  if (!starts_well || *end != '\0' || errno == ERANGE) {
     throw EnvError(name + "='" + value + "' is not an integer");
   }
   if (parsed < lo || parsed > hi) {

@@ -32,6 +32,9 @@ struct ProcessGroupOptions {
   // Per collective: a peer that does not take part within this time makes
   // the collective fail instead of hanging.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // The backend's keys live under lockstep/pg/<name>/ in the store. Every
+  // rank must use the same name; two groups on one store need two names.
+  std::string name = "default";
 };
 
 class ProcessGroup {

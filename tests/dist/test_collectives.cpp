@@ -1,0 +1,128 @@
+// Collectives and the communication self-check on 1-4 ranks (threads over a
+// HashStore), including the check's ability to fail and collective timeouts.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "lockstep/check/comm_check.h"
+#include "lockstep/util/error.h"
+#include "support/thread_world.h"
+
+using namespace lockstep;
+using lockstep::testing::error_text;
+using lockstep::testing::run_ranks;
+
+namespace {
+CommCheckOptions small_sizes() {
+  CommCheckOptions options;
+  options.sizes = {1, 1001, 65536};
+  return options;
+}
+}  // namespace
+
+TEST_CASE("comm check passes on 1, 2, 3 and 4 ranks, and every rank agrees", "[collectives]") {
+  for (int n : {1, 2, 3, 4}) {
+    DYNAMIC_SECTION("world size " << n) {
+      const auto options = small_sizes();
+      auto outcomes = run_ranks<CommCheckReport>(
+          n, [&](ProcessGroup& pg) { return comm_check_run(pg, options); });
+      // 5 ops x 3 dtypes x 3 sizes, broadcast from 1 or 2 roots x 3 sizes,
+      // allgather x 3 sizes, barrier.
+      const size_t expected_cases = 45 + (n > 1 ? 6 : 3) + 3 + 1;
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r << ": " << error_text(outcomes[r].error));
+        REQUIRE_FALSE(outcomes[r].error);
+        CHECK(outcomes[r].result.passed());
+        CHECK(outcomes[r].result.cases.size() == expected_cases);
+        CHECK(outcomes[r].result.world_size == n);
+      }
+    }
+  }
+}
+
+TEST_CASE("comm check detects a rank that contributes wrong values, on every rank",
+          "[collectives]") {
+  auto options = small_sizes();
+  options.corrupt_rank = 1;
+  auto outcomes =
+      run_ranks<CommCheckReport>(3, [&](ProcessGroup& pg) { return comm_check_run(pg, options); });
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE_FALSE(outcomes[r].error);
+    const auto& report = outcomes[r].result;
+    CHECK_FALSE(report.passed());
+    // A corrupted SUM is wrong everywhere; every rank sees every rank fail.
+    CHECK(report.cases.front().op == "allreduce sum");
+    CHECK(report.cases.front().failed_ranks == std::vector<int>{0, 1, 2});
+    // Broadcast from root 0 never reads rank 1's values: it must still pass.
+    bool saw_root0 = false;
+    for (const auto& c : report.cases) {
+      if (c.op == "broadcast root 0") {
+        saw_root0 = true;
+        CHECK(c.failed_ranks.empty());
+      }
+    }
+    CHECK(saw_root0);
+    CHECK(report.table().find("FAIL on rank 0, 1, 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("AVG is emulated on Gloo, truncating integers", "[collectives]") {
+  auto outcomes = run_ranks<std::vector<double>>(2, [](ProcessGroup& pg) {
+    auto f = at::full({3}, pg.rank() == 0 ? 1.0 : 2.0, at::kDouble);
+    pg.allreduce(f, ReduceKind::kAvg);
+    auto i = at::full({3}, pg.rank() == 0 ? 1 : 2, at::kLong);
+    pg.allreduce(i, ReduceKind::kAvg);
+    return std::vector<double>{f[0].item<double>(), static_cast<double>(i[0].item<int64_t>())};
+  });
+  for (const auto& o : outcomes) {
+    REQUIRE_FALSE(o.error);
+    CHECK(o.result == std::vector<double>{1.5, 1.0});
+  }
+}
+
+TEST_CASE("async AVG on Gloo and bad broadcast roots are errors, not hangs", "[collectives]") {
+  auto outcomes = run_ranks<std::string>(2, [](ProcessGroup& pg) {
+    std::string errors;
+    auto t = at::ones({4});
+    try {
+      pg.allreduce_async(t, ReduceKind::kAvg);
+    } catch (const CommError& e) {
+      errors += std::string(e.what()) + "\n";
+    }
+    try {
+      pg.broadcast(t, 2);
+    } catch (const CommError& e) {
+      errors += e.what();
+    }
+    return errors;
+  });
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK_THAT(outcomes[r].result, Catch::Matchers::Contains("AVG is not native"));
+    CHECK_THAT(outcomes[r].result, Catch::Matchers::Contains("root 2 is outside [0, 2)"));
+    CHECK_THAT(outcomes[r].result, Catch::Matchers::Contains("rank " + std::to_string(r)));
+  }
+}
+
+TEST_CASE("a collective that a peer misses fails after the timeout, naming op and rank",
+          "[collectives]") {
+  auto outcomes = run_ranks<double>(
+      2,
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          // Alive but absent: never joins the all-reduce.
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return 0.0;
+        }
+        auto t = at::ones({16});
+        pg.allreduce(t, ReduceKind::kSum);
+        return -1.0;  // not reached when the timeout works
+      },
+      std::chrono::milliseconds(1000));
+  REQUIRE(outcomes[0].error);
+  const std::string what = error_text(outcomes[0].error);
+  CHECK_THAT(what, Catch::Matchers::Contains("rank 0: allreduce(sum) #0"));
+  CHECK_THAT(what, Catch::Matchers::Contains("failed"));
+}

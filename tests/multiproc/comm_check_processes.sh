@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `lockstep check --comm` as real processes meeting through rank 0's TCPStore,
+# on 2, 3 and 4 ranks; a corrupted rank fails the check on every rank.
+source "$(dirname "$0")/lib.sh"
+
+for n in 2 3 4; do
+  "$LOCKSTEP_RUN" --nproc-per-node $n --master-port 0 "$LOCKSTEP" check --comm \
+    >"$WORK/out" 2>"$WORK/err"
+  expect_eq "$?" 0 "comm check on $n ranks exits 0"
+  expect_grep "$WORK/out" "^\[rank0\]: comm check \(gloo, $n ranks\): 55 passed, 0 failed\$" "table summary on $n ranks"
+  expect_grep "$WORK/out" "^\[rank0\]: allreduce product +int64 +1048576 +[0-9.]+ +ok\$" "several-MB row present on $n ranks"
+  passed=$(grep -c "comm check passed: 55 cases on $n ranks" "$WORK/err")
+  expect_eq "$passed" "$n" "every one of the $n ranks reports the pass"
+done
+
+"$LOCKSTEP_RUN" --nproc-per-node 3 --master-port 0 "$LOCKSTEP" check --comm --sizes 1,7 \
+  --corrupt-rank 2 >"$WORK/out" 2>"$WORK/err"
+code=$?
+expect_eq "$code" 1 "a corrupted rank makes the job fail with code 1"
+expect_grep "$WORK/out" "allreduce sum +float32 +1 .* FAIL on rank 0, 1, 2" "every rank sees the corrupted sum"
+failed=$(grep -c "^\[rank[0-9]\]: .*comm check FAILED" "$WORK/err")
+expect_eq "$failed" 3 "all three ranks agree that the check failed"
+
+# A single process needs no launcher at all.
+env -u RANK -u WORLD_SIZE "$LOCKSTEP" check --comm --sizes 1,3 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 0 "world size 1 without a launcher"
+expect_grep "$WORK/out" "comm check \(gloo, 1 ranks\): 35 passed, 0 failed" "single-process table"
+
+finish

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Bad environments and options: a clear message naming the culprit, exit 2;
+# an unreachable master: exit 3 within the timeout, naming host:port.
+source "$(dirname "$0")/lib.sh"
+
+RANK=abc WORLD_SIZE=2 "$LOCKSTEP" check --comm 2>"$WORK/err"
+expect_eq "$?" 2 "RANK=abc exits 2"
+expect_grep "$WORK/err" "RANK='abc' is not an integer" "and names the variable and value"
+
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "$LOCKSTEP" check --comm 2>"$WORK/err"
+expect_eq "$?" 2 "missing MASTER_PORT exits 2"
+expect_grep "$WORK/err" "MASTER_PORT is not set" "and names MASTER_PORT"
+
+RANK=3 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$LOCKSTEP" check --comm 2>"$WORK/err"
+expect_grep "$WORK/err" "RANK=3 must be smaller than the world size 2" "RANK >= WORLD_SIZE named"
+
+"$LOCKSTEP" check --comm --backend mpi 2>"$WORK/err"
+expect_eq "$?" 2 "an unknown backend exits 2"
+expect_grep "$WORK/err" "unknown backend 'mpi' \(valid: gloo, nccl\)" "and lists the valid ones"
+
+"$LOCKSTEP" check --comm --backend nccl 2>"$WORK/err"
+expect_eq "$?" 2 "nccl on a CPU LibTorch exits 2"
+expect_grep "$WORK/err" "backend 'nccl' is not available" "and says how to get it"
+
+"$LOCKSTEP" check 2>"$WORK/err"
+expect_grep "$WORK/err" "nothing to check: pass --comm" "check with no mode"
+"$LOCKSTEP" frobnicate 2>"$WORK/err"
+expect_eq "$?" 2 "an unknown command exits 2"
+LOCKSTEP_LOG_LEVEL=loud "$LOCKSTEP" check --comm 2>"$WORK/err"
+expect_grep "$WORK/err" "LOCKSTEP_LOG_LEVEL: unknown log level 'loud'" "bad log level named"
+
+# Nobody listens: the rank must give up within the rendezvous timeout.
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
+start=$(now)
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$LOCKSTEP" check --comm \
+  --rdzv-timeout-s 3 2>"$WORK/err"
+code=$?
+expect_eq "$code" 3 "unreachable master exits 3"
+expect_lt "$(elapsed "$start")" 13 "within the 3 s timeout plus margin"
+expect_grep "$WORK/err" "could not reach the store at 127.0.0.1:$port" "the message names host:port"
+
+finish

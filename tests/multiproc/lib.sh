@@ -1,0 +1,38 @@
+# Helpers for the multi-process tests. Each test script sources this file,
+# gets LOCKSTEP and LOCKSTEP_RUN from its arguments, and calls check/fail.
+set -u
+LOCKSTEP=${1:?usage: $0 LOCKSTEP LOCKSTEP_RUN}
+LOCKSTEP_RUN=${2:?usage: $0 LOCKSTEP LOCKSTEP_RUN}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+FAILURES=0
+PASSES=0
+
+pass() { PASSES=$((PASSES + 1)); echo "ok: $*"; }
+fail() { FAILURES=$((FAILURES + 1)); echo "FAIL: $*"; }
+
+# expect_grep FILE PATTERN WHAT
+expect_grep() {
+  if grep -qE -- "$2" "$1"; then pass "$3"; else fail "$3 (no line matching '$2' in:)"; sed 's/^/    /' "$1" | tail -40; fi
+}
+
+# expect_eq ACTUAL EXPECTED WHAT
+expect_eq() {
+  if [ "$1" = "$2" ]; then pass "$3"; else fail "$3: got '$1', expected '$2'"; fi
+}
+
+# expect_lt A B WHAT (numbers, decimal allowed)
+expect_lt() {
+  if awk "BEGIN{exit !($1 < $2)}"; then pass "$3 ($1 < $2)"; else fail "$3: $1 is not < $2"; fi
+}
+
+now() { date +%s.%N; }
+elapsed() { awk "BEGIN{printf \"%.2f\", $(now) - $1}"; }
+
+# Processes whose command line contains the marker (ours only).
+leftovers() { pgrep -f -- "$1" | grep -v "^$$\$" || true; }
+
+finish() {
+  echo "$PASSES passed, $FAILURES failed"
+  [ "$FAILURES" -eq 0 ]
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The real torchrun (Debian's python3-torch, 1.13) launching lockstep with
+# --no-python: its agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True)
+# and lockstep must join it as a client under /worker/attempt_0.
+source "$(dirname "$0")/lib.sh"
+
+TORCHRUN=${TORCHRUN:-/usr/bin/torchrun}
+if [ ! -x "$TORCHRUN" ]; then
+  fail "torchrun not found at $TORCHRUN (scripts/setup.sh installs python3-torch)"
+  finish
+  exit 1
+fi
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
+# Debian's torchrun on Python 3.11 crashes with its default redirects: -r/-t
+# in their mapping form avoid that path.
+OMP_NUM_THREADS=1 "$TORCHRUN" --nproc_per_node 2 --master_port "$port" -r 0:1 -t 0:1 \
+  --log_dir "$WORK/torchrun-logs" --no_python "$LOCKSTEP" check --comm --sizes 1,1001,262144 \
+  >"$WORK/out" 2>&1
+expect_eq "$?" 0 "torchrun --no-python lockstep check --comm on 2 ranks exits 0"
+expect_grep "$WORK/out" "comm check \(gloo, 2 ranks\): 55 passed, 0 failed" "rank 0's table"
+expect_grep "$WORK/out" "agent store, attempt 0" "lockstep joined torchrun's agent store"
+
+finish
