@@ -83,7 +83,7 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
     report("communication failed: ", e.what());
     return kExitCommFailed;
   } catch (const std::exception& e) {
-    report("internal error: ", e.what());
+    report("internal error: ", what_of(e));
     return kExitInternal;
   }
 }

@@ -31,7 +31,7 @@ void ProcessGroup::wait(const Ptr<C10dWork>& work, const std::string& what) {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw CommError(describe(what) + " failed: " + e.what());
+    throw CommError(describe(what) + " failed: " + what_of(e));
   }
 }
 
@@ -48,7 +48,7 @@ Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
   try {
     return backend_->allreduce(tensors, options);
   } catch (const std::exception& e) {
-    throw CommError(describe("allreduce #" + std::to_string(seq)) + " could not start: " + e.what());
+    throw CommError(describe("allreduce #" + std::to_string(seq)) + " could not start: " + what_of(e));
   }
 }
 

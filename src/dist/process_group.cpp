@@ -31,7 +31,7 @@ Ptr<C10dBackend> gloo_backend_create(const Ptr<C10dStore>& store, const WorldInf
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
       } catch (const std::exception& e) {
         throw ConfigError("GLOO_SOCKET_IFNAME='" + std::string(ifname) + "': interface '" + name +
-                          "' cannot be used: " + e.what());
+                          "' cannot be used: " + what_of(e));
       }
     }
   } else if (is_loopback(world.master_addr)) {
@@ -82,7 +82,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
   } catch (const std::exception& e) {
     throw CommError("rank " + std::to_string(world.rank) + ": creating the " +
                     backend_kind_name(options.backend) + " process group (world size " +
-                    std::to_string(world.world_size) + ") failed: " + e.what());
+                    std::to_string(world.world_size) + ") failed: " + what_of(e));
   }
   spdlog::debug("process group: {} over {} ranks, timeout {} ms", backend_kind_name(options.backend),
                 world.world_size, options.timeout.count());

@@ -60,13 +60,13 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
   } catch (const std::exception& e) {
     if (tcp.isServer) {
       throw CommError("rendezvous: rank 0 could not host the store on " + where +
-                      " (MASTER_ADDR:MASTER_PORT; is the port in use?): " + e.what());
+                      " (MASTER_ADDR:MASTER_PORT; is the port in use?): " + what_of(e));
     }
     const auto waited =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     throw TimeoutError("rendezvous: rank " + std::to_string(world.rank) +
                        " could not reach the store at " + where +
-                       " (MASTER_ADDR:MASTER_PORT) after " + seconds(waited) + ": " + e.what());
+                       " (MASTER_ADDR:MASTER_PORT) after " + seconds(waited) + ": " + what_of(e));
   }
   if (world.use_agent_store) {
     store = c10::make_intrusive<c10d::PrefixStore>(

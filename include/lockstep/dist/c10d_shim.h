@@ -28,6 +28,10 @@ using C10dBackend = c10d::ProcessGroup;
 #endif
 
 using C10dWork = c10d::Work;
+
+// For the rare test or message that must know the version; code paths that
+// differ belong in this header, not behind this constant.
+constexpr int kTorchVersionMajor = TORCH_VERSION_MAJOR;
 using C10dStore = c10d::Store;
 
 template <typename T>

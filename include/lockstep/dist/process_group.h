@@ -37,7 +37,7 @@ struct ProcessGroupOptions {
   std::string name = "default";
 };
 
-class ProcessGroup {
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
   // Creates the backend over `store` (its keys under a private prefix).
   // Gloo honours GLOO_SOCKET_IFNAME (comma-separated interfaces). NCCL needs

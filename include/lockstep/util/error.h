@@ -38,3 +38,11 @@ class TimeoutError : public CommError {
 };
 
 }  // namespace lockstep
+
+namespace lockstep {
+
+// e.what(), without the C++ backtrace that LibTorch's c10::Error appends:
+// the message a user needs is the first line, not 20 frames.
+std::string what_of(const std::exception& e);
+
+}  // namespace lockstep

@@ -1,0 +1,118 @@
+// lockstep::DistributedDataParallel: PyTorch's DDP for LibTorch modules.
+//
+//   auto model = std::make_shared<Net>();            // or a TORCH_MODULE holder
+//   lockstep::DistributedDataParallel ddp(model, pg); // verifies + syncs ranks
+//   auto loss = loss_fn(ddp.forward(x), y);          // broadcasts buffers
+//   loss.backward();                                 // bucketed async all-reduce
+//   optimizer.step();                                // same update everywhere
+//   { auto guard = ddp.no_sync(); ... backward ... } // local accumulation only
+//
+// Construction (collective: every rank must construct, in the same order):
+//   1. verifies that every rank holds the same parameters and buffers (names,
+//      shapes, dtypes); a mismatch throws ConfigError naming the rank and
+//      the first differing tensor, on every rank (no hang);
+//   2. broadcasts parameters and buffers from rank 0, coalesced;
+//   3. builds the Reducer (hooks, buckets) over the parameters that require
+//      grad. World size 1: steps 1-3 are skipped, nothing is communicated.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <utility>
+
+#include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/ddp/reducer.h"
+#include "lockstep/dist/process_group.h"
+
+namespace lockstep {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25;        // cap of every bucket but the first
+  double first_bucket_cap_mb = 1;   // the first bucket: small, so the exchange starts early
+  bool gradient_as_bucket_view = true;
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;    // rank 0's buffers before every forward
+  std::shared_ptr<CommHook> comm_hook;  // nullptr: plain SUM all-reduce
+};
+
+// The type-independent part of DistributedDataParallel.
+class DdpCore {
+ public:
+  DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg,
+          DdpOptions options);
+  virtual ~DdpCore();
+
+  // While alive, backward only accumulates gradients locally; the next
+  // synchronised backward reduces what accumulated.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DdpCore& ddp) : ddp_(ddp), previous_(ddp.sync_) { ddp.sync_ = false; }
+    ~NoSyncGuard() { ddp_.sync_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DdpCore& ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  bool gradients_synchronised() const { return sync_; }
+
+  // Broadcasts buffers and arms the reducer; the typed forward() calls it.
+  void pre_forward();
+
+  ProcessGroup& process_group() { return *pg_; }
+  // nullptr at world size 1.
+  const Reducer* reducer() const { return reducer_.get(); }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> pg_;
+  DdpOptions options_;
+  std::vector<at::Tensor> buffers_;
+  std::unique_ptr<Reducer> reducer_;
+  bool sync_ = true;
+};
+
+template <typename T>
+std::shared_ptr<torch::nn::Module> ddp_module_ptr(const std::shared_ptr<T>& module) {
+  return module;
+}
+template <typename T>
+std::shared_ptr<torch::nn::Module> ddp_module_ptr(const torch::nn::ModuleHolder<T>& module) {
+  return module.ptr();
+}
+
+// ModuleType: std::shared_ptr<SomeModule> or a ModuleHolder (TORCH_MODULE).
+template <typename ModuleType>
+class DistributedDataParallel : public DdpCore {
+ public:
+  DistributedDataParallel(ModuleType module, std::shared_ptr<ProcessGroup> pg,
+                          DdpOptions options = {})
+      : DdpCore(ddp_module_ptr(module), std::move(pg), std::move(options)),
+        module_(std::move(module)) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    pre_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  ModuleType& module() { return module_; }
+
+ private:
+  ModuleType module_;
+};
+
+// Throws ConfigError on every rank when the ranks' tensors differ in number,
+// name, dtype or shape, naming the first differing tensor and the ranks.
+void verify_same_tensors(ProcessGroup& pg, const std::vector<std::string>& names,
+                         const std::vector<at::Tensor>& tensors);
+
+}  // namespace lockstep

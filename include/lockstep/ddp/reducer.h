@@ -1,0 +1,113 @@
+// Reducer: turns each backward into bucketed, overlapped gradient all-reduces.
+//
+// Lifecycle of one synchronised iteration (see docs/ddp.md for a diagram):
+//   prepare_for_backward()  - DDP's forward arms the hooks (not under no_sync)
+//   hook(i) per parameter   - fires after autograd accumulated .grad; copies
+//                             it, divided by world size, into its bucket;
+//                             when every bucket up to k is full, launches
+//                             their all-reduces in bucket order
+//   finalize()              - autograd engine callback at the end of backward:
+//                             marks unused parameters (or reports them),
+//                             waits for every bucket, writes results to .grad
+//
+// Threads: hooks run on autograd's thread(s); state is guarded by a mutex.
+// Collectives are issued in bucket order only, identical on every rank.
+// Ownership: the Reducer keeps each parameter's gradient accumulator alive
+// and removes its hooks in its destructor.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lockstep/ddp/buckets.h"
+#include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/dist/process_group.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace lockstep {
+
+struct ReducerOptions {
+  BucketCaps caps;
+  // .grad becomes a tensor on the bucket's storage: no copy back after the
+  // all-reduce, and no second copy of the gradients in memory.
+  bool gradient_as_bucket_view = true;
+  // Parameters with no gradient in an iteration are reduced as zeros (or as
+  // their accumulated .grad under no_sync) instead of being an error.
+  bool find_unused_parameters = false;
+  std::shared_ptr<CommHook> hook;  // default: AllReduceHook
+};
+
+// Per-iteration figures, for metrics and for the overlap test.
+struct ReducerStats {
+  size_t buckets = 0;
+  size_t launched_during_backward = 0;  // all-reduces started before finalize
+  double wait_ms = 0;                   // time finalize spent waiting
+};
+
+class Reducer {
+ public:
+  // `params` must require grad and be leaves; `names` are for error messages.
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<ProcessGroup> pg, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Arms the hooks for the next backward. Called by DDP's forward when
+  // gradients are to be synchronised.
+  void prepare_for_backward();
+
+  const std::vector<std::vector<size_t>>& bucket_indices() const { return bucket_indices_; }
+  ReducerStats last_stats() const;
+
+ private:
+  struct Bucket {
+    at::Tensor contents;              // flat buffer
+    std::vector<size_t> params;       // indices into params_
+    std::vector<at::Tensor> views;    // per param: aliases `contents`
+    size_t pending = 0;               // gradients still to arrive
+    bool launched = false;
+    HookWork work;
+  };
+  struct Locator {
+    size_t bucket = 0;
+    size_t slot = 0;
+  };
+
+  void build_buckets();
+  void hook(size_t index);
+  void mark_ready(size_t index, bool from_hook);
+  void launch_ready_buckets(bool during_backward);
+  void finalize();
+  void write_back(const std::vector<int>& used_anywhere);
+  void reset_iteration();
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<ProcessGroup> pg_;
+  ReducerOptions options_;
+  at::Tensor divisor_;  // 1 / world size, as a wrapped number
+
+  std::vector<std::vector<size_t>> bucket_indices_;
+  std::vector<Bucket> buckets_;
+  std::vector<Locator> locators_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  mutable std::mutex mu_;
+  bool expect_hooks_ = false;
+  bool finalize_queued_ = false;
+  size_t next_bucket_ = 0;
+  std::vector<char> ready_;
+  std::vector<int> used_since_sync_;  // hook fired since the last sync (no_sync too)
+  ReducerStats stats_;
+};
+
+}  // namespace lockstep

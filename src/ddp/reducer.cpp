@@ -1,0 +1,278 @@
+// Note [Pre-divided buckets]
+// Each gradient is multiplied by 1/world_size while it is copied into its
+// bucket (one fused pass, as PyTorch's Reducer does), so a SUM all-reduce
+// leaves the mean gradient. Every rank receives the same reduced bits from
+// the collective, so the weights stay bit-identical across ranks.
+//
+// Note [Bucket views are storage aliases]
+// With gradient_as_bucket_view, .grad is a tensor created with set_() on the
+// bucket's storage, not an autograd view: LibTorch's Optimizer::zero_grad()
+// calls detach_() on every grad, which autograd forbids on views. Autograd
+// accumulates into an existing .grad in place, so later backwards write
+// straight into the bucket. If .grad was replaced (zero_grad(set_to_none)),
+// the hook copies it in and .grad is re-pointed at the bucket afterwards.
+#include "lockstep/ddp/reducer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+int64_t type_key(const at::Tensor& t) {
+  const auto device = t.device();
+  return (static_cast<int64_t>(t.scalar_type()) << 32) |
+         (static_cast<int64_t>(device.type()) << 16) | static_cast<int64_t>(device.index() + 1);
+}
+
+// A contiguous tensor of `sizes` on `flat`'s storage at `offset` elements.
+at::Tensor storage_alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= sizes[d];
+  }
+  auto alias = at::empty({0}, flat.options());
+  alias.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+  return alias;
+}
+
+bool aliases(const at::Tensor& grad, const at::Tensor& view) {
+  return grad.defined() && grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes();
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+                 std::shared_ptr<ProcessGroup> pg, ReducerOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      pg_(std::move(pg)),
+      options_(std::move(options)) {
+  if (!options_.hook) options_.hook = std::make_shared<AllReduceHook>();
+  divisor_ = c10::scalar_to_tensor(at::Scalar(1.0 / pg_->size()));
+  divisor_.unsafeGetTensorImpl()->set_wrapped_number(true);
+  ready_.assign(params_.size(), 0);
+  used_since_sync_.assign(params_.size(), 0);
+  build_buckets();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    if (!accumulator) {
+      throw ConfigError("parameter '" + names_[i] + "' is not a leaf that requires grad");
+    }
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              hook(i);
+              return outputs;
+            })));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+  // Collectives still in flight write into our buckets: let them land.
+  for (auto& bucket : buckets_) {
+    try {
+      if (bucket.work.work) bucket.work.work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+void Reducer::build_buckets() {
+  // Gradients become ready roughly in reverse registration order (the last
+  // layer's first), so buckets are filled in that order.
+  std::vector<BucketInput> inputs;
+  std::vector<size_t> order;
+  for (size_t k = params_.size(); k-- > 0;) {
+    inputs.push_back({static_cast<size_t>(params_[k].numel()) * params_[k].element_size(),
+                      type_key(params_[k])});
+    order.push_back(k);
+  }
+  locators_.assign(params_.size(), {});
+  at::NoGradGuard no_grad;
+  for (const auto& assigned : bucket_assign(inputs, options_.caps)) {
+    Bucket bucket;
+    int64_t total = 0;
+    for (size_t position : assigned) {
+      bucket.params.push_back(order[position]);
+      total += params_[order[position]].numel();
+    }
+    bucket.contents = at::zeros({total}, params_[bucket.params.front()].options());
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      const size_t index = bucket.params[slot];
+      bucket.views.push_back(storage_alias(bucket.contents, offset, params_[index].sizes()));
+      offset += params_[index].numel();
+      locators_[index] = {buckets_.size(), slot};
+      auto& grad = params_[index].mutable_grad();
+      if (options_.gradient_as_bucket_view && grad.defined()) {
+        bucket.views.back().copy_(grad);
+        grad = bucket.views.back();
+      }
+    }
+    bucket.pending = bucket.params.size();
+    bucket_indices_.push_back(bucket.params);
+    buckets_.push_back(std::move(bucket));
+  }
+  stats_.buckets = buckets_.size();
+}
+
+void Reducer::prepare_for_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  expect_hooks_ = true;
+  stats_ = ReducerStats{buckets_.size(), 0, 0};
+}
+
+void Reducer::hook(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  used_since_sync_[index] = 1;
+  if (!expect_hooks_) return;  // under no_sync: gradients only accumulate
+  if (!finalize_queued_) {
+    finalize_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  }
+  mark_ready(index, /*from_hook=*/true);
+}
+
+void Reducer::mark_ready(size_t index, bool from_hook) {
+  if (ready_[index]) {
+    throw CommError("rank " + std::to_string(pg_->rank()) + ": parameter '" + names_[index] +
+                    "' got two gradients in one synchronised backward (backward twice after one "
+                    "forward? run forward again, or use no_sync for accumulation)");
+  }
+  ready_[index] = 1;
+  const Locator& loc = locators_[index];
+  Bucket& bucket = buckets_[loc.bucket];
+  at::Tensor& view = bucket.views[loc.slot];
+  const at::Tensor& grad = params_[index].grad();
+  at::NoGradGuard no_grad;
+  // A parameter with no gradient since the last sync contributes zeros.
+  const bool has_local_grad = grad.defined() && (from_hook || used_since_sync_[index] != 0);
+  if (!has_local_grad) {
+    view.zero_();
+  } else if (aliases(grad, view)) {
+    view.mul_(divisor_);  // Note [Pre-divided buckets]
+  } else {
+    at::mul_out(view, grad, divisor_);
+  }
+  if (--bucket.pending == 0) launch_ready_buckets(from_hook);
+}
+
+void Reducer::launch_ready_buckets(bool during_backward) {
+  // Strictly in bucket order: bucket k+1 waits for bucket k even if it filled
+  // first, so every rank issues the same collectives in the same order.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    bucket.work = options_.hook->run(*pg_, bucket.contents);
+    bucket.launched = true;
+    if (during_backward) ++stats_.launched_during_backward;
+    ++next_bucket_;
+  }
+}
+
+void Reducer::finalize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = std::chrono::steady_clock::now();
+  struct ResetOnExit {
+    Reducer* self;
+    ~ResetOnExit() { self->reset_iteration(); }
+  } reset{this};
+
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) missing.push_back(i);
+  }
+  if (!missing.empty() && !options_.find_unused_parameters) {
+    std::string list;
+    for (size_t k = 0; k < missing.size() && k < 10; ++k) {
+      list += (k ? ", " : "") + ("'" + names_[missing[k]] + "'");
+    }
+    if (missing.size() > 10) list += ", ... (" + std::to_string(missing.size()) + " in all)";
+    throw CommError("rank " + std::to_string(pg_->rank()) + ": " +
+                    std::to_string(missing.size()) +
+                    " parameter(s) got no gradient in this backward: " + list +
+                    ". If parts of the model are unused in some iterations, construct "
+                    "DistributedDataParallel with find_unused_parameters = true; otherwise make "
+                    "the loss depend on every parameter");
+  }
+  for (size_t i : missing) mark_ready(i, /*from_hook=*/false);
+
+  std::vector<int> used_anywhere;
+  if (options_.find_unused_parameters) {
+    // Issued after every bucket, identically on all ranks.
+    auto used = at::tensor(used_since_sync_, at::kInt).to(pg_->device());
+    pg_->allreduce(used, ReduceKind::kMax);
+    used = used.cpu();
+    used_anywhere.assign(used.data_ptr<int>(), used.data_ptr<int>() + used.numel());
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pg_->wait(buckets_[b].work.work, "gradient bucket " + std::to_string(b) + " of " +
+                                         std::to_string(buckets_.size()) + " (" +
+                                         options_.hook->name() + ")");
+    if (buckets_[b].work.finish) buckets_[b].work.finish();
+  }
+  write_back(used_anywhere);
+  stats_.wait_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+}
+
+void Reducer::write_back(const std::vector<int>& used_anywhere) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // Like PyTorch: a parameter no rank used keeps its .grad as it was.
+    if (!used_anywhere.empty() && used_anywhere[i] == 0) continue;
+    const Locator& loc = locators_[i];
+    const at::Tensor& view = buckets_[loc.bucket].views[loc.slot];
+    auto& grad = params_[i].mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!aliases(grad, view)) grad = view;  // Note [Bucket views are storage aliases]
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      grad = view.clone();
+    }
+  }
+}
+
+void Reducer::reset_iteration() {
+  for (auto& bucket : buckets_) {
+    if (bucket.launched && bucket.work.work && !bucket.work.work->isCompleted()) {
+      try {
+        bucket.work.work->wait();  // after an error: never leave a write in flight
+      } catch (const std::exception&) {
+      }
+    }
+    bucket.pending = bucket.params.size();
+    bucket.launched = false;
+    bucket.work = {};
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_bucket_ = 0;
+  expect_hooks_ = false;
+  finalize_queued_ = false;
+}
+
+ReducerStats Reducer::last_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace lockstep
