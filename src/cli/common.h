@@ -36,5 +36,6 @@ Dist dist_setup(const cxxopts::ParseResult& args);
 int run_guarded(const std::string& command, const std::function<int()>& body);
 
 int cmd_check(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace lockstep::cli

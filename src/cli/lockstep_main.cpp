@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  check    consistency checks (--comm: the communication self-check)\n"
+    "  bench    benchmarks (ddp: ms/step with and without DistributedDataParallel)\n"
     "\n"
     "Run under lockstep-run, torchrun --no-python, srun or mpirun for several ranks;\n"
     "with no launcher it runs as a single process. 'lockstep <command> --help' for options.\n";
@@ -98,6 +99,8 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "check") return cmd_check(argc - 1, argv + 1);
-  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: check)\n%s", command.c_str(), kUsage);
+  if (command == "bench") return cmd_bench(argc - 1, argv + 1);
+  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: check, bench)\n%s", command.c_str(),
+               kUsage);
   return kExitBadInput;
 }

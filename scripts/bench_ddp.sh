@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# lockstep's DDP beside PyTorch's own DDP (Debian's python3-torch, the same
+# LibTorch 1.13 and Gloo), same models, same launcher, same ranks, run in
+# alternation ROUNDS times; prints the median ms/step of each row and the
+# ratio lockstep/PyTorch. Absolute figures depend on the machine; the ratio
+# is the point.
+#
+#   scripts/bench_ddp.sh [NPROC=2] [ROUNDS=5] [STEPS=50] [MODES=local,ddp] [MODELS=small,large]
+#   JSON=out.jsonl scripts/bench_ddp.sh   # also keep every raw row
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NPROC=${NPROC:-2}
+ROUNDS=${ROUNDS:-5}
+STEPS=${STEPS:-50}
+MODES=${MODES:-local,ddp}
+MODELS=${MODELS:-small,large}
+[ -x build/lockstep ] || scripts/setup.sh
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+for round in $(seq "$ROUNDS"); do
+  echo "round $round/$ROUNDS" >&2
+  build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
+    build/lockstep bench ddp --models "$MODELS" --modes "$MODES" --steps "$STEPS" 2>/dev/null |
+    sed -n 's/^\[rank0\]: //p' >>"$raw"
+  build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
+    /usr/bin/python3 scripts/bench_ddp_torch.py --models "$MODELS" --modes "$MODES" --steps "$STEPS" 2>/dev/null |
+    sed -n 's/^\[rank0\]: //p' >>"$raw"
+done
+[ -n "${JSON:-}" ] && cp "$raw" "$JSON"
+/usr/bin/python3 - "$raw" "$ROUNDS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+keys = []
+for r in rows:
+    k = (r["model"], r["mode"], r["world"], r["batch"])
+    if k not in keys:
+        keys.append(k)
+print(f"DDP step time, median of {sys.argv[2]} alternating rounds (ms/step, slowest rank)")
+print(f"{'model':8} {'mode':9} {'ranks':>5} {'batch':>5} {'lockstep':>9} {'pytorch':>9} {'ratio':>6}")
+for k in keys:
+    med = {}
+    for impl in ("lockstep", "pytorch"):
+        v = [r["ms_per_step"] for r in rows if r["impl"] == impl and (r["model"], r["mode"], r["world"], r["batch"]) == k]
+        med[impl] = statistics.median(v) if v else float("nan")
+    print(f"{k[0]:8} {k[1]:9} {k[2]:>5} {k[3]:>5} {med['lockstep']:9.3f} {med['pytorch']:9.3f} {med['lockstep']/med['pytorch']:6.3f}")
+PY

@@ -1,0 +1,83 @@
+"""PyTorch's own DDP on the models of `lockstep bench ddp`, same JSON lines.
+
+Run under a launcher that sets torchrun's variables (lockstep-run or
+torchrun): python3 scripts/bench_ddp_torch.py --models small,large --modes local,ddp
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+MODELS = {
+    "small": ([784, 128, 128, 10], 32),
+    "large": ([784, 1024, 1024, 10], 64),
+}
+
+
+def make_mlp(dims):
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i + 2 < len(dims):
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def time_steps(dims, batch, mode, warmup, steps):
+    torch.manual_seed(0)
+    model = make_mlp(dims)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, dims[0])
+    y = torch.randint(0, dims[-1], (batch,))
+    run = model
+    if mode != "local":
+        run = DDP(model)
+        if mode == "ddp-fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            run.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
+    def step():
+        sgd.zero_grad()
+        F.cross_entropy(run(x), y).backward()
+        sgd.step()
+
+    for _ in range(warmup):
+        step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    ms = (time.perf_counter() - start) * 1000 / steps
+    slowest = torch.tensor([ms], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.item()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="small,large")
+    parser.add_argument("--modes", default="local,ddp")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for name in args.models.split(","):
+        dims, batch = MODELS[name]
+        for mode in args.modes.split(","):
+            ms = time_steps(dims, batch, mode, args.warmup, args.steps)
+            if rank == 0:
+                print(json.dumps({"bench": "ddp", "impl": "pytorch", "model": name, "mode": mode,
+                                  "world": world, "batch": batch, "ms_per_step": round(ms, 4)}),
+                      flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

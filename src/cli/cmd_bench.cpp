@@ -1,0 +1,143 @@
+// `lockstep bench ddp`: ms per training step (forward, backward, SGD step) of
+// MLPs with and without DistributedDataParallel, one JSON line per row on
+// rank 0. scripts/bench_ddp.sh runs it beside PyTorch's own DDP
+// (scripts/bench_ddp_torch.py) and prints the ratios.
+#include <torch/nn.h>
+#include <torch/optim.h>
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "common.h"
+#include "lockstep/ddp/ddp.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct ModelSpec {
+  std::string name;
+  std::vector<int64_t> dims;  // input, hidden..., classes
+  int64_t batch;
+};
+
+// The same ladder as scripts/bench_ddp_torch.py.
+const std::vector<ModelSpec> kModels{
+    {"small", {784, 128, 128, 10}, 32},
+    {"large", {784, 1024, 1024, 10}, 64},
+};
+
+torch::nn::Sequential make_mlp(const std::vector<int64_t>& dims) {
+  torch::nn::Sequential model;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    model->push_back(torch::nn::Linear(dims[i], dims[i + 1]));
+    if (i + 2 < dims.size()) model->push_back(torch::nn::ReLU());
+  }
+  return model;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) items.push_back(item);
+  return items;
+}
+
+// Returns the slowest rank's mean ms/step.
+double time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
+                  int steps, const DdpOptions& base) {
+  torch::manual_seed(0);
+  auto model = make_mlp(spec.dims);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
+  const auto x = torch::randn({spec.batch, spec.dims.front()});
+  const auto y = torch::randint(0, spec.dims.back(), {spec.batch});
+  std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp;
+  if (mode != "local") {
+    DdpOptions options = base;
+    if (mode == "ddp-fp16") options.comm_hook = comm_hook_create("fp16");
+    ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
+        model, pg.shared_from_this(), options);
+  }
+  auto step = [&] {
+    sgd.zero_grad();
+    auto out = ddp ? ddp->forward(x) : model->forward(x);
+    torch::nn::functional::cross_entropy(out, y).backward();
+    sgd.step();
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  pg.barrier();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      steps;
+  auto slowest = torch::tensor({ms}, torch::kDouble);
+  pg.allreduce(slowest, ReduceKind::kMax);
+  return slowest.item<double>();
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  return run_guarded("bench", [&] {
+    cxxopts::Options options("lockstep bench", "Benchmarks. usage: lockstep bench ddp [options]");
+    options.add_options()
+        ("what", "ddp", cxxopts::value<std::string>())
+        ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64)", cxxopts::value<std::string>()->default_value("small,large"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
+        ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
+        ("warmup", "untimed steps", cxxopts::value<int>()->default_value("10"))
+        ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
+        ("h,help", "this help");
+    options.parse_positional({"what"});
+    add_dist_options(options);
+    const auto args = options.parse(argc, argv);
+    if (args.count("help") != 0) {
+      std::fputs(options.help().c_str(), stdout);
+      return kExitOk;
+    }
+    if (args.count("what") == 0 || args["what"].as<std::string>() != "ddp") {
+      throw ConfigError("lockstep bench: say what to benchmark (valid: ddp)");
+    }
+    const int warmup = args["warmup"].as<int>();
+    const int steps = args["steps"].as<int>();
+    if (warmup < 0 || steps < 1) throw ConfigError("--warmup must be >= 0 and --steps >= 1");
+    std::vector<ModelSpec> models;
+    for (const auto& name : split(args["models"].as<std::string>())) {
+      auto it = std::find_if(kModels.begin(), kModels.end(),
+                             [&](const ModelSpec& m) { return m.name == name; });
+      if (it == kModels.end()) throw ConfigError("--models: unknown model '" + name + "' (valid: small, large)");
+      models.push_back(*it);
+    }
+    const auto modes = split(args["modes"].as<std::string>());
+    for (const auto& mode : modes) {
+      if (mode != "local" && mode != "ddp" && mode != "ddp-fp16") {
+        throw ConfigError("--modes: unknown mode '" + mode + "' (valid: local, ddp, ddp-fp16)");
+      }
+    }
+    DdpOptions ddp_options;
+    ddp_options.bucket_cap_mb = args["bucket-cap-mb"].as<double>();
+    ddp_options.first_bucket_cap_mb = args["first-bucket-cap-mb"].as<double>();
+    auto dist = dist_setup(args);
+    for (const auto& spec : models) {
+      for (const auto& mode : modes) {
+        const double ms = time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options);
+        if (dist.world.rank == 0) {
+          std::printf(
+              "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
+              "\"world\": %d, \"batch\": %lld, \"ms_per_step\": %.4f}\n",
+              spec.name.c_str(), mode.c_str(), dist.world.world_size,
+              static_cast<long long>(spec.batch), ms);
+          std::fflush(stdout);
+        }
+      }
+    }
+    return kExitOk;
+  });
+}
+
+}  // namespace lockstep::cli
