@@ -3,11 +3,11 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/module.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/nn/module.h>
-#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <map>

@@ -31,7 +31,9 @@ struct ReduceCase {
   int64_t corruption;  // added by a corrupt rank: pushes its value outside the others
 };
 
-int64_t factorial(int64_t n) { return n <= 1 ? 1 : n * factorial(n - 1); }
+int64_t factorial(int64_t n) {
+  return n <= 1 ? 1 : n * factorial(n - 1);
+}
 
 std::vector<ReduceCase> reduce_cases() {
   return {
@@ -77,10 +79,12 @@ class Runner {
           auto mine = rc.contribution(i, pg_.rank()) + (corrupt ? rc.corruption : 0);
           auto tensor = mine.to(dt.type);
           const std::string op = std::string("allreduce ") + reduce_kind_name(rc.op);
-          time_case(op, dt.name, numel, [&] { pg_.allreduce(tensor, rc.op); }, [&] {
-            return check_equal(tensor, rc.expected(i, pg_.size()).to(dt.type),
-                               op + " " + dt.name + " n=" + std::to_string(numel));
-          });
+          time_case(
+              op, dt.name, numel, [&] { pg_.allreduce(tensor, rc.op); },
+              [&] {
+                return check_equal(tensor, rc.expected(i, pg_.size()).to(dt.type),
+                                   op + " " + dt.name + " n=" + std::to_string(numel));
+              });
         }
       }
     }
@@ -92,8 +96,9 @@ class Runner {
         const auto want = ((root + 1) * 1000 + i % 11).to(at::kFloat);
         auto tensor = pg_.rank() == root ? (want + (corrupt ? 1 : 0)) : at::full_like(want, -1);
         const std::string op = "broadcast root " + std::to_string(root);
-        time_case(op, "float32", numel, [&] { pg_.broadcast(tensor, root); },
-                  [&] { return check_equal(tensor, want, op + " n=" + std::to_string(numel)); });
+        time_case(
+            op, "float32", numel, [&] { pg_.broadcast(tensor, root); },
+            [&] { return check_equal(tensor, want, op + " n=" + std::to_string(numel)); });
       }
     }
     for (int64_t numel : options_.sizes) {
@@ -101,17 +106,21 @@ class Runner {
       auto slot = [&](int64_t r) { return r * 1000 + i % 13; };
       const auto mine = slot(pg_.rank()) + (corrupt ? 1 : 0);
       std::vector<at::Tensor> gathered;
-      time_case("allgather", "int64", numel, [&] { gathered = pg_.allgather(mine); }, [&] {
-        bool ok = true;
-        for (int r = 0; r < pg_.size(); ++r) {
-          ok = check_equal(gathered[r], slot(r),
-                           "allgather slot " + std::to_string(r) + " n=" + std::to_string(numel)) &&
-               ok;
-        }
-        return ok;
-      });
+      time_case(
+          "allgather", "int64", numel, [&] { gathered = pg_.allgather(mine); },
+          [&] {
+            bool ok = true;
+            for (int r = 0; r < pg_.size(); ++r) {
+              ok = check_equal(
+                       gathered[r], slot(r),
+                       "allgather slot " + std::to_string(r) + " n=" + std::to_string(numel)) &&
+                   ok;
+            }
+            return ok;
+          });
     }
-    time_case("barrier", "-", 0, [&] { pg_.barrier(); }, [] { return true; });
+    time_case(
+        "barrier", "-", 0, [&] { pg_.barrier(); }, [] { return true; });
   }
 
   CommCheckReport agree() {

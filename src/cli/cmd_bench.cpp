@@ -84,6 +84,7 @@ double time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
 int cmd_bench(int argc, char** argv) {
   return run_guarded("bench", [&] {
     cxxopts::Options options("lockstep bench", "Benchmarks. usage: lockstep bench ddp [options]");
+    // clang-format off
     options.add_options()
         ("what", "ddp", cxxopts::value<std::string>())
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64)", cxxopts::value<std::string>()->default_value("small,large"))
@@ -93,6 +94,7 @@ int cmd_bench(int argc, char** argv) {
         ("warmup", "untimed steps", cxxopts::value<int>()->default_value("10"))
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
         ("h,help", "this help");
+    // clang-format on
     options.parse_positional({"what"});
     add_dist_options(options);
     const auto args = options.parse(argc, argv);
@@ -110,7 +112,8 @@ int cmd_bench(int argc, char** argv) {
     for (const auto& name : split(args["models"].as<std::string>())) {
       auto it = std::find_if(kModels.begin(), kModels.end(),
                              [&](const ModelSpec& m) { return m.name == name; });
-      if (it == kModels.end()) throw ConfigError("--models: unknown model '" + name + "' (valid: small, large)");
+      if (it == kModels.end())
+        throw ConfigError("--models: unknown model '" + name + "' (valid: small, large)");
       models.push_back(*it);
     }
     const auto modes = split(args["modes"].as<std::string>());

@@ -34,11 +34,13 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
 int cmd_check(int argc, char** argv) {
   return run_guarded("check", [&] {
     cxxopts::Options options("lockstep check", "Consistency checks across the ranks of a job.");
+    // clang-format off
     options.add_options()
         ("comm", "communication self-check: every collective, op and dtype against its closed-form answer")
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
         ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"))
         ("h,help", "this help");
+    // clang-format on
     add_dist_options(options);
     const auto args = options.parse(argc, argv);
     if (args.count("help") != 0) {

@@ -57,7 +57,9 @@ void write_all(int fd, const std::string& text) {
   }
 }
 
-void say(const std::string& text) { write_all(STDERR_FILENO, "lockstep-run: " + text + "\n"); }
+void say(const std::string& text) {
+  write_all(STDERR_FILENO, "lockstep-run: " + text + "\n");
+}
 
 void mkdir_p(const std::string& path) {
   for (size_t pos = 1; pos <= path.size(); ++pos) {
@@ -125,9 +127,7 @@ class Attempt {
   bool interrupted() const { return interrupted_by_ != 0; }
 
  private:
-  double elapsed_s() const {
-    return std::chrono::duration<double>(Clock::now() - start_).count();
-  }
+  double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
   void spawn(int local) {
     Worker w;
@@ -135,13 +135,15 @@ class Attempt {
     w.rank = options_.node_rank * options_.nproc_per_node + local;
     int pipes[2][2];
     for (auto& p : pipes) {
-      if (pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+      if (pipe2(p, O_CLOEXEC) != 0)
+        throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
     }
     if (!options_.log_dir.empty()) {
       const std::string path = options_.log_dir + "/attempt_" + std::to_string(attempt_) +
                                "/rank_" + std::to_string(w.rank) + ".log";
       w.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (w.log_fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+      if (w.log_fd < 0)
+        throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
     }
     const pid_t parent = getpid();
     // Signals stay blocked across fork until the child has dropped the
@@ -243,8 +245,9 @@ class Attempt {
 
   void begin_stop(int sig) {
     signal_running(sig);
-    if (!stopping_) kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(options_.grace_s));
+    if (!stopping_)
+      kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options_.grace_s));
     stopping_ = true;
   }
 
@@ -265,9 +268,8 @@ class Attempt {
           int others = 0;
           for (const auto& o : workers_) others += o.running ? 1 : 0;
           say("rank " + std::to_string(w.rank) + " " + describe_status(status) + " after " +
-              format_s(w.ended_s) + (others > 0 ? "; stopping the other " +
-                                                      std::to_string(others) + " worker(s)"
-                                                : ""));
+              format_s(w.ended_s) +
+              (others > 0 ? "; stopping the other " + std::to_string(others) + " worker(s)" : ""));
           begin_stop(SIGTERM);
         }
       }
@@ -361,8 +363,7 @@ class Attempt {
     for (const auto& w : workers_) {
       if (&w == &first) continue;
       text += "\n  rank " + std::to_string(w.rank) + ": " +
-              (w.stopped_by_us && WIFSIGNALED(w.status) ? "stopped by lockstep-run ("
-                                                        : "") +
+              (w.stopped_by_us && WIFSIGNALED(w.status) ? "stopped by lockstep-run (" : "") +
               describe_status(w.status) + (w.stopped_by_us && WIFSIGNALED(w.status) ? ")" : "");
     }
     say(text);
@@ -396,11 +397,12 @@ void install_signal_handlers() {
 
 void launch_validate(const LaunchOptions& o) {
   auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
-  if (o.nproc_per_node < 1) bad("--nproc-per-node=" + std::to_string(o.nproc_per_node) + " must be >= 1");
+  if (o.nproc_per_node < 1)
+    bad("--nproc-per-node=" + std::to_string(o.nproc_per_node) + " must be >= 1");
   if (o.nnodes < 1) bad("--nnodes=" + std::to_string(o.nnodes) + " must be >= 1");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
-    bad("--node-rank=" + std::to_string(o.node_rank) + " must be in [0, --nnodes=" +
-        std::to_string(o.nnodes) + ")");
+    bad("--node-rank=" + std::to_string(o.node_rank) +
+        " must be in [0, --nnodes=" + std::to_string(o.nnodes) + ")");
   }
   if (o.master_port < 0 || o.master_port > 65535) {
     bad("--master-port=" + std::to_string(o.master_port) + " must be in [0, 65535]");

@@ -24,15 +24,18 @@ constexpr const char* kUsage =
 }  // namespace
 
 void add_dist_options(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("distributed")
       ("backend", "process group backend: gloo | nccl", cxxopts::value<std::string>()->default_value("gloo"))
       ("timeout-s", "seconds before a collective that a peer misses fails", cxxopts::value<double>()->default_value("300"))
       ("rdzv-timeout-s", "seconds to reach the store and for every rank to arrive", cxxopts::value<double>()->default_value("300"))
       ("log-level", "trace|debug|info|warn|error (default: LOCKSTEP_LOG_LEVEL or info)", cxxopts::value<std::string>()->default_value(""));
+  // clang-format on
 }
 
 namespace {
-std::chrono::milliseconds positive_seconds(const cxxopts::ParseResult& args, const std::string& key) {
+std::chrono::milliseconds positive_seconds(const cxxopts::ParseResult& args,
+                                           const std::string& key) {
   const double s = args[key].as<double>();
   if (!(s > 0)) throw ConfigError("--" + key + "=" + std::to_string(s) + " must be > 0");
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));

@@ -21,6 +21,7 @@ cxxopts::Options make_parser() {
   cxxopts::Options options("lockstep-run",
                            "Start N workers per node with torchrun's environment contract.\n"
                            "usage: lockstep-run [options] PROGRAM [ARGS...]");
+  // clang-format off
   options.add_options()
       ("nproc-per-node", "workers on this node", cxxopts::value<int>()->default_value("1"))
       ("nnodes", "number of nodes", cxxopts::value<int>()->default_value("1"))
@@ -31,6 +32,7 @@ cxxopts::Options make_parser() {
       ("log-dir", "also write each worker's output to DIR/attempt_<k>/rank_<r>.log", cxxopts::value<std::string>()->default_value(""))
       ("grace-s", "seconds between SIGTERM and SIGKILL when stopping workers", cxxopts::value<double>()->default_value("5"))
       ("h,help", "this help");
+  // clang-format on
   return options;
 }
 

@@ -12,7 +12,9 @@ HookWork AllReduceHook::run(ProcessGroup& pg, at::Tensor& bucket) {
 
 CompressHook::CompressHook(at::ScalarType wire_type) : wire_type_(wire_type) {}
 
-std::string CompressHook::name() const { return wire_type_ == at::kHalf ? "fp16" : "bf16"; }
+std::string CompressHook::name() const {
+  return wire_type_ == at::kHalf ? "fp16" : "bf16";
+}
 
 HookWork CompressHook::run(ProcessGroup& pg, at::Tensor& bucket) {
   auto wire = bucket.to(wire_type_);
@@ -27,8 +29,8 @@ void CompressHook::check_supported(ProcessGroup& pg) {
     pg.allreduce(probe, ReduceKind::kSum);
   } catch (const CommError& e) {
     throw ConfigError("comm hook '" + name() + "': the " + backend_kind_name(pg.kind()) +
-                      " backend of this LibTorch cannot all-reduce " +
-                      c10::toString(wire_type_) + " (" + e.what() +
+                      " backend of this LibTorch cannot all-reduce " + c10::toString(wire_type_) +
+                      " (" + e.what() +
                       "); use the fp16 hook, or a backend that supports it (NCCL)");
   }
 }

@@ -71,8 +71,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     if (!accumulator) {
       throw ConfigError("parameter '" + names_[i] + "' is not a leaf that requires grad");
     }
-    hook_keys_.push_back(accumulator->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+    hook_keys_.push_back(
+        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [this, i](const torch::autograd::variable_list& outputs,
                       const torch::autograd::variable_list&) {
               hook(i);
@@ -205,8 +205,7 @@ void Reducer::finalize() {
       list += (k ? ", " : "") + ("'" + names_[missing[k]] + "'");
     }
     if (missing.size() > 10) list += ", ... (" + std::to_string(missing.size()) + " in all)";
-    throw CommError("rank " + std::to_string(pg_->rank()) + ": " +
-                    std::to_string(missing.size()) +
+    throw CommError("rank " + std::to_string(pg_->rank()) + ": " + std::to_string(missing.size()) +
                     " parameter(s) got no gradient in this backward: " + list +
                     ". If parts of the model are unused in some iterations, construct "
                     "DistributedDataParallel with find_unused_parameters = true; otherwise make "

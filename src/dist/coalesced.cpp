@@ -15,8 +15,8 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
   std::vector<std::vector<size_t>> groups;
   std::map<std::pair<int, std::string>, size_t> group_of;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto key = std::make_pair(static_cast<int>(tensors[i].scalar_type()),
-                                    tensors[i].device().str());
+    const auto key =
+        std::make_pair(static_cast<int>(tensors[i].scalar_type()), tensors[i].device().str());
     auto it = group_of.find(key);
     if (it == group_of.end()) {
       it = group_of.emplace(key, groups.size()).first;
@@ -29,7 +29,8 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
     while (begin < group.size()) {
       size_t end = begin;
       size_t bytes = 0;
-      while (end < group.size() && (end == begin || bytes + tensors[group[end]].nbytes() <= cap_bytes)) {
+      while (end < group.size() &&
+             (end == begin || bytes + tensors[group[end]].nbytes() <= cap_bytes)) {
         bytes += tensors[group[end]].nbytes();
         ++end;
       }

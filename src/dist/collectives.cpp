@@ -10,11 +10,16 @@ namespace {
 
 c10d::ReduceOp to_c10d(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::kSum: return c10d::ReduceOp::SUM;
-    case ReduceKind::kAvg: return c10d::ReduceOp::AVG;
-    case ReduceKind::kMin: return c10d::ReduceOp::MIN;
-    case ReduceKind::kMax: return c10d::ReduceOp::MAX;
-    case ReduceKind::kProduct: return c10d::ReduceOp::PRODUCT;
+    case ReduceKind::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceKind::kAvg:
+      return c10d::ReduceOp::AVG;
+    case ReduceKind::kMin:
+      return c10d::ReduceOp::MIN;
+    case ReduceKind::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceKind::kProduct:
+      return c10d::ReduceOp::PRODUCT;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -48,7 +53,8 @@ Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
   try {
     return backend_->allreduce(tensors, options);
   } catch (const std::exception& e) {
-    throw CommError(describe("allreduce #" + std::to_string(seq)) + " could not start: " + what_of(e));
+    throw CommError(describe("allreduce #" + std::to_string(seq)) +
+                    " could not start: " + what_of(e));
   }
 }
 
@@ -69,8 +75,8 @@ void ProcessGroup::allreduce(at::Tensor& tensor, ReduceKind op) {
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= size_) {
-    throw CommError(describe("broadcast") + ": root " + std::to_string(root) +
-                    " is outside [0, " + std::to_string(size_) + ")");
+    throw CommError(describe("broadcast") + ": root " + std::to_string(root) + " is outside [0, " +
+                    std::to_string(size_) + ")");
   }
   const uint64_t seq = sequence_++;
   if (size_ == 1) return;

@@ -57,11 +57,16 @@ BackendKind backend_kind_parse(const std::string& name) {
 
 const char* reduce_kind_name(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kAvg: return "avg";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kProduct: return "product";
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kAvg:
+      return "avg";
+    case ReduceKind::kMin:
+      return "min";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kProduct:
+      return "product";
   }
   return "?";
 }
@@ -84,15 +89,19 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
                     backend_kind_name(options.backend) + " process group (world size " +
                     std::to_string(world.world_size) + ") failed: " + what_of(e));
   }
-  spdlog::debug("process group: {} over {} ranks, timeout {} ms", backend_kind_name(options.backend),
-                world.world_size, options.timeout.count());
+  spdlog::debug("process group: {} over {} ranks, timeout {} ms",
+                backend_kind_name(options.backend), world.world_size, options.timeout.count());
   return std::make_shared<ProcessGroup>(backend, options.backend, world.rank, world.world_size,
                                         world.local_rank);
 }
 
 ProcessGroup::ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank, int size,
                            int local_rank)
-    : backend_(std::move(backend)), kind_(kind), rank_(rank), size_(size), local_rank_(local_rank) {}
+    : backend_(std::move(backend)),
+      kind_(kind),
+      rank_(rank),
+      size_(size),
+      local_rank_(local_rank) {}
 
 at::Device ProcessGroup::device() const {
   return kind_ == BackendKind::kGloo ? at::Device(at::kCPU) : at::Device(at::kCUDA, local_rank_);

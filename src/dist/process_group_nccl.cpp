@@ -6,7 +6,9 @@
 
 namespace lockstep {
 
-bool nccl_available() { return true; }
+bool nccl_available() {
+  return true;
+}
 
 Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>& store, int rank, int size,
                                      std::chrono::milliseconds timeout) {

@@ -7,7 +7,9 @@
 
 namespace lockstep {
 
-bool nccl_available() { return false; }
+bool nccl_available() {
+  return false;
+}
 
 Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>&, int, int, std::chrono::milliseconds) {
   throw ConfigError(

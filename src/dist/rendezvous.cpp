@@ -17,7 +17,9 @@ std::string seconds(std::chrono::milliseconds ms) {
   return std::to_string(ms.count() / 1000.0).substr(0, 5) + " s";
 }
 
-std::string arrival_key(int rank) { return "lockstep/rdzv/arrived/" + std::to_string(rank); }
+std::string arrival_key(int rank) {
+  return "lockstep/rdzv/arrived/" + std::to_string(rank);
+}
 
 // Every rank announces itself, then waits for all others. On timeout the
 // missing keys tell exactly which ranks never arrived.
@@ -31,7 +33,8 @@ void wait_for_all_ranks(C10dStore& store, const WorldInfo& world,
   } catch (const std::exception& e) {
     std::string missing;
     for (int r = 0; r < world.world_size; ++r) {
-      if (!store.check({arrival_key(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!store.check({arrival_key(r)}))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     throw TimeoutError("rendezvous at " + world.master_addr + ":" +
                        std::to_string(world.master_port) + ": rank(s) " + missing +
@@ -62,8 +65,7 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
       throw CommError("rendezvous: rank 0 could not host the store on " + where +
                       " (MASTER_ADDR:MASTER_PORT; is the port in use?): " + what_of(e));
     }
-    const auto waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     throw TimeoutError("rendezvous: rank " + std::to_string(world.rank) +
                        " could not reach the store at " + where +
                        " (MASTER_ADDR:MASTER_PORT) after " + seconds(waited) + ": " + what_of(e));
@@ -74,8 +76,8 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
   }
   spdlog::debug("rendezvous: connected to {} as {}", where, tcp.isServer ? "host" : "client");
 
-  const auto left = options.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          Clock::now() - start);
+  const auto left =
+      options.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   wait_for_all_ranks(*store, world, std::max(left, std::chrono::milliseconds(1000)));
   return store;
 }

@@ -68,14 +68,14 @@ int slurm_tasks_on_node(const std::string& spec, int node) {
     int repeat = 1;
     if (paren != std::string::npos) {
       if (item.back() != ')') throw EnvError("SLURM_TASKS_PER_NODE='" + spec + "' is malformed");
-      repeat = parse_int("SLURM_TASKS_PER_NODE", item.substr(paren + 2, item.size() - paren - 3),
-                         1, kMaxWorld);
+      repeat = parse_int("SLURM_TASKS_PER_NODE", item.substr(paren + 2, item.size() - paren - 3), 1,
+                         kMaxWorld);
     }
     per_node.insert(per_node.end(), repeat, count);
   }
   if (node >= static_cast<int>(per_node.size())) {
-    throw EnvError("SLURM_TASKS_PER_NODE='" + spec + "' has no entry for SLURM_NODEID=" +
-                   std::to_string(node));
+    throw EnvError("SLURM_TASKS_PER_NODE='" + spec +
+                   "' has no entry for SLURM_NODEID=" + std::to_string(node));
   }
   return per_node[node];
 }
@@ -160,22 +160,25 @@ void validate(const WorldInfo& w, const char* rank_var, const char* local_var) {
 
 const char* world_source_name(WorldSource source) {
   switch (source) {
-    case WorldSource::kSingle: return "single process";
-    case WorldSource::kTorchrun: return "torchrun-style env";
-    case WorldSource::kSlurm: return "slurm";
-    case WorldSource::kOpenMpi: return "openmpi";
+    case WorldSource::kSingle:
+      return "single process";
+    case WorldSource::kTorchrun:
+      return "torchrun-style env";
+    case WorldSource::kSlurm:
+      return "slurm";
+    case WorldSource::kOpenMpi:
+      return "openmpi";
   }
   return "?";
 }
 
 std::string WorldInfo::describe() const {
   std::ostringstream out;
-  out << "rank " << rank << "/" << world_size << " (local " << local_rank << "/"
-      << local_world_size << ", node " << node_rank << ") from " << world_source_name(source);
+  out << "rank " << rank << "/" << world_size << " (local " << local_rank << "/" << local_world_size
+      << ", node " << node_rank << ") from " << world_source_name(source);
   if (world_size > 1) {
     out << ", master " << master_addr << ":" << master_port
-        << (use_agent_store ? " (agent store, attempt " + std::to_string(restart_count) + ")"
-                            : "");
+        << (use_agent_store ? " (agent store, attempt " + std::to_string(restart_count) + ")" : "");
   }
   return out.str();
 }

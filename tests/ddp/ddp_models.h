@@ -52,7 +52,8 @@ inline double relative_error(const std::vector<torch::Tensor>& a,
   return diff / scale;
 }
 
-inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+inline bool bit_identical(const std::vector<torch::Tensor>& a,
+                          const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (!torch::equal(a[i], b[i])) return false;

@@ -2,9 +2,9 @@
 // equivalence with one process on the whole batch, bit-identical weights,
 // no_sync, unused parameters, buffers, mismatched models, compression hooks,
 // coalesced construction, overlap, and hook removal.
-#include <catch2/catch.hpp>
 #include <torch/nn.h>
 #include <torch/optim.h>
+#include <catch2/catch.hpp>
 
 #include "ddp_models.h"
 #include "lockstep/ddp/ddp.h"
@@ -89,8 +89,7 @@ TEST_CASE("DDP gradients equal one process's on the concatenated batch", "[ddp]"
   }
 }
 
-TEST_CASE("after K SGD steps on different data, weights are bit-identical across ranks",
-          "[ddp]") {
+TEST_CASE("after K SGD steps on different data, weights are bit-identical across ranks", "[ddp]") {
   torch::manual_seed(11);
   auto base = make_mlp();
   const int n = 3, steps = 5;
@@ -121,8 +120,7 @@ TEST_CASE("after K SGD steps on different data, weights are bit-identical across
   for (int r = 1; r < n; ++r) CHECK(bit_identical(outcomes[r].result, outcomes[0].result));
 }
 
-TEST_CASE("no_sync on k-1 micro-batches then one synced equals one k-times larger batch",
-          "[ddp]") {
+TEST_CASE("no_sync on k-1 micro-batches then one synced equals one k-times larger batch", "[ddp]") {
   torch::manual_seed(13);
   auto base = make_mlp();
   base->to(torch::kDouble);
@@ -141,8 +139,7 @@ TEST_CASE("no_sync on k-1 micro-batches then one synced equals one k-times large
         auto micro = [&](int m) {
           const int64_t start = (pg.rank() * k + m) * b;
           const auto rows = torch::indexing::Slice(start, start + b);
-          (F::cross_entropy(ddp.forward(all.x.index({rows})), all.y.index({rows})) / k)
-              .backward();
+          (F::cross_entropy(ddp.forward(all.x.index({rows})), all.y.index({rows})) / k).backward();
         };
         {
           auto guard = ddp.no_sync();
@@ -420,8 +417,7 @@ TEST_CASE("destroying DDP removes its hooks; world size 1 communicates nothing",
     const auto before = pg.sequence();
     // Different data per rank and no DDP: gradients must stay local.
     torch::manual_seed(0);  // racy across threads, but only the values differ
-    F::cross_entropy(model->forward(torch::full({2, 12}, 1.0 + pg.rank())),
-                     torch::tensor({0, 1}))
+    F::cross_entropy(model->forward(torch::full({2, 12}, 1.0 + pg.rank())), torch::tensor({0, 1}))
         .backward();
     if (pg.sequence() != before) throw std::runtime_error("a collective ran after DDP was gone");
     return grads_of(*model);

@@ -4,8 +4,8 @@
 #include "lockstep/dist/world.h"
 #include "lockstep/util/error.h"
 
-using lockstep::EnvError;
 using lockstep::env_from_map;
+using lockstep::EnvError;
 using lockstep::world_from_env;
 using lockstep::WorldSource;
 
@@ -110,22 +110,20 @@ TEST_CASE("bad values name the variable and the value", "[world]") {
   REQUIRE_THROWS_AS(world_from_env(env_from_map({{"RANK", "abc"}, {"WORLD_SIZE", "2"}})), EnvError);
   REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", "abc"}, {"WORLD_SIZE", "2"}})),
                       Contains("RANK='abc' is not an integer"));
-  REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", "2"},
-                                                   {"WORLD_SIZE", "2"},
-                                                   {"MASTER_ADDR", "h"},
-                                                   {"MASTER_PORT", "1"}})),
-                      Contains("RANK=2 must be smaller than the world size 2"));
+  REQUIRE_THROWS_WITH(
+      world_from_env(env_from_map(
+          {{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})),
+      Contains("RANK=2 must be smaller than the world size 2"));
   REQUIRE_THROWS_WITH(
       world_from_env(env_from_map({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})),
       Contains("MASTER_PORT is not set"));
   REQUIRE_THROWS_WITH(
       world_from_env(env_from_map({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}})),
       Contains("MASTER_ADDR is not set"));
-  REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", "0"},
-                                                   {"WORLD_SIZE", "2"},
-                                                   {"MASTER_ADDR", "h"},
-                                                   {"MASTER_PORT", "70000"}})),
-                      Contains("MASTER_PORT=70000 is out of range [1, 65535]"));
+  REQUIRE_THROWS_WITH(
+      world_from_env(env_from_map(
+          {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})),
+      Contains("MASTER_PORT=70000 is out of range [1, 65535]"));
   REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", "0"}})),
                       Contains("WORLD_SIZE is not set"));
   REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", "0"},
@@ -135,10 +133,10 @@ TEST_CASE("bad values name the variable and the value", "[world]") {
                                                    {"MASTER_ADDR", "h"},
                                                    {"MASTER_PORT", "1"}})),
                       Contains("LOCAL_RANK=2 must be smaller than the local world size 2"));
-  REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", "0"},
-                                                   {"WORLD_SIZE", "1"},
-                                                   {"TORCHELASTIC_USE_AGENT_STORE", "maybe"}})),
-                      Contains("TORCHELASTIC_USE_AGENT_STORE='maybe' is not a boolean"));
+  REQUIRE_THROWS_WITH(
+      world_from_env(env_from_map(
+          {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "maybe"}})),
+      Contains("TORCHELASTIC_USE_AGENT_STORE='maybe' is not a boolean"));
   REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"SLURM_PROCID", "0"}})),
                       Contains("SLURM_NTASKS is not set"));
   REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", " 1"}, {"WORLD_SIZE", "2"}})),

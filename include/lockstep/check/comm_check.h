@@ -28,7 +28,7 @@ struct CommCheckCase {
   std::string op;     // "allreduce sum", "broadcast root 1", "allgather", "barrier"
   std::string dtype;  // "float32", "float64", "int64", "-" for barrier
   int64_t numel = 0;
-  double max_ms = 0;             // slowest rank's time for this case
+  double max_ms = 0;              // slowest rank's time for this case
   std::vector<int> failed_ranks;  // ranks whose result was wrong
 };
 

@@ -22,8 +22,8 @@
 namespace lockstep {
 
 struct HookWork {
-  Ptr<C10dWork> work;             // in flight; nullptr when nothing to wait for
-  std::function<void()> finish;   // after work: leave the result in the bucket
+  Ptr<C10dWork> work;            // in flight; nullptr when nothing to wait for
+  std::function<void()> finish;  // after work: leave the result in the bucket
 };
 
 class CommHook {

@@ -29,11 +29,11 @@
 namespace lockstep {
 
 struct DdpOptions {
-  double bucket_cap_mb = 25;        // cap of every bucket but the first
-  double first_bucket_cap_mb = 1;   // the first bucket: small, so the exchange starts early
+  double bucket_cap_mb = 25;       // cap of every bucket but the first
+  double first_bucket_cap_mb = 1;  // the first bucket: small, so the exchange starts early
   bool gradient_as_bucket_view = true;
   bool find_unused_parameters = false;
-  bool broadcast_buffers = true;    // rank 0's buffers before every forward
+  bool broadcast_buffers = true;        // rank 0's buffers before every forward
   std::shared_ptr<CommHook> comm_hook;  // nullptr: plain SUM all-reduce
 };
 

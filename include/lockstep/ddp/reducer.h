@@ -69,10 +69,10 @@ class Reducer {
 
  private:
   struct Bucket {
-    at::Tensor contents;              // flat buffer
-    std::vector<size_t> params;       // indices into params_
-    std::vector<at::Tensor> views;    // per param: aliases `contents`
-    size_t pending = 0;               // gradients still to arrive
+    at::Tensor contents;            // flat buffer
+    std::vector<size_t> params;     // indices into params_
+    std::vector<at::Tensor> views;  // per param: aliases `contents`
+    size_t pending = 0;             // gradients still to arrive
     bool launched = false;
     HookWork work;
   };

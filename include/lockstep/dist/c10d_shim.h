@@ -8,10 +8,10 @@
 // ProcessGroup), TCPStoreOptions and ReduceOp::SUM/... read the same in both.
 #pragma once
 
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/version.h>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
