@@ -25,6 +25,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// Bad data: a missing or unreadable file, a malformed row, a label out of
+// range, an empty dataset. Messages name the file (and line).
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective or rendezvous failed (peer gone, mismatch, unsupported op).
 class CommError : public Error {
  public:

@@ -1,0 +1,48 @@
+// DistributedSampler: this rank's shard of a dataset's indices for an epoch,
+// index for index the same as torch.utils.data.DistributedSampler for the
+// same (length, num_replicas, rank, shuffle, seed, epoch, drop_last):
+//   1. shuffle: torch.randperm(length) from a CPU generator seeded with
+//      seed + epoch (the same ATen kernel and Mersenne Twister as Python's);
+//      otherwise 0 .. length-1;
+//   2. not drop_last: pad to a multiple of num_replicas by wrapping around
+//      (repeating the list as often as needed); drop_last: truncate to one;
+//   3. this rank takes every num_replicas-th index starting at rank.
+// Call set_epoch(e) at the start of every epoch, or every epoch repeats the
+// same order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lockstep {
+
+struct SamplerOptions {
+  int num_replicas = 1;
+  int rank = 0;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  bool drop_last = false;
+};
+
+class DistributedSampler {
+ public:
+  // Throws ConfigError for num_replicas < 1, a rank outside
+  // [0, num_replicas), or a negative length.
+  DistributedSampler(int64_t length, SamplerOptions options);
+
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+  // Indices per rank per epoch (PyTorch's num_samples).
+  int64_t num_samples() const { return num_samples_; }
+  int64_t total_size() const { return num_samples_ * options_.num_replicas; }
+  // This rank's indices for the current epoch.
+  std::vector<int64_t> indices() const;
+
+ private:
+  int64_t length_;
+  SamplerOptions options_;
+  int64_t num_samples_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,175 @@
+// Dataset readers on good and bad input, the embedded digits, the split, and
+// the batch loader.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include "lockstep/data/dataset.h"
+#include "lockstep/data/loader.h"
+#include "lockstep/util/error.h"
+
+using namespace lockstep;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/lockstep-test-XXXXXX";
+    path = mkdtemp(pattern);
+  }
+  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  std::string write(const std::string& name, const std::string& content) const {
+    std::ofstream(path + "/" + name, std::ios::binary) << content;
+    return path + "/" + name;
+  }
+};
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+}  // namespace
+
+TEST_CASE("synthetic datasets are seeded and sized", "[datasets]") {
+  const auto a = dataset_synthetic_classification(50, 6, 3, 1);
+  const auto b = dataset_synthetic_classification(50, 6, 3, 1);
+  const auto c = dataset_synthetic_classification(50, 6, 3, 2);
+  CHECK(a.size() == 50);
+  CHECK(a.features.sizes() == at::IntArrayRef{50, 6});
+  CHECK(a.num_classes == 3);
+  CHECK(at::equal(a.features, b.features));
+  CHECK(at::equal(a.targets, b.targets));
+  CHECK_FALSE(at::equal(a.features, c.features));
+  CHECK(a.targets.min().item<int64_t>() >= 0);
+  CHECK(a.targets.max().item<int64_t>() < 3);
+  const auto r = dataset_synthetic_regression(20, 4, 1);
+  CHECK(r.targets.scalar_type() == at::kFloat);
+  CHECK(r.num_classes == 0);
+  REQUIRE_THROWS_WITH(dataset_synthetic_classification(0, 6, 3, 1),
+                      Contains("size=0 must be >= 1"));
+}
+
+TEST_CASE("CSV with a header and a named label column", "[datasets]") {
+  TempDir dir;
+  const auto path = dir.write("good.csv", "a,label,b\r\n1,0,2\n3,2,4\n\n5,1,6\n");
+  CsvOptions options;
+  options.label_column = "label";
+  const auto data = dataset_csv(path, options);
+  CHECK(data.size() == 3);
+  CHECK(at::equal(data.features, at::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}).reshape({3, 2})));
+  CHECK(at::equal(data.targets, at::tensor({0, 2, 1}, at::kLong)));
+  CHECK(data.num_classes == 3);
+}
+
+TEST_CASE("CSV without a header, label by index, regression", "[datasets]") {
+  TempDir dir;
+  const auto path = dir.write("plain.csv", "0.5,1.5,7\n2.5,3.5,8\n");
+  CsvOptions options;
+  options.label_column = "0";
+  options.regression = true;
+  const auto data = dataset_csv(path, options);
+  CHECK(at::equal(data.targets, at::tensor({0.5f, 2.5f})));
+  CHECK(at::equal(data.features, at::tensor({1.5f, 7.f, 3.5f, 8.f}).reshape({2, 2})));
+}
+
+TEST_CASE("CSV errors name the file and the line", "[datasets]") {
+  TempDir dir;
+  REQUIRE_THROWS_WITH(dataset_csv(dir.path + "/missing.csv"),
+                      Contains("cannot open '" + dir.path + "/missing.csv': No such file"));
+  const auto short_row = dir.write("short.csv", "1,2,0\n3,4,1\n5,1\n");
+  REQUIRE_THROWS_WITH(dataset_csv(short_row),
+                      Contains(short_row + ":3: expected 3 fields, found 2"));
+  const auto word = dir.write("word.csv", "x,y\n1,0\nabc,1\n");
+  REQUIRE_THROWS_WITH(dataset_csv(word), Contains(word + ":3: field 1 ('abc') is not a number"));
+  const auto range = dir.write("range.csv", "1,0\n2,12\n");
+  CsvOptions ten;
+  ten.num_classes = 10;
+  REQUIRE_THROWS_WITH(dataset_csv(range, ten),
+                      Contains(range + ":2: label 12 (column 2) is not a class in [0, 10)"));
+  const auto fraction = dir.write("fraction.csv", "1,0.5\n");
+  REQUIRE_THROWS_WITH(dataset_csv(fraction), Contains("label 0.5"));
+  const auto empty = dir.write("empty.csv", "a,b\n");
+  REQUIRE_THROWS_WITH(dataset_csv(empty), Contains(empty + ": no data rows"));
+  CsvOptions named;
+  named.label_column = "target";
+  REQUIRE_THROWS_WITH(dataset_csv(word, named),
+                      Contains("no column named 'target' (columns: x, y)"));
+  REQUIRE_THROWS_AS(dataset_csv(empty), DataError);
+}
+
+TEST_CASE("MNIST idx files: read, and bad files named", "[datasets]") {
+  TempDir dir;
+  std::string images = be32(2051) + be32(2) + be32(28) + be32(28);
+  for (int i = 0; i < 2 * 28 * 28; ++i) images.push_back(static_cast<char>(i % 256));
+  const std::string labels = be32(2049) + be32(2) + std::string{7, 3};
+  dir.write("train-images-idx3-ubyte", images);
+  dir.write("train-labels-idx1-ubyte", labels);
+  const auto data = dataset_mnist(dir.path, true);
+  CHECK(data.features.sizes() == at::IntArrayRef{2, 1, 28, 28});
+  CHECK(at::equal(data.targets, at::tensor({7, 3}, at::kLong)));
+  CHECK(data.features.max().item<float>() == 1.0f);
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("t10k-images-idx3-ubyte"));
+
+  dir.write("t10k-images-idx3-ubyte", be32(2049) + be32(0) + be32(28) + be32(28));
+  dir.write("t10k-labels-idx1-ubyte", labels);
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("magic number 2049 is not 2051"));
+  dir.write("t10k-images-idx3-ubyte", images);
+  dir.write("t10k-labels-idx1-ubyte", be32(2049) + be32(3) + std::string{1, 2, 3});
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("has 2 images but"));
+  dir.write("t10k-labels-idx1-ubyte", be32(2049) + be32(3) + std::string{1, 2});
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false),
+                      Contains("holds 2 data bytes, its header promises 3"));
+}
+
+TEST_CASE("the embedded digits: 1,797 images of 64 pixels, 10 classes", "[datasets]") {
+  const auto data = dataset_digits();
+  CHECK(data.size() == 1797);
+  CHECK(data.features.sizes() == at::IntArrayRef{1797, 64});
+  CHECK(data.num_classes == 10);
+  CHECK(data.features.min().item<float>() == 0.0f);
+  CHECK(data.features.max().item<float>() == 1.0f);
+  CHECK(data.targets[0].item<int64_t>() == 0);  // the first row is a zero
+  const auto counts = at::bincount(data.targets);
+  CHECK(counts.min().item<int64_t>() >= 170);  // every digit about 180 times
+}
+
+TEST_CASE("train/validation split is deterministic and partitions the data", "[datasets]") {
+  const auto data = dataset_synthetic_classification(100, 3, 2, 5);
+  const auto a = dataset_split(data, 0.2, 9);
+  const auto b = dataset_split(data, 0.2, 9);
+  CHECK(a.train.size() == 80);
+  CHECK(a.validation.size() == 20);
+  CHECK(at::equal(a.train.features, b.train.features));
+  const auto all = at::cat({a.train.features, a.validation.features}).sum(0);
+  CHECK(at::allclose(all, data.features.sum(0), 1e-5, 1e-4));
+  REQUIRE_THROWS_WITH(dataset_split(data, 1.0, 9), Contains("must be in [0, 1)"));
+}
+
+TEST_CASE("batches follow the indices; prefetch changes nothing", "[loader]") {
+  const auto data = dataset_synthetic_classification(10, 2, 2, 3);
+  const std::vector<int64_t> order{9, 0, 4, 4, 7, 1, 2};
+  for (bool prefetch : {false, true}) {
+    BatchLoader loader(data, order, LoaderOptions{3, false, prefetch});
+    CHECK(loader.num_batches() == 3);
+    std::vector<at::Tensor> xs;
+    while (auto batch = loader.next()) xs.push_back(batch->x);
+    REQUIRE(xs.size() == 3);
+    CHECK(xs[2].size(0) == 1);
+    CHECK(at::equal(at::cat(xs), data.features.index_select(0, at::tensor(order, at::kLong))));
+  }
+  BatchLoader dropping(data, order, LoaderOptions{3, true, true});
+  CHECK(dropping.num_batches() == 2);
+  REQUIRE_THROWS_WITH(BatchLoader(data, order, LoaderOptions{0, false, true}),
+                      Contains("batch size 0 must be >= 1"));
+  REQUIRE_THROWS_WITH(BatchLoader(data, {10}, LoaderOptions{1, false, true}),
+                      Contains("index 10 is outside dataset"));
+  TensorDataset empty;
+  empty.name = "nothing";
+  REQUIRE_THROWS_WITH(BatchLoader(empty, {}, LoaderOptions{1, false, true}),
+                      Contains("dataset 'nothing' is empty"));
+}
