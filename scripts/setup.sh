@@ -14,6 +14,7 @@ PACKAGES=(
   libgloo-dev           # headers for c10d::ProcessGroupGloo
   libopenblas0-openmp   # without it LibTorch falls back to the ~17x slower reference BLAS
   libyaml-cpp-dev libcxxopts-dev libspdlog-dev zlib1g-dev
+  libxxhash-dev libssl-dev  # weight fingerprints: XXH3-128 and SHA-256
   catch2                # v2.13, the test framework
   python3-torch         # PyTorch's torchrun and DDP, the peers we test and benchmark against
   iproute2 procps       # pgrep and ip, used by the multi-process tests

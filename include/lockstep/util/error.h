@@ -32,6 +32,12 @@ class DataError : public Error {
   using Error::Error;
 };
 
+// Ranks that should hold identical state do not (weights diverged).
+class ConsistencyError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective or rendezvous failed (peer gone, mismatch, unsupported op).
 class CommError : public Error {
  public:

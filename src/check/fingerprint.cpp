@@ -1,0 +1,256 @@
+#include "lockstep/check/fingerprint.h"
+
+#include <ATen/ATen.h>
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/module.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <map>
+
+#include "lockstep/dist/coalesced.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+constexpr int64_t kDigestBytes = 32;  // room for SHA-256; XXH3-128 uses 16
+
+DigestMode resolve(DigestMode mode, const std::vector<NamedTensor>& tensors) {
+  if (mode != DigestMode::kAuto) return mode;
+  for (const auto& t : tensors) {
+    if (!t.tensor.is_cpu()) return DigestMode::kChecksum;
+  }
+  return DigestMode::kXxh3;
+}
+
+// The tensor's bytes on the host, contiguous (no copy for contiguous CPU tensors).
+at::Tensor host_bytes(const at::Tensor& t) {
+  return t.detach().cpu().contiguous();
+}
+
+// Two position-weighted wrapping int64 sums of the bit patterns, on t's device.
+std::string checksum_of(const at::Tensor& t) {
+  static const std::map<int64_t, at::ScalarType> kIntOfSize{
+      {1, at::kByte}, {2, at::kShort}, {4, at::kInt}, {8, at::kLong}};
+  auto flat = t.detach().contiguous().reshape({-1});
+  if (flat.scalar_type() == at::kBool) flat = flat.to(at::kByte);
+  const auto bits = flat.view(kIntOfSize.at(flat.element_size())).to(at::kLong);
+  const auto position = at::arange(1, bits.numel() + 1, bits.options());
+  // Weights 2i+1 (odd) and i^2+i+41: two independent linear forms.
+  auto sums = at::stack({(bits * (2 * position + 1)).sum(),
+                         ((bits ^ 0x5bd1e995) * (position * position + position + 41)).sum()})
+                  .cpu();
+  std::string out(16, '\0');
+  std::memcpy(out.data(), sums.data_ptr<int64_t>(), 16);
+  return out;
+}
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  void update(const void* data, size_t size) { EVP_DigestUpdate(ctx_, data, size); }
+  std::string finish() {
+    unsigned char out[32];
+    unsigned int size = 0;
+    EVP_DigestFinal_ex(ctx_, out, &size);
+    return std::string(reinterpret_cast<char*>(out), size);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+class Xxh3 {
+ public:
+  Xxh3() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
+  ~Xxh3() { XXH3_freeState(state_); }
+  void update(const void* data, size_t size) { XXH3_128bits_update(state_, data, size); }
+  std::string finish() {
+    const XXH128_hash_t h = XXH3_128bits_digest(state_);
+    std::string out(16, '\0');
+    std::memcpy(out.data(), &h.high64, 8);
+    std::memcpy(out.data() + 8, &h.low64, 8);
+    return out;
+  }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+template <typename Hasher>
+std::string stream_bytes(const std::vector<NamedTensor>& tensors) {
+  Hasher hasher;
+  for (const auto& t : tensors) {
+    const auto bytes = host_bytes(t.tensor);
+    hasher.update(bytes.data_ptr(), bytes.nbytes());
+  }
+  return hasher.finish();
+}
+
+std::string digest_one(const NamedTensor& t, DigestMode mode) {
+  return fingerprint_digest({t}, mode);
+}
+
+at::Tensor as_bytes_tensor(const std::string& bytes, int64_t size, const at::Device& device) {
+  auto out = at::zeros({size}, at::kByte);
+  std::memcpy(out.data_ptr<uint8_t>(), bytes.data(), std::min<size_t>(bytes.size(), size));
+  return out.to(device);
+}
+
+std::string from_bytes_tensor(const at::Tensor& t) {
+  const auto cpu = t.cpu();
+  return std::string(reinterpret_cast<const char*>(cpu.data_ptr<uint8_t>()), cpu.numel());
+}
+
+}  // namespace
+
+DigestMode digest_mode_parse(const std::string& name) {
+  if (name == "auto") return DigestMode::kAuto;
+  if (name == "xxh3") return DigestMode::kXxh3;
+  if (name == "checksum") return DigestMode::kChecksum;
+  if (name == "sha256") return DigestMode::kSha256;
+  throw ConfigError("unknown digest mode '" + name + "' (valid: auto, xxh3, checksum, sha256)");
+}
+
+const char* digest_mode_name(DigestMode mode) {
+  switch (mode) {
+    case DigestMode::kAuto:
+      return "auto";
+    case DigestMode::kXxh3:
+      return "xxh3";
+    case DigestMode::kChecksum:
+      return "checksum";
+    case DigestMode::kSha256:
+      return "sha256";
+  }
+  return "?";
+}
+
+CheckPolicy check_policy_parse(const std::string& name) {
+  if (name == "abort") return CheckPolicy::kAbort;
+  if (name == "warn") return CheckPolicy::kWarn;
+  if (name == "resync") return CheckPolicy::kResync;
+  throw ConfigError("unknown check policy '" + name + "' (valid: abort, warn, resync)");
+}
+
+std::vector<NamedTensor> fingerprint_tensors(const torch::nn::Module& module, bool buffers) {
+  std::vector<NamedTensor> out;
+  for (const auto& p : module.named_parameters(true)) out.push_back({p.key(), p.value()});
+  if (buffers) {
+    for (const auto& b : module.named_buffers(true))
+      out.push_back({"buffer " + b.key(), b.value()});
+  }
+  return out;
+}
+
+std::string fingerprint_digest(const std::vector<NamedTensor>& tensors, DigestMode mode) {
+  switch (resolve(mode, tensors)) {
+    case DigestMode::kSha256:
+      return stream_bytes<Sha256>(tensors);
+    case DigestMode::kChecksum: {
+      Xxh3 combined;  // over the per-tensor checksums: 16 bytes each
+      for (const auto& t : tensors) {
+        const auto c = checksum_of(t.tensor);
+        combined.update(c.data(), c.size());
+      }
+      return combined.finish();
+    }
+    default:
+      return stream_bytes<Xxh3>(tensors);
+  }
+}
+
+std::vector<std::string> fingerprint_per_tensor(const std::vector<NamedTensor>& tensors,
+                                                DigestMode mode) {
+  const DigestMode resolved = resolve(mode, tensors);
+  std::vector<std::string> out;
+  for (const auto& t : tensors) out.push_back(digest_one(t, resolved));
+  return out;
+}
+
+std::string to_hex(const std::string& bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+ConsistencyReport fingerprint_check(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,
+                                    DigestMode mode, int64_t step) {
+  ConsistencyReport report;
+  report.step = step;
+  const std::string mine = fingerprint_digest(tensors, mode);
+  const auto gathered = pg.allgather(as_bytes_tensor(mine, kDigestBytes, pg.device()));
+  std::vector<std::string> digests;
+  for (const auto& g : gathered) digests.push_back(from_bytes_tensor(g).substr(0, mine.size()));
+  report.digest_hex = to_hex(digests[0]);
+  for (const auto& d : digests) report.consistent = report.consistent && d == digests[0];
+  if (report.consistent) return report;
+
+  // Group ranks by digest, in order of first appearance.
+  std::vector<std::string> distinct;
+  for (int r = 0; r < pg.size(); ++r) {
+    auto it = std::find(distinct.begin(), distinct.end(), digests[r]);
+    if (it == distinct.end()) {
+      distinct.push_back(digests[r]);
+      report.groups.emplace_back();
+      it = distinct.end() - 1;
+    }
+    report.groups[it - distinct.begin()].push_back(r);
+  }
+  // Name the first tensor that differs: per-tensor digests, all-gathered.
+  const auto per = fingerprint_per_tensor(tensors, mode);
+  const int64_t width = static_cast<int64_t>(per.empty() ? 0 : per[0].size());
+  std::string flat;
+  for (const auto& d : per) flat += d;
+  const auto all =
+      pg.allgather(as_bytes_tensor(flat, std::max<int64_t>(1, width * per.size()), pg.device()));
+  for (size_t i = 0; i < per.size() && report.first_tensor.empty(); ++i) {
+    const std::string first = from_bytes_tensor(all[0]).substr(i * width, width);
+    for (int r = 1; r < pg.size(); ++r) {
+      if (from_bytes_tensor(all[r]).substr(i * width, width) != first) {
+        report.first_tensor = tensors[i].name;
+        break;
+      }
+    }
+  }
+  std::string groups;
+  for (size_t g = 0; g < report.groups.size(); ++g) {
+    std::string ranks;
+    for (int r : report.groups[g]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    groups += (g ? "; " : "") + std::string("rank(s) ") + ranks + " hold " +
+              to_hex(distinct[g]).substr(0, 16);
+  }
+  report.message = "weights differ across ranks after step " + std::to_string(step) +
+                   ": first differing tensor '" + report.first_tensor + "'; " + groups + " (" +
+                   digest_mode_name(resolve(mode, tensors)) + ")";
+  return report;
+}
+
+void fingerprint_enforce(ProcessGroup& pg, const ConsistencyReport& report, CheckPolicy policy,
+                         const std::vector<NamedTensor>& tensors) {
+  if (report.consistent) return;
+  switch (policy) {
+    case CheckPolicy::kAbort:
+      throw ConsistencyError(report.message);
+    case CheckPolicy::kWarn:
+      spdlog::error("consistency check: {} (policy: warn)", report.message);
+      return;
+    case CheckPolicy::kResync: {
+      spdlog::error("consistency check: {} -- RESYNCING every rank to rank 0's weights",
+                    report.message);
+      std::vector<at::Tensor> all;
+      for (const auto& t : tensors) all.push_back(t.tensor.detach());
+      broadcast_coalesced(pg, all, /*root=*/0);
+      return;
+    }
+  }
+}
+
+}  // namespace lockstep
