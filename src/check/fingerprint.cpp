@@ -1,7 +1,6 @@
 #include "lockstep/check/fingerprint.h"
 
 #include <ATen/ATen.h>
-#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
 #include <xxhash.h>
@@ -11,6 +10,7 @@
 
 #include "lockstep/dist/coalesced.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/sha256.h"
 
 namespace lockstep {
 namespace {
@@ -46,22 +46,6 @@ std::string checksum_of(const at::Tensor& t) {
   std::memcpy(out.data(), sums.data_ptr<int64_t>(), 16);
   return out;
 }
-
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  void update(const void* data, size_t size) { EVP_DigestUpdate(ctx_, data, size); }
-  std::string finish() {
-    unsigned char out[32];
-    unsigned int size = 0;
-    EVP_DigestFinal_ex(ctx_, out, &size);
-    return std::string(reinterpret_cast<char*>(out), size);
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 class Xxh3 {
  public:
@@ -172,13 +156,7 @@ std::vector<std::string> fingerprint_per_tensor(const std::vector<NamedTensor>& 
 }
 
 std::string to_hex(const std::string& bytes) {
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
+  return hex_of(bytes);
 }
 
 ConsistencyReport fingerprint_check(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,

@@ -31,11 +31,16 @@ struct Dist {
 // the process group, as the parsed options say.
 Dist dist_setup(const cxxopts::ParseResult& args);
 
+// The same from explicit values (lockstep train takes them from its config).
+Dist dist_setup(const std::string& backend, double timeout_s, double rdzv_timeout_s,
+                const std::string& log_level);
+
 // Runs `body`, turning lockstep's exceptions into a message on stderr and an
 // exit code.
 int run_guarded(const std::string& command, const std::function<int()>& body);
 
 int cmd_check(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_train(int argc, char** argv);
 
 }  // namespace lockstep::cli

@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  check    consistency checks (--comm: the communication self-check)\n"
+    "  train    a training run from a YAML config (--config FILE [--set section.key=value ...])\n"
     "  bench    benchmarks (ddp: ms/step with and without DistributedDataParallel)\n"
     "\n"
     "Run under lockstep-run, torchrun --no-python, srun or mpirun for several ranks;\n"
@@ -34,34 +35,38 @@ void add_dist_options(cxxopts::Options& options) {
 }
 
 namespace {
-std::chrono::milliseconds positive_seconds(const cxxopts::ParseResult& args,
-                                           const std::string& key) {
-  const double s = args[key].as<double>();
-  if (!(s > 0)) throw ConfigError("--" + key + "=" + std::to_string(s) + " must be > 0");
+std::chrono::milliseconds positive_seconds(double s, const std::string& name) {
+  if (!(s > 0)) throw ConfigError(name + "=" + std::to_string(s) + " must be > 0");
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
 }
 }  // namespace
 
-Dist dist_setup(const cxxopts::ParseResult& args) {
+Dist dist_setup(const std::string& backend, double timeout_s, double rdzv_timeout_s,
+                const std::string& log_level) {
   Dist dist;
   // Logging first with rank 0's tag would mislabel errors: read the world,
   // then start logging, even if the world read fails (rank unknown: -1).
   try {
     dist.world = world_from_env();
   } catch (const Error&) {
-    log_init(-1, args["log-level"].as<std::string>());
+    log_init(-1, log_level);
     throw;
   }
-  log_init(dist.world.rank, args["log-level"].as<std::string>());
+  log_init(dist.world.rank, log_level);
   spdlog::info("lockstep: {}", dist.world.describe());
   ProcessGroupOptions pg_options;
-  pg_options.backend = backend_kind_parse(args["backend"].as<std::string>());
-  pg_options.timeout = positive_seconds(args, "timeout-s");
+  pg_options.backend = backend_kind_parse(backend);
+  pg_options.timeout = positive_seconds(timeout_s, "timeout");
   RendezvousOptions rdzv;
-  rdzv.timeout = positive_seconds(args, "rdzv-timeout-s");
+  rdzv.timeout = positive_seconds(rdzv_timeout_s, "rendezvous timeout");
   const auto store = rendezvous_connect(dist.world, rdzv);
   dist.pg = ProcessGroup::create(store, dist.world, pg_options);
   return dist;
+}
+
+Dist dist_setup(const cxxopts::ParseResult& args) {
+  return dist_setup(args["backend"].as<std::string>(), args["timeout-s"].as<double>(),
+                    args["rdzv-timeout-s"].as<double>(), args["log-level"].as<std::string>());
 }
 
 int run_guarded(const std::string& command, const std::function<int()>& body) {
@@ -80,6 +85,12 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const ConfigError& e) {
     report("", e.what());
     return kExitBadInput;
+  } catch (const DataError& e) {
+    report("bad data: ", e.what());
+    return kExitBadInput;
+  } catch (const ConsistencyError& e) {
+    report("consistency check failed: ", e.what());
+    return kExitCheckFailed;
   } catch (const EnvError& e) {
     report("bad environment: ", e.what());
     return kExitBadInput;
@@ -103,7 +114,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "check") return cmd_check(argc - 1, argv + 1);
   if (command == "bench") return cmd_bench(argc - 1, argv + 1);
-  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: check, bench)\n%s", command.c_str(),
-               kUsage);
+  if (command == "train") return cmd_train(argc - 1, argv + 1);
+  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: train, check, bench)\n%s",
+               command.c_str(), kUsage);
   return kExitBadInput;
 }

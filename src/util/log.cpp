@@ -35,3 +35,16 @@ void log_init(int rank, const std::string& level) {
 }
 
 }  // namespace lockstep
+
+#include <spdlog/sinks/basic_file_sink.h>
+
+namespace lockstep {
+
+void log_to_file(const std::string& path) {
+  auto logger = spdlog::default_logger();
+  auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
+  sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+  logger->sinks().push_back(sink);
+}
+
+}  // namespace lockstep

@@ -18,3 +18,8 @@ void log_init(int rank, const std::string& level = "");
 spdlog::level::level_enum log_parse_level(const std::string& name, const std::string& where);
 
 }  // namespace lockstep
+
+namespace lockstep {
+// Also writes the default logger's lines to `path` (appending).
+void log_to_file(const std::string& path);
+}  // namespace lockstep

@@ -1,0 +1,132 @@
+// The training configuration: one struct per section, each field with its
+// default and a one-line meaning in the field table (config.cpp), which is
+// the single source for parsing, --set overrides, the resolved YAML dump and
+// the reference in docs/config.md (a test fails when they drift).
+//
+// Precedence: --set section.key=value > the YAML file > the defaults below.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep {
+
+struct RunConfig {
+  std::string name = "run";
+  std::string dir = "runs";
+  int64_t seed = 0;
+};
+
+struct DistConfig {
+  std::string backend = "gloo";
+  double timeout_s = 300;
+  double rdzv_timeout_s = 300;
+};
+
+struct ModelConfig {
+  std::string name = "mlp";
+  int64_t hidden = 128;
+  int64_t layers = 2;
+  double dropout = 0;
+  int64_t heads = 4;
+  int64_t token_size = 8;
+  std::string init_from;
+};
+
+struct DataConfig {
+  std::string name = "digits";
+  std::string path;
+  std::string label_column = "-1";
+  double validation_fraction = 0.2;
+  int64_t batch_size = 32;
+  bool shuffle = true;
+  bool drop_last = false;
+  bool prefetch = true;
+  int64_t synthetic_size = 4096;
+  int64_t synthetic_features = 32;
+  int64_t synthetic_classes = 10;
+};
+
+struct TrainConfig {
+  int64_t epochs = 10;
+  int64_t max_steps = 0;
+  int64_t accumulation_steps = 1;
+  double clip_grad_norm = 0;
+};
+
+struct OptimConfig {
+  std::string name = "sgd";
+  double lr = 0.1;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  std::string schedule = "constant";
+  int64_t warmup_steps = 0;
+  int64_t step_size = 100;
+  double gamma = 0.1;
+  double min_lr = 0;
+};
+
+struct DdpConfig {
+  double bucket_cap_mb = 25;
+  double first_bucket_cap_mb = 1;
+  bool gradient_as_bucket_view = true;
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;
+  std::string comm_hook = "allreduce";
+};
+
+struct CheckConfig {
+  int64_t every = 1;
+  std::string mode = "auto";
+  std::string policy = "abort";
+  bool buffers = true;
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;
+  int64_t keep = 3;
+  std::string resume;
+};
+
+struct LogConfig {
+  std::string level = "info";
+  int64_t every = 10;
+  bool file = false;
+  std::string progress = "auto";
+};
+
+struct Config {
+  RunConfig run;
+  DistConfig dist;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  DdpConfig ddp;
+  CheckConfig check;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+};
+
+// Loads `path` (empty: defaults only), then applies "section.key=value"
+// overrides. Throws ConfigError: malformed YAML with line and column, an
+// unknown key with the nearest valid one, a wrong type or out-of-range value
+// with its path and value.
+Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Derived checks that need the world (e.g. the global batch).
+void config_validate(const Config& config, int world_size);
+
+// Every field, resolved, as YAML (saved in the run directory; hashed and
+// compared across ranks).
+std::string config_to_yaml(const Config& config);
+
+// docs/config.md's table: section, key, type, default, meaning.
+std::string config_reference_markdown();
+
+}  // namespace lockstep

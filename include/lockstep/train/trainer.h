@@ -1,0 +1,38 @@
+// Trainer: a configured DDP training run. The constructor reads as the
+// lifecycle: config checked across ranks -> run directory -> data -> model
+// (init_from) -> DDP -> optimizer -> checkpoint resume. run() is the loop:
+// epochs of sharded micro-batches, accumulation with no_sync, clipping after
+// synchronisation, optimizer step, per-step consistency check, metrics,
+// checkpoints, evaluation each epoch.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "lockstep/dist/process_group.h"
+#include "lockstep/train/config.h"
+
+namespace lockstep {
+
+struct TrainResult {
+  int64_t steps = 0;
+  double last_loss = 0;  // global mean over the last logging interval
+  double val_loss = 0;
+  double val_accuracy = 0;  // global, all-reduced counts
+  std::string fingerprint;  // final weights' digest (hex)
+  std::string run_dir;
+  std::string last_checkpoint;
+};
+
+class Trainer {
+ public:
+  Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> pg);
+  ~Trainer();
+  TrainResult run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,243 @@
+#include "lockstep/train/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <dirent.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "lockstep/util/error.h"
+#include "lockstep/util/sha256.h"
+
+namespace lockstep {
+namespace {
+
+const std::vector<std::string> kFiles{"model.pt", "optimizer.pt", "rng.pt", "state.yaml",
+                                      "config.yaml"};
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw DataError("cannot open '" + path + "' to fsync: " + std::strerror(errno));
+  const int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) throw DataError("fsync '" + path + "': " + std::strerror(errno));
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) throw DataError("cannot write '" + path + "': " + std::strerror(errno));
+  fsync_path(path, false);
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s;
+  for (auto d : t.sizes()) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + s + "]";
+}
+
+std::string folder_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return found;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("step_", 0) == 0)
+      found.emplace_back(std::atoll(name.c_str() + 5), dir + "/" + name);
+  }
+  closedir(d);
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+StateDict state_dict_of(const torch::nn::Module& module) {
+  StateDict out;
+  for (const auto& p : module.named_parameters(true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+void state_dict_load(torch::nn::Module& module, const StateDict& state, const std::string& source) {
+  std::map<std::string, at::Tensor> given(state.begin(), state.end());
+  const auto mine = state_dict_of(module);
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : mine) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      throw DataError(source + ": has no tensor '" + name +
+                      "' (a state dict of a different model?)");
+    }
+    if (it->second.sizes() != tensor.sizes()) {
+      throw DataError(source + ": tensor '" + name + "' has shape " + shape_of(it->second) +
+                      " but the model's is " + shape_of(tensor) + " (a different model?)");
+    }
+    tensor.copy_(it->second);
+    given.erase(it);
+  }
+  if (!given.empty()) {
+    throw DataError(source + ": has tensor '" + given.begin()->first +
+                    "' that the model does not (a state dict of a different model?)");
+  }
+}
+
+void state_dict_save_file(const StateDict& state, const std::string& path) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : state) dict.insert(name, tensor.detach().cpu().contiguous());
+  const auto bytes = torch::pickle_save(c10::IValue(dict));
+  write_file(path, std::string(bytes.begin(), bytes.end()));
+}
+
+StateDict state_dict_load_file(const std::string& path) {
+  const std::string bytes = read_all(path);
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    throw DataError(path + ": not a state dict file (" + what_of(e).substr(0, 200) + ")");
+  }
+  if (!value.isGenericDict()) throw DataError(path + ": holds no {name: tensor} dict");
+  StateDict out;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString() || !item.value().isTensor()) {
+      throw DataError(path + ": holds an entry that is not name -> tensor");
+    }
+    out.emplace_back(item.key().toStringRef(), item.value().toTensor());
+  }
+  return out;
+}
+
+Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
+    : dir_(std::move(run_dir) + "/checkpoints"), keep_(keep) {}
+
+std::string Checkpointer::save(const TrainerState& state, const StateDict& model,
+                               torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
+                               const std::string& config_yaml) {
+  if (mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw DataError("cannot create '" + dir_ + "': " + std::strerror(errno));
+  }
+  const std::string name = folder_name(state.step);
+  const std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(getpid());
+  std::system(("rm -rf '" + tmp + "'").c_str());
+  if (mkdir(tmp.c_str(), 0755) != 0) {
+    throw DataError("cannot create '" + tmp + "': " + std::strerror(errno));
+  }
+  state_dict_save_file(model, tmp + "/model.pt");
+  {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    archive.save_to(tmp + "/optimizer.pt");
+    fsync_path(tmp + "/optimizer.pt", false);
+  }
+  {
+    const auto bytes = torch::pickle_save(c10::IValue(rng_states.contiguous()));
+    write_file(tmp + "/rng.pt", std::string(bytes.begin(), bytes.end()));
+  }
+  YAML::Emitter yaml;
+  yaml << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key << "epoch"
+       << YAML::Value << state.epoch << YAML::Key << "batch_in_epoch" << YAML::Value
+       << state.batch_in_epoch << YAML::Key << "world_size" << YAML::Value << state.world_size
+       << YAML::Key << "model" << YAML::Value << state.model << YAML::EndMap;
+  write_file(tmp + "/state.yaml", std::string(yaml.c_str()) + "\n");
+  write_file(tmp + "/config.yaml", config_yaml);
+  std::string manifest;
+  for (const auto& file : kFiles)
+    manifest += sha256_hex(read_all(tmp + "/" + file)) + "  " + file + "\n";
+  write_file(tmp + "/MANIFEST", manifest);
+  fsync_path(tmp, true);
+
+  const std::string final_path = dir_ + "/" + name;
+  std::system(("rm -rf '" + final_path + "'").c_str());
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    throw DataError("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(errno));
+  }
+  fsync_path(dir_, true);
+
+  auto all = list_checkpoints(dir_);
+  for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) {
+    std::system(("rm -rf '" + all[i].second + "'").c_str());
+  }
+  return final_path;
+}
+
+std::optional<std::string> Checkpointer::newest() const {
+  const auto all = list_checkpoints(dir_);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+void Checkpointer::verify(const std::string& folder) {
+  std::ifstream manifest(folder + "/MANIFEST");
+  if (!manifest) {
+    throw DataError("checkpoint '" + folder + "' has no MANIFEST (incomplete or not a checkpoint)");
+  }
+  std::map<std::string, std::string> expected;
+  std::string hash, file;
+  while (manifest >> hash >> file) expected[file] = hash;
+  for (const auto& f : kFiles) {
+    auto it = expected.find(f);
+    if (it == expected.end())
+      throw DataError("checkpoint '" + folder + "': MANIFEST does not list " + f);
+    std::string actual;
+    try {
+      actual = sha256_hex(read_all(folder + "/" + f));
+    } catch (const DataError&) {
+      throw DataError("checkpoint '" + folder + "': " + f + " is missing");
+    }
+    if (actual != it->second) {
+      throw DataError(
+          "checkpoint '" + folder + "': " + f +
+          "'s SHA-256 does not match its MANIFEST (truncated or modified); refusing "
+          "to load it. Resume from an older checkpoint with checkpoint.resume: <folder>");
+    }
+  }
+}
+
+Checkpointer::Loaded Checkpointer::load(const std::string& folder,
+                                        torch::optim::Optimizer& optimizer) {
+  verify(folder);
+  Loaded loaded;
+  loaded.folder = folder;
+  const YAML::Node state = YAML::LoadFile(folder + "/state.yaml");
+  loaded.state.step = state["step"].as<int64_t>();
+  loaded.state.epoch = state["epoch"].as<int64_t>();
+  loaded.state.batch_in_epoch = state["batch_in_epoch"].as<int64_t>();
+  loaded.state.world_size = state["world_size"].as<int64_t>();
+  loaded.state.model = state["model"].as<std::string>();
+  loaded.model = state_dict_load_file(folder + "/model.pt");
+  const std::string rng = read_all(folder + "/rng.pt");
+  loaded.rng_states = torch::pickle_load(std::vector<char>(rng.begin(), rng.end())).toTensor();
+  torch::serialize::InputArchive archive;
+  archive.load_from(folder + "/optimizer.pt");
+  optimizer.load(archive);
+  return loaded;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,399 @@
+// The field table: every configuration field, once, with its type, limits,
+// choices and meaning. Parsing, overrides, the YAML dump and the reference
+// documentation are all walks over this table.
+#include "lockstep/train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+enum class Type { kInt, kDouble, kBool, kString };
+
+struct Field {
+  std::string section;
+  std::string key;
+  Type type;
+  std::string help;
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  std::vector<std::string> choices;
+  std::function<std::string(const Config&)> get;
+  std::function<void(Config&, const std::string&, const std::string& where)> set;
+  std::string path() const { return section + "." + key; }
+};
+
+std::string format_double(double v) {
+  std::ostringstream out;
+  out.precision(17);
+  out << v;
+  return out.str();
+}
+
+int64_t parse_int(const std::string& text, const std::string& where) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE) {
+    throw ConfigError(where + ": '" + text + "' is not an integer");
+  }
+  return v;
+}
+
+double parse_double(const std::string& text, const std::string& where) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+    throw ConfigError(where + ": '" + text + "' is not a number");
+  }
+  return v;
+}
+
+bool parse_bool(const std::string& text, const std::string& where) {
+  if (text == "true" || text == "True" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "False" || text == "no" || text == "off") return false;
+  throw ConfigError(where + ": '" + text + "' is not a boolean (true or false)");
+}
+
+void check_range(const Field& f, double v, const std::string& text, const std::string& where) {
+  if (v < f.lo || v > f.hi) {
+    std::string range = "[" + (std::isinf(f.lo) ? std::string("-inf") : format_double(f.lo)) +
+                        ", " + (std::isinf(f.hi) ? std::string("inf") : format_double(f.hi)) + "]";
+    throw ConfigError(where + ": " + text + " is out of range " + range);
+  }
+}
+
+template <typename S, typename T>
+Field make_field(const char* section, const char* key, S Config::*sec, T S::*member, Type type,
+                 std::string help, double lo = -std::numeric_limits<double>::infinity(),
+                 double hi = std::numeric_limits<double>::infinity(),
+                 std::vector<std::string> choices = {}) {
+  Field f{section, key, type, std::move(help), lo, hi, std::move(choices), nullptr, nullptr};
+  f.get = [sec, member](const Config& c) -> std::string {
+    const T& v = c.*sec.*member;
+    if constexpr (std::is_same_v<T, std::string>) {
+      return v;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return v ? "true" : "false";
+    } else if constexpr (std::is_same_v<T, double>) {
+      return format_double(v);
+    } else {
+      return std::to_string(v);
+    }
+  };
+  const Field shape = f;
+  f.set = [sec, member, shape](Config& c, const std::string& text, const std::string& where) {
+    T& v = c.*sec.*member;
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!shape.choices.empty() &&
+          std::find(shape.choices.begin(), shape.choices.end(), text) == shape.choices.end()) {
+        std::string valid;
+        for (const auto& ch : shape.choices) valid += (valid.empty() ? "" : ", ") + ch;
+        throw ConfigError(where + ": '" + text + "' is not one of " + valid);
+      }
+      v = text;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      v = parse_bool(text, where);
+    } else if constexpr (std::is_same_v<T, double>) {
+      const double parsed = parse_double(text, where);
+      check_range(shape, parsed, text, where);
+      v = parsed;
+    } else {
+      const int64_t parsed = parse_int(text, where);
+      check_range(shape, static_cast<double>(parsed), text, where);
+      v = parsed;
+    }
+  };
+  return f;
+}
+
+const std::vector<Field>& fields() {
+  using C = Config;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  static const std::vector<Field> table{
+      make_field("run", "name", &C::run, &RunConfig::name, Type::kString,
+                 "run name: the run directory is <dir>/<name>"),
+      make_field("run", "dir", &C::run, &RunConfig::dir, Type::kString,
+                 "parent of run directories"),
+      make_field("run", "seed", &C::run, &RunConfig::seed, Type::kInt,
+                 "seed of model init, shuffling, split and dropout", 0, 1e15),
+      make_field("dist", "backend", &C::dist, &DistConfig::backend, Type::kString,
+                 "process group backend", -kInf, kInf, {"gloo", "nccl"}),
+      make_field("dist", "timeout_s", &C::dist, &DistConfig::timeout_s, Type::kDouble,
+                 "seconds before a collective a peer misses fails", 0.001, 1e7),
+      make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,
+                 "seconds to reach the store and for every rank to arrive", 0.001, 1e7),
+      make_field("model", "name", &C::model, &ModelConfig::name, Type::kString, "architecture",
+                 -kInf, kInf, {"mlp", "cnn", "transformer"}),
+      make_field("model", "hidden", &C::model, &ModelConfig::hidden, Type::kInt,
+                 "hidden width (mlp), channels (cnn), model width (transformer)", 1, 1 << 16),
+      make_field("model", "layers", &C::model, &ModelConfig::layers, Type::kInt,
+                 "hidden layers (mlp), encoder layers (transformer)", 1, 128),
+      make_field("model", "dropout", &C::model, &ModelConfig::dropout, Type::kDouble,
+                 "dropout probability", 0, 0.99),
+      make_field("model", "heads", &C::model, &ModelConfig::heads, Type::kInt,
+                 "attention heads (transformer; must divide hidden)", 1, 256),
+      make_field("model", "token_size", &C::model, &ModelConfig::token_size, Type::kInt,
+                 "features per token (transformer; must divide the feature count)", 1, 1 << 16),
+      make_field("model", "init_from", &C::model, &ModelConfig::init_from, Type::kString,
+                 "state dict to start from (torch.save(model.state_dict()) or a lockstep "
+                 "checkpoint's model.pt); empty: random init"),
+      make_field("data", "name", &C::data, &DataConfig::name, Type::kString, "dataset", -kInf, kInf,
+                 {"digits", "synthetic", "csv", "mnist"}),
+      make_field("data", "path", &C::data, &DataConfig::path, Type::kString,
+                 "csv: the file; mnist: the folder of idx files"),
+      make_field("data", "label_column", &C::data, &DataConfig::label_column, Type::kString,
+                 "csv: label column, a header name or an index (-1: last)"),
+      make_field("data", "validation_fraction", &C::data, &DataConfig::validation_fraction,
+                 Type::kDouble, "share held out for validation (mnist uses its test files)", 0,
+                 0.9),
+      make_field("data", "batch_size", &C::data, &DataConfig::batch_size, Type::kInt,
+                 "per-rank micro-batch size", 1, 1 << 20),
+      make_field("data", "shuffle", &C::data, &DataConfig::shuffle, Type::kBool,
+                 "reshuffle every epoch (DistributedSampler)"),
+      make_field("data", "drop_last", &C::data, &DataConfig::drop_last, Type::kBool,
+                 "drop the tail instead of padding shards and the last batch"),
+      make_field("data", "prefetch", &C::data, &DataConfig::prefetch, Type::kBool,
+                 "assemble batches on a background thread"),
+      make_field("data", "synthetic_size", &C::data, &DataConfig::synthetic_size, Type::kInt,
+                 "synthetic: examples", 1, 1e9),
+      make_field("data", "synthetic_features", &C::data, &DataConfig::synthetic_features,
+                 Type::kInt, "synthetic: features", 1, 1 << 20),
+      make_field("data", "synthetic_classes", &C::data, &DataConfig::synthetic_classes, Type::kInt,
+                 "synthetic: classes", 2, 1 << 20),
+      make_field("train", "epochs", &C::train, &TrainConfig::epochs, Type::kInt, "epochs to train",
+                 1, 1e9),
+      make_field("train", "max_steps", &C::train, &TrainConfig::max_steps, Type::kInt,
+                 "stop after this many optimizer steps (0: run all epochs)", 0, 1e15),
+      make_field("train", "accumulation_steps", &C::train, &TrainConfig::accumulation_steps,
+                 Type::kInt, "micro-batches per optimizer step (no_sync on all but the last)", 1,
+                 1 << 20),
+      make_field("train", "clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, Type::kDouble,
+                 "clip gradients to this global norm after synchronisation (0: off)", 0, kInf),
+      make_field("optim", "name", &C::optim, &OptimConfig::name, Type::kString, "optimizer", -kInf,
+                 kInf, {"sgd", "adam", "adamw"}),
+      make_field("optim", "lr", &C::optim, &OptimConfig::lr, Type::kDouble, "peak learning rate", 0,
+                 1e6),
+      make_field("optim", "momentum", &C::optim, &OptimConfig::momentum, Type::kDouble,
+                 "sgd: momentum", 0, 1),
+      make_field("optim", "nesterov", &C::optim, &OptimConfig::nesterov, Type::kBool,
+                 "sgd: Nesterov momentum"),
+      make_field("optim", "weight_decay", &C::optim, &OptimConfig::weight_decay, Type::kDouble,
+                 "L2 penalty (sgd, adam) or decoupled decay (adamw)", 0, 1e3),
+      make_field("optim", "beta1", &C::optim, &OptimConfig::beta1, Type::kDouble,
+                 "adam/adamw: first moment decay", 0, 0.999999),
+      make_field("optim", "beta2", &C::optim, &OptimConfig::beta2, Type::kDouble,
+                 "adam/adamw: second moment decay", 0, 0.999999),
+      make_field("optim", "eps", &C::optim, &OptimConfig::eps, Type::kDouble,
+                 "adam/adamw: denominator epsilon", 0, 1),
+      make_field("optim", "schedule", &C::optim, &OptimConfig::schedule, Type::kString,
+                 "learning-rate schedule after warmup", -kInf, kInf,
+                 {"constant", "step", "cosine"}),
+      make_field("optim", "warmup_steps", &C::optim, &OptimConfig::warmup_steps, Type::kInt,
+                 "linear warmup from 0 over this many steps", 0, 1e15),
+      make_field("optim", "step_size", &C::optim, &OptimConfig::step_size, Type::kInt,
+                 "step schedule: multiply by gamma every this many steps", 1, 1e15),
+      make_field("optim", "gamma", &C::optim, &OptimConfig::gamma, Type::kDouble,
+                 "step schedule: factor", 0, 1),
+      make_field("optim", "min_lr", &C::optim, &OptimConfig::min_lr, Type::kDouble,
+                 "cosine schedule: final learning rate", 0, 1e6),
+      make_field("ddp", "bucket_cap_mb", &C::ddp, &DdpConfig::bucket_cap_mb, Type::kDouble,
+                 "gradient bucket cap (MB)", 0, 1e5),
+      make_field("ddp", "first_bucket_cap_mb", &C::ddp, &DdpConfig::first_bucket_cap_mb,
+                 Type::kDouble, "first bucket cap (MB)", 0, 1e5),
+      make_field("ddp", "gradient_as_bucket_view", &C::ddp, &DdpConfig::gradient_as_bucket_view,
+                 Type::kBool, ".grad lives in the bucket (no copy back)"),
+      make_field("ddp", "find_unused_parameters", &C::ddp, &DdpConfig::find_unused_parameters,
+                 Type::kBool, "reduce missing gradients as zeros instead of failing"),
+      make_field("ddp", "broadcast_buffers", &C::ddp, &DdpConfig::broadcast_buffers, Type::kBool,
+                 "broadcast rank 0's buffers before every forward"),
+      make_field("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, Type::kString,
+                 "gradient exchange", -kInf, kInf, {"allreduce", "fp16", "bf16"}),
+      make_field("check", "every", &C::check, &CheckConfig::every, Type::kInt,
+                 "cross-rank weight fingerprint check every N optimizer steps (0: off)", 0, 1e15),
+      make_field("check", "mode", &C::check, &CheckConfig::mode, Type::kString, "digest", -kInf,
+                 kInf, {"auto", "xxh3", "checksum", "sha256"}),
+      make_field("check", "policy", &C::check, &CheckConfig::policy, Type::kString, "on mismatch",
+                 -kInf, kInf, {"abort", "warn", "resync"}),
+      make_field("check", "buffers", &C::check, &CheckConfig::buffers, Type::kBool,
+                 "include buffers (e.g. BatchNorm statistics)"),
+      make_field("checkpoint", "every", &C::checkpoint, &CheckpointConfig::every, Type::kInt,
+                 "save every N optimizer steps, and always at the end (0: only at the end)", 0,
+                 1e15),
+      make_field("checkpoint", "keep", &C::checkpoint, &CheckpointConfig::keep, Type::kInt,
+                 "checkpoints to keep (the oldest are deleted)", 1, 1e6),
+      make_field("checkpoint", "resume", &C::checkpoint, &CheckpointConfig::resume, Type::kString,
+                 "empty: start fresh; auto: the newest checkpoint in the run directory, if any; or "
+                 "a checkpoint folder"),
+      make_field("log", "level", &C::log, &LogConfig::level, Type::kString, "log level", -kInf,
+                 kInf, {"trace", "debug", "info", "warn", "error"}),
+      make_field("log", "every", &C::log, &LogConfig::every, Type::kInt,
+                 "log and record metrics every N optimizer steps", 1, 1e15),
+      make_field("log", "file", &C::log, &LogConfig::file, Type::kBool,
+                 "also log to <run dir>/rank_<r>.log"),
+      make_field("log", "progress", &C::log, &LogConfig::progress, Type::kString,
+                 "rank 0's progress display (auto: a bar on a terminal)", -kInf, kInf,
+                 {"auto", "bar", "plain"}),
+  };
+  return table;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string nearest(const std::string& wrong, const std::vector<std::string>& valid) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const auto& v : valid) {
+    const size_t d = edit_distance(wrong, v);
+    if (d < best_distance) best_distance = d, best = v;
+  }
+  return best;
+}
+
+const Field& find_field(const std::string& section, const std::string& key,
+                        const std::string& where) {
+  std::vector<std::string> sections, keys;
+  for (const auto& f : fields()) {
+    if (f.section == section && f.key == key) return f;
+    if (std::find(sections.begin(), sections.end(), f.section) == sections.end()) {
+      sections.push_back(f.section);
+    }
+    if (f.section == section) keys.push_back(f.key);
+  }
+  if (keys.empty()) {
+    throw ConfigError(where + ": unknown section '" + section + "' (did you mean '" +
+                      nearest(section, sections) + "'?)");
+  }
+  throw ConfigError(where + ": unknown key '" + section + "." + key + "' (did you mean '" +
+                    section + "." + nearest(key, keys) + "'?)");
+}
+
+std::string mark(const std::string& path, const YAML::Node& node) {
+  return path + ":" + std::to_string(node.Mark().line + 1);
+}
+
+}  // namespace
+
+Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config;
+  if (!path.empty()) {
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+      throw ConfigError("cannot read config '" + path + "'");
+    } catch (const YAML::ParserException& e) {
+      throw ConfigError("config " + path + ":" + std::to_string(e.mark.line + 1) + ":" +
+                        std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
+    }
+    if (!root.IsNull() && !root.IsMap()) {
+      throw ConfigError("config " + path + ": the top level must map sections to their keys");
+    }
+    for (const auto& section : root) {
+      const std::string name = section.first.as<std::string>();
+      if (!section.second.IsMap()) {
+        bool known = false;
+        for (const auto& f : fields()) known = known || f.section == name;
+        if (!known) find_field(name, "", mark(path, section.first));  // throws: unknown section
+        throw ConfigError(mark(path, section.second) + ": section '" + name +
+                          "' must be a mapping of keys to values");
+      }
+      for (const auto& item : section.second) {
+        const std::string key = item.first.as<std::string>();
+        const std::string where = mark(path, item.first);
+        const Field& f = find_field(name, key, where);
+        if (!item.second.IsScalar()) {
+          throw ConfigError(where + ": " + f.path() + " must be a single value");
+        }
+        f.set(config, item.second.Scalar(), where + ": " + f.path());
+      }
+    }
+  }
+  for (const auto& assignment : overrides) {
+    const auto eq = assignment.find('=');
+    const auto dot = assignment.find('.');
+    const std::string where = "--set " + assignment;
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+      throw ConfigError(where + ": expected section.key=value");
+    }
+    const Field& f =
+        find_field(assignment.substr(0, dot), assignment.substr(dot + 1, eq - dot - 1), where);
+    f.set(config, assignment.substr(eq + 1), where);
+  }
+  return config;
+}
+
+void config_validate(const Config& c, int world_size) {
+  if ((c.data.name == "csv" || c.data.name == "mnist") && c.data.path.empty()) {
+    throw ConfigError("data.path must be set for data.name: " + c.data.name);
+  }
+  if (c.model.name == "transformer" && c.model.hidden % c.model.heads != 0) {
+    throw ConfigError("model.heads=" + std::to_string(c.model.heads) +
+                      " must divide model.hidden=" + std::to_string(c.model.hidden));
+  }
+  if (world_size < 1) throw ConfigError("world size must be >= 1");
+  // The per-epoch step count needs the dataset: the trainer checks it
+  // (global batch = data.batch_size x world x train.accumulation_steps).
+}
+
+std::string config_to_yaml(const Config& config) {
+  std::string out;
+  std::string section;
+  for (const auto& f : fields()) {
+    if (f.section != section) {
+      section = f.section;
+      out += section + ":\n";
+    }
+    std::string value = f.get(config);
+    if (f.type == Type::kString) value = "\"" + value + "\"";
+    out += "  " + f.key + ": " + value + "\n";
+  }
+  return out;
+}
+
+std::string config_reference_markdown() {
+  const Config defaults;
+  std::string out = "| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
+  for (const auto& f : fields()) {
+    static const char* kTypes[] = {"int", "float", "bool", "string"};
+    std::string type = kTypes[static_cast<int>(f.type)];
+    if (!f.choices.empty()) {
+      type = "";
+      for (const auto& ch : f.choices) type += (type.empty() ? "" : " \\| ") + ch;
+    }
+    std::string meaning = f.help;
+    if (!std::isinf(f.lo) || !std::isinf(f.hi)) {
+      meaning += " [" + format_double(f.lo) + ", " +
+                 (std::isinf(f.hi) ? std::string("inf") : format_double(f.hi)) + "]";
+    }
+    const std::string value = f.get(defaults);
+    out += "| `" + f.path() + "` | " + type + " | `" + (value.empty() ? "\"\"" : value) + "` | " +
+           meaning + " |\n";
+  }
+  return out;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,142 @@
+#include "lockstep/train/models.h"
+
+#include <torch/nn.h>
+
+#include <cmath>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t p = 1;
+  for (auto d : shape) p *= d;
+  return p;
+}
+
+// layers.0 Linear, layers.1 ReLU, [Dropout], ... layers.k Linear (as nn.Sequential).
+class Mlp : public Classifier {
+ public:
+  Mlp(const ModelConfig& c, int64_t in, int64_t out) : out_(out) {
+    torch::nn::Sequential seq;
+    int64_t width = in;
+    for (int64_t i = 0; i < c.layers; ++i) {
+      seq->push_back(torch::nn::Linear(width, c.hidden));
+      seq->push_back(torch::nn::ReLU());
+      if (c.dropout > 0) seq->push_back(torch::nn::Dropout(c.dropout));
+      width = c.hidden;
+    }
+    seq->push_back(torch::nn::Linear(width, std::max<int64_t>(out, 1)));
+    layers_ = register_module("layers", seq);
+  }
+  at::Tensor forward(at::Tensor x) override {
+    auto y = layers_->forward(x.flatten(1));
+    return out_ == 0 ? y.squeeze(1) : y;
+  }
+
+ private:
+  int64_t out_;
+  torch::nn::Sequential layers_{nullptr};
+};
+
+// features: two 3x3 convolutions (the second with stride 2), adaptive pooling
+// to 4x4, then classifier: Linear.
+class Cnn : public Classifier {
+ public:
+  Cnn(const ModelConfig& c, std::vector<int64_t> image, int64_t out) : image_(image), out_(out) {
+    const int64_t ch = c.hidden;
+    features_ = register_module(
+        "features",
+        torch::nn::Sequential(
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(image_[0], ch, 3).padding(1)),
+            torch::nn::ReLU(),
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(ch, 2 * ch, 3).padding(1).stride(2)),
+            torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(4)));
+    if (c.dropout > 0) dropout_ = register_module("dropout", torch::nn::Dropout(c.dropout));
+    classifier_ =
+        register_module("classifier", torch::nn::Linear(2 * ch * 16, std::max<int64_t>(out, 1)));
+  }
+  at::Tensor forward(at::Tensor x) override {
+    auto h = features_->forward(x.reshape({x.size(0), image_[0], image_[1], image_[2]})).flatten(1);
+    if (!dropout_.is_empty()) h = dropout_->forward(h);
+    auto y = classifier_->forward(h);
+    return out_ == 0 ? y.squeeze(1) : y;
+  }
+
+ private:
+  std::vector<int64_t> image_;
+  int64_t out_;
+  torch::nn::Sequential features_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+  torch::nn::Linear classifier_{nullptr};
+};
+
+// The features split into tokens of token_size: embed (Linear) + learned
+// positions (pos), a TransformerEncoder, mean over tokens, head (Linear).
+class Transformer : public Classifier {
+ public:
+  Transformer(const ModelConfig& c, int64_t features, int64_t out)
+      : tokens_(features / c.token_size), token_size_(c.token_size), out_(out) {
+    embed_ = register_module("embed", torch::nn::Linear(c.token_size, c.hidden));
+    pos_ = register_parameter("pos", torch::randn({tokens_, c.hidden}) * 0.02);
+    auto layer = torch::nn::TransformerEncoderLayer(
+        torch::nn::TransformerEncoderLayerOptions(c.hidden, c.heads)
+            .dim_feedforward(2 * c.hidden)
+            .dropout(c.dropout));
+    encoder_ = register_module(
+        "encoder",
+        torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(layer, c.layers)));
+    head_ = register_module("head", torch::nn::Linear(c.hidden, std::max<int64_t>(out, 1)));
+  }
+  at::Tensor forward(at::Tensor x) override {
+    auto h = embed_->forward(x.reshape({x.size(0), tokens_, token_size_})) + pos_;
+    h = encoder_->forward(h.transpose(0, 1));  // LibTorch's encoder is sequence-first
+    auto y = head_->forward(h.mean(0));
+    return out_ == 0 ? y.squeeze(1) : y;
+  }
+
+ private:
+  int64_t tokens_, token_size_, out_;
+  torch::nn::Linear embed_{nullptr};
+  at::Tensor pos_;
+  torch::nn::TransformerEncoder encoder_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+
+std::vector<int64_t> as_image(const std::vector<int64_t>& shape) {
+  if (shape.size() == 3) return shape;
+  if (shape.size() == 2) return {1, shape[0], shape[1]};
+  const int64_t n = product(shape);
+  const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
+  if (side * side != n) {
+    throw ConfigError("model.name=cnn needs images: " + std::to_string(n) +
+                      " features are not a square (use mlp or transformer)");
+  }
+  return {1, side, side};
+}
+
+}  // namespace
+
+std::shared_ptr<Classifier> model_create(const ModelConfig& config,
+                                         const std::vector<int64_t>& sample_shape,
+                                         int64_t classes) {
+  const int64_t features = product(sample_shape);
+  if (config.name == "mlp") return std::make_shared<Mlp>(config, features, classes);
+  if (config.name == "cnn") return std::make_shared<Cnn>(config, as_image(sample_shape), classes);
+  if (config.name == "transformer") {
+    if (features % config.token_size != 0) {
+      throw ConfigError("model.token_size=" + std::to_string(config.token_size) +
+                        " must divide the " + std::to_string(features) + " features");
+    }
+    if (config.hidden % config.heads != 0) {
+      throw ConfigError("model.heads=" + std::to_string(config.heads) +
+                        " must divide model.hidden=" + std::to_string(config.hidden));
+    }
+    return std::make_shared<Transformer>(config, features, classes);
+  }
+  throw ConfigError("model.name: unknown model '" + config.name +
+                    "' (valid: mlp, cnn, transformer)");
+}
+
+}  // namespace lockstep

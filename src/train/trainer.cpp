@@ -1,0 +1,485 @@
+#include "lockstep/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <sys/stat.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+#include "lockstep/check/fingerprint.h"
+#include "lockstep/data/dataset.h"
+#include "lockstep/data/loader.h"
+#include "lockstep/data/sampler.h"
+#include "lockstep/ddp/ddp.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/models.h"
+#include "lockstep/train/optim.h"
+#include "lockstep/util/error.h"
+#include "lockstep/util/log.h"
+#include "lockstep/util/sha256.h"
+
+namespace lockstep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Each rank's CPU generator state (dropout), gathered for checkpoints.
+at::Tensor rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void rng_restore(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+bool isatty_stdout() {
+  return isatty(STDOUT_FILENO) != 0;
+}
+
+void mkdir_p(const std::string& path) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos == path.size() || path[pos] == '/') {
+      const std::string prefix = path.substr(0, pos);
+      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw ConfigError("run directory: cannot create '" + prefix + "': " + std::strerror(errno));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  Config config;
+  WorldInfo world;
+  std::shared_ptr<ProcessGroup> pg;
+  std::string run_dir;
+  std::string config_yaml;
+
+  TensorDataset train_data, val_data;
+  std::unique_ptr<DistributedSampler> sampler;
+  std::shared_ptr<Classifier> model;
+  std::unique_ptr<DistributedDataParallel<std::shared_ptr<Classifier>>> ddp;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<Checkpointer> checkpointer;
+  TrainerState state;
+  int64_t micro_per_epoch = 0;  // micro-batches used per epoch (multiple of accumulation)
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  std::FILE* metrics = nullptr;
+  std::string last_checkpoint;
+
+  // ------------------------------------------------------------ lifecycle
+  void agree_on_config() {
+    config_yaml = config_to_yaml(config);
+    const std::string digest = sha256_hex(config_yaml).substr(0, 16);
+    auto mine = at::zeros({16}, at::kByte);
+    std::memcpy(mine.data_ptr<uint8_t>(), digest.data(), 16);
+    const auto all = pg->allgather(mine.to(pg->device()));
+    std::string differ;
+    for (int r = 1; r < pg->size(); ++r) {
+      if (!at::equal(all[r].cpu(), all[0].cpu()))
+        differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!differ.empty()) {
+      throw ConfigError("the resolved configuration of rank(s) " + differ +
+                        " differs from rank 0's (same file and --set on every rank?)");
+    }
+  }
+
+  // Rank 0 creates the run directory and proves it writable; every rank
+  // learns the outcome, so all stop together before any training.
+  void prepare_run_dir() {
+    run_dir = config.run.dir + "/" + config.run.name;
+    std::string problem;
+    if (world.rank == 0) {
+      try {
+        mkdir_p(run_dir);
+        const std::string probe = run_dir + "/.write-test";
+        std::ofstream out(probe);
+        out << "ok";
+        out.close();
+        if (!out) throw ConfigError("run directory '" + run_dir + "' is not writable");
+        std::remove(probe.c_str());
+        std::ofstream(run_dir + "/config.yaml") << config_yaml;
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    }
+    auto ok = at::full({1}, problem.empty() ? 1 : 0, at::kInt).to(pg->device());
+    pg->allreduce(ok, ReduceKind::kMin);
+    if (ok.cpu().item<int>() == 0) {
+      throw ConfigError(problem.empty() ? "rank 0 could not prepare run directory '" + run_dir + "'"
+                                        : problem);
+    }
+    if (config.log.file) log_to_file(run_dir + "/rank_" + std::to_string(world.rank) + ".log");
+    if (world.rank == 0) {
+      spdlog::info("run directory {}; resolved configuration:\n{}", run_dir, config_yaml);
+      metrics = std::fopen((run_dir + "/metrics.jsonl").c_str(), "a");
+      if (metrics == nullptr) throw ConfigError("cannot open " + run_dir + "/metrics.jsonl");
+    }
+  }
+
+  void load_data() {
+    const auto& d = config.data;
+    TensorDataset all;
+    if (d.name == "digits") {
+      all = dataset_digits();
+    } else if (d.name == "synthetic") {
+      all = dataset_synthetic_classification(d.synthetic_size, d.synthetic_features,
+                                             d.synthetic_classes, config.run.seed);
+    } else if (d.name == "csv") {
+      CsvOptions csv;
+      csv.label_column = d.label_column;
+      all = dataset_csv(d.path, csv);
+    } else {
+      train_data = dataset_mnist(d.path, true);
+      val_data = dataset_mnist(d.path, false);
+    }
+    if (d.name != "mnist") {
+      auto split = dataset_split(all, d.validation_fraction, config.run.seed);
+      train_data = std::move(split.train);
+      val_data = std::move(split.validation);
+    }
+    sampler = std::make_unique<DistributedSampler>(
+        train_data.size(), SamplerOptions{world.world_size, world.rank, d.shuffle,
+                                          static_cast<uint64_t>(config.run.seed), d.drop_last});
+    const int64_t per_rank = sampler->num_samples();
+    const int64_t micro =
+        d.drop_last ? per_rank / d.batch_size : (per_rank + d.batch_size - 1) / d.batch_size;
+    const int64_t acc = config.train.accumulation_steps;
+    steps_per_epoch = micro / acc;
+    micro_per_epoch = steps_per_epoch * acc;
+    if (steps_per_epoch == 0) {
+      throw ConfigError(
+          "the train split (" + std::to_string(train_data.size()) + " examples) over " +
+          std::to_string(world.world_size) + " rank(s) gives " + std::to_string(micro) +
+          " micro-batch(es) of data.batch_size=" + std::to_string(d.batch_size) +
+          " per rank per epoch, fewer than train.accumulation_steps=" + std::to_string(acc) +
+          ": no optimizer step would run");
+    }
+    total_steps = steps_per_epoch * config.train.epochs;
+    spdlog::info(
+        "data: {} ({} train, {} validation); global batch {} = {} per rank x {} ranks x {} "
+        "accumulation; {} steps per epoch",
+        d.name, train_data.size(), val_data.size(), d.batch_size * world.world_size * acc,
+        d.batch_size, world.world_size, acc, steps_per_epoch);
+  }
+
+  void build_model() {
+    at::manual_seed(static_cast<uint64_t>(config.run.seed));  // identical init everywhere
+    std::vector<int64_t> shape(train_data.features.sizes().begin() + 1,
+                               train_data.features.sizes().end());
+    model = model_create(config.model, shape, train_data.num_classes);
+    if (!config.model.init_from.empty()) {
+      state_dict_load(*model, state_dict_load_file(config.model.init_from), config.model.init_from);
+      spdlog::info("model initialised from {}", config.model.init_from);
+    }
+    int64_t count = 0;
+    for (const auto& p : model->parameters()) count += p.numel();
+    spdlog::info("model: {} with {} parameters", config.model.name, count);
+  }
+
+  void build_optimizer() {
+    optimizer = optimizer_create(config.optim, model->parameters());
+    checkpointer = std::make_unique<Checkpointer>(run_dir, config.checkpoint.keep);
+  }
+
+  void maybe_resume() {
+    std::string folder = config.checkpoint.resume;
+    if (folder.empty()) return;
+    if (folder == "auto") {
+      const auto newest = checkpointer->newest();
+      if (!newest) {
+        spdlog::info("checkpoint.resume: auto: no checkpoint in {}/checkpoints, starting fresh",
+                     run_dir);
+        return;
+      }
+      folder = *newest;
+    }
+    auto loaded = Checkpointer::load(folder, *optimizer);
+    if (loaded.state.world_size != world.world_size) {
+      throw ConfigError(
+          "checkpoint '" + folder + "' was written by " + std::to_string(loaded.state.world_size) +
+          " rank(s), this run has " + std::to_string(world.world_size) +
+          ": the data order would differ (start fresh with model.init_from: " + folder +
+          "/model.pt)");
+    }
+    if (loaded.state.model != config.model.name) {
+      throw ConfigError("checkpoint '" + folder + "' holds a '" + loaded.state.model +
+                        "' model, the config asks for '" + config.model.name + "'");
+    }
+    state_dict_load(*model, loaded.model, folder + "/model.pt");
+    rng_restore(loaded.rng_states[world.rank]);
+    state = loaded.state;
+    last_checkpoint = folder;
+    spdlog::info("resumed from {} at step {} (epoch {}, micro-batch {})", folder, state.step,
+                 state.epoch, state.batch_in_epoch);
+  }
+
+  // ------------------------------------------------------------ the loop
+  at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) {
+    return train_data.num_classes > 0 ? torch::nn::functional::cross_entropy(out, y)
+                                      : torch::nn::functional::mse_loss(out, y);
+  }
+
+  struct Interval {
+    double loss_sum = 0, correct = 0, samples = 0;
+    double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+    int64_t steps = 0;
+    Clock::time_point start = Clock::now();
+  };
+
+  void check_weights(int64_t step, const std::string& why, CheckPolicy policy) {
+    const auto tensors = fingerprint_tensors(*model, config.check.buffers);
+    const auto report = fingerprint_check(*pg, tensors, digest_mode_parse(config.check.mode), step);
+    if (!report.consistent) spdlog::error("{}: {}", why, report.message);
+    fingerprint_enforce(*pg, report, policy, tensors);
+  }
+
+  void save_checkpoint() {
+    // Only weights every rank agrees on are worth keeping.
+    check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
+    const auto states = pg->allgather(rng_state().to(pg->device()));
+    std::string problem;
+    if (world.rank == 0) {
+      try {
+        std::vector<at::Tensor> rows;
+        for (const auto& s : states) rows.push_back(s.cpu());
+        last_checkpoint = checkpointer->save(state, state_dict_of(*model), *optimizer,
+                                             at::stack(rows), config_yaml);
+        spdlog::info("checkpoint: {}", last_checkpoint);
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    }
+    auto ok = at::full({1}, problem.empty() ? 1 : 0, at::kInt).to(pg->device());
+    pg->allreduce(ok, ReduceKind::kMin);
+    if (ok.cpu().item<int>() == 0) {
+      throw DataError(problem.empty() ? "rank 0 failed to write a checkpoint" : problem);
+    }
+  }
+
+  void log_interval(Interval& in, TrainResult& result, double lr) {
+    auto sums = at::tensor({in.loss_sum, in.correct, in.samples}, at::kDouble).to(pg->device());
+    pg->allreduce(sums, ReduceKind::kSum);
+    sums = sums.cpu();
+    const double samples = sums[2].item<double>();
+    const double loss = sums[0].item<double>() / samples;
+    const double accuracy = sums[1].item<double>() / samples;
+    const double seconds = ms_since(in.start) / 1000.0;
+    result.last_loss = loss;
+    const double n = std::max<int64_t>(in.steps, 1);
+    if (world.rank == 0) {
+      std::fprintf(
+          metrics,
+          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
+          "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
+          "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
+          static_cast<long long>(state.step), static_cast<long long>(state.epoch), loss, accuracy,
+          lr, samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
+          in.optimizer_ms / n, in.check_ms / n);
+      std::fflush(metrics);
+      const bool bar =
+          config.log.progress == "bar" || (config.log.progress == "auto" && isatty_stdout());
+      if (bar) {
+        const int width = 30;
+        const int filled = static_cast<int>(width * state.step / std::max<int64_t>(total_steps, 1));
+        std::printf("\r[%s%s] step %lld/%lld epoch %lld loss %.4f acc %.3f %.0f samples/s",
+                    std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                    static_cast<long long>(state.step), static_cast<long long>(total_steps),
+                    static_cast<long long>(state.epoch + 1), loss, accuracy, samples / seconds);
+        std::fflush(stdout);
+      } else {
+        spdlog::info("step {}/{} epoch {} loss {:.5f} acc {:.4f} lr {:.4g} {:.0f} samples/s",
+                     state.step, total_steps, state.epoch + 1, loss, accuracy, lr,
+                     samples / seconds);
+      }
+    }
+    in = Interval{};
+  }
+
+  void evaluate(TrainResult& result) {
+    model->eval();
+    at::NoGradGuard no_grad;
+    std::vector<int64_t> mine;  // unpadded shard: exact global counts
+    for (int64_t i = world.rank; i < val_data.size(); i += world.world_size) mine.push_back(i);
+    double loss_sum = 0, correct = 0;
+    if (!mine.empty()) {
+      BatchLoader loader(val_data, mine, LoaderOptions{256, false, false});
+      while (auto batch = loader.next()) {
+        const auto out = model->forward(batch->x);
+        loss_sum += loss_of(out, batch->y).item<double>() * batch->x.size(0);
+        if (val_data.num_classes > 0) correct += (out.argmax(1) == batch->y).sum().item<double>();
+      }
+    }
+    auto sums = at::tensor({loss_sum, correct, static_cast<double>(mine.size())}, at::kDouble)
+                    .to(pg->device());
+    pg->allreduce(sums, ReduceKind::kSum);
+    sums = sums.cpu();
+    const double count = std::max(1.0, sums[2].item<double>());
+    result.val_loss = sums[0].item<double>() / count;
+    result.val_accuracy = sums[1].item<double>() / count;
+    model->train();
+    if (world.rank == 0) {
+      if (isatty_stdout() && config.log.progress != "plain") std::printf("\n");
+      spdlog::info("epoch {} validation: loss {:.5f} accuracy {:.4f} ({} examples)",
+                   state.epoch + 1, result.val_loss, result.val_accuracy,
+                   static_cast<int64_t>(count));
+      std::fprintf(
+          metrics,
+          "{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f}\n",
+          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1),
+          result.val_loss, result.val_accuracy);
+      std::fflush(metrics);
+    }
+  }
+
+  // One optimizer step over `acc` micro-batches; returns false when the
+  // epoch's data is exhausted.
+  void train_step(BatchLoader& loader, Interval& in) {
+    const int64_t acc = config.train.accumulation_steps;
+    optimizer->zero_grad();
+    for (int64_t m = 0; m < acc; ++m) {
+      auto batch = loader.next();
+      if (!batch) throw Error("internal: the loader ran out of batches mid-step");
+      const bool last = m == acc - 1;
+      std::optional<DdpCore::NoSyncGuard> guard;
+      if (!last) guard.emplace(*ddp);
+      auto t = Clock::now();
+      const auto out = ddp->forward(batch->x);
+      const auto loss = loss_of(out, batch->y);
+      in.forward_ms += ms_since(t);
+      t = Clock::now();
+      (loss / static_cast<double>(acc)).backward();
+      double wait = 0;
+      if (last && ddp->reducer() != nullptr) wait = ddp->reducer()->last_stats().wait_ms;
+      in.backward_ms += ms_since(t) - wait;
+      in.comm_ms += wait;
+      const double rows = static_cast<double>(batch->x.size(0));
+      in.loss_sum += loss.item<double>() * rows;
+      in.samples += rows;
+      if (train_data.num_classes > 0) {
+        in.correct += (out.detach().argmax(1) == batch->y).sum().item<double>();
+      }
+      ++state.batch_in_epoch;
+    }
+    auto t = Clock::now();
+    const double lr = lr_at(config.optim, state.step, total_steps);
+    optimizer_set_lr(*optimizer, lr);
+    if (config.train.clip_grad_norm > 0) {
+      // After synchronisation: every rank clips the same averaged gradients.
+      torch::nn::utils::clip_grad_norm_(model->parameters(), config.train.clip_grad_norm);
+    }
+    optimizer->step();
+    in.optimizer_ms += ms_since(t);
+    ++state.step;
+    ++in.steps;
+    if (config.check.every > 0 && state.step % config.check.every == 0) {
+      t = Clock::now();
+      check_weights(state.step, "step " + std::to_string(state.step),
+                    check_policy_parse(config.check.policy));
+      in.check_ms += ms_since(t);
+    }
+  }
+};
+
+Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> pg)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.config = std::move(config);
+  s.world = std::move(world);
+  s.pg = std::move(pg);
+  config_validate(s.config, s.world.world_size);
+  s.agree_on_config();
+  s.prepare_run_dir();
+  s.load_data();
+  s.build_model();
+  s.build_optimizer();
+  s.maybe_resume();
+  DdpOptions ddp;
+  ddp.bucket_cap_mb = s.config.ddp.bucket_cap_mb;
+  ddp.first_bucket_cap_mb = s.config.ddp.first_bucket_cap_mb;
+  ddp.gradient_as_bucket_view = s.config.ddp.gradient_as_bucket_view;
+  ddp.find_unused_parameters = s.config.ddp.find_unused_parameters;
+  ddp.broadcast_buffers = s.config.ddp.broadcast_buffers;
+  if (s.config.ddp.comm_hook != "allreduce")
+    ddp.comm_hook = comm_hook_create(s.config.ddp.comm_hook);
+  s.ddp =
+      std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
+  if (s.state.step == 0) {
+    // Dropout differs per rank (as in PyTorch); resumed runs restored theirs.
+    at::manual_seed(static_cast<uint64_t>(s.config.run.seed) + 1 + s.world.rank);
+  }
+}
+
+Trainer::~Trainer() {
+  if (impl_ && impl_->metrics != nullptr) std::fclose(impl_->metrics);
+}
+
+TrainResult Trainer::run() {
+  Impl& s = *impl_;
+  TrainResult result;
+  result.run_dir = s.run_dir;
+  const int64_t max_steps = s.config.train.max_steps > 0 ? s.config.train.max_steps : s.total_steps;
+  const int64_t stop = std::min(max_steps, s.total_steps);
+  Impl::Interval interval;
+  if (s.state.batch_in_epoch >= s.micro_per_epoch) {  // resumed at an epoch's end
+    ++s.state.epoch;
+    s.state.batch_in_epoch = 0;
+  }
+  s.model->train();
+  while (s.state.step < stop && s.state.epoch < s.config.train.epochs) {
+    s.sampler->set_epoch(s.state.epoch);
+    BatchLoader loader(
+        s.train_data, s.sampler->indices(),
+        LoaderOptions{s.config.data.batch_size, s.config.data.drop_last, s.config.data.prefetch});
+    for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
+    while (s.state.batch_in_epoch < s.micro_per_epoch && s.state.step < stop) {
+      s.train_step(loader, interval);
+      if (s.state.step % s.config.log.every == 0) {
+        s.log_interval(interval, result, lr_at(s.config.optim, s.state.step - 1, s.total_steps));
+      }
+      const bool end = s.state.step == stop;
+      if (s.config.checkpoint.every > 0 && s.state.step % s.config.checkpoint.every == 0 && !end) {
+        s.save_checkpoint();
+      }
+    }
+    const bool epoch_done = s.state.batch_in_epoch >= s.micro_per_epoch;
+    if (epoch_done) s.evaluate(result);
+    if (s.state.step == stop) {
+      if (interval.steps > 0) {
+        s.log_interval(interval, result, lr_at(s.config.optim, s.state.step - 1, s.total_steps));
+      }
+      if (!epoch_done) s.evaluate(result);
+      s.save_checkpoint();
+      break;
+    }
+    ++s.state.epoch;
+    s.state.batch_in_epoch = 0;
+  }
+  result.steps = s.state.step;
+  result.fingerprint =
+      to_hex(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));
+  result.last_checkpoint = s.last_checkpoint;
+  spdlog::info("done: {} steps, validation accuracy {:.4f}, final weights {}", result.steps,
+               result.val_accuracy, result.fingerprint);
+  return result;
+}
+
+}  // namespace lockstep
