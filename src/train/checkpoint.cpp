@@ -120,10 +120,13 @@ StateDict state_dict_load_file(const std::string& path) {
   c10::IValue value;
   try {
     value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    throw DataError(path + ": not a state dict file (" + what_of(e).substr(0, 200) + ")");
+  } catch (const std::exception&) {
+    value = c10::IValue();
   }
-  if (!value.isGenericDict()) throw DataError(path + ": holds no {name: tensor} dict");
+  // Python's torch.save(model.state_dict()) pickles an OrderedDict, which
+  // LibTorch's unpickler reads as None (or rejects): read those with our own
+  // reader, whose errors say what is wrong with the file.
+  if (!value.isGenericDict()) return state_dict_load_python(path);
   StateDict out;
   for (const auto& item : value.toGenericDict()) {
     if (!item.key().isString() || !item.value().isTensor()) {

@@ -253,6 +253,8 @@ struct Trainer::Impl {
   }
 
   void save_checkpoint() {
+    state.world_size = world.world_size;
+    state.model = config.model.name;
     // Only weights every rank agrees on are worth keeping.
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
     const auto states = pg->allgather(rng_state().to(pg->device()));

@@ -51,6 +51,8 @@ void state_dict_load(torch::nn::Module& module, const StateDict& state, const st
 // written by Python's torch.save(model.state_dict(), path) too.
 void state_dict_save_file(const StateDict& state, const std::string& path);
 StateDict state_dict_load_file(const std::string& path);
+// Only the torch.save(model.state_dict()) format (torch_pickle.cpp).
+StateDict state_dict_load_python(const std::string& path);
 
 class Checkpointer {
  public:

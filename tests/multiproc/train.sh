@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# lockstep train end to end on 2 ranks: a short run, checkpoints Python can
+# open, resume bit-identity, accumulation equivalence, init_from a Python
+# state dict, and the bad-input cases (corrupt checkpoint, unwritable run
+# directory, malformed YAML, ranks with different configs, kill -9 while
+# checkpointing).
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+PY=/usr/bin/python3
+runs="$WORK/runs"
+train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
+  local n=$1
+  shift
+  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
+    --config "$root/configs/digits.yaml" --set run.dir="$runs" --set log.every=5 "$@" \
+    >"$WORK/out" 2>&1
+}
+weights() { sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/out"; }
+
+# 1. A short run: metrics, checkpoint with a valid manifest, Python opens it.
+train 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10
+expect_eq "$?" 0 "a 30-step 2-rank run exits 0"
+ckpt="$runs/short/checkpoints/step_00000030"
+expect_grep "$runs/short/metrics.jsonl" '"step": 30, .*"loss": [0-9.e-]+' "metrics.jsonl has the global loss"
+expect_grep "$runs/short/metrics.jsonl" '"comm_wait": [0-9.]+' "metrics split the step time"
+expect_eq "$(ls "$runs/short/checkpoints" | tr '\n' ' ')" "step_00000010 step_00000020 step_00000030 " "checkpoints every 10 steps"
+(cd "$ckpt" && sha256sum -c --quiet MANIFEST) && pass "MANIFEST verifies with sha256sum" || fail "MANIFEST does not verify"
+$PY -c "
+import torch, sys
+sd = torch.load('$ckpt/model.pt')
+assert isinstance(sd, dict), type(sd)
+assert list(sd)[:2] == ['layers.0.weight', 'layers.0.bias'], list(sd)
+assert tuple(sd['layers.0.weight'].shape) == (128, 64)
+" && pass "torch.load opens model.pt with PyTorch names" || fail "torch.load could not open model.pt"
+
+# 2. Resume: 25 steps + resume to 50 ends bit-identical to 50 straight
+#    (dropout on, so the per-rank generators must be restored too).
+common=(--set model.dropout=0.1 --set checkpoint.every=0)
+train 2 "${common[@]}" --set run.name=straight --set train.max_steps=50
+straight=$(weights)
+train 2 "${common[@]}" --set run.name=resumed --set train.max_steps=25
+train 2 "${common[@]}" --set run.name=resumed --set train.max_steps=50 --set checkpoint.resume=auto
+expect_grep "$WORK/out" "resumed from .*step_00000025 at step 25" "the second half resumed at step 25"
+resumed=$(weights)
+[ -n "$straight" ] && expect_eq "$resumed" "$straight" "resumed run ends bit-identical to the uninterrupted one"
+
+# 3. Accumulation: 2 x 16 with no_sync equals one batch of 32.
+train 2 --set run.name=acc1 --set train.max_steps=20 --set data.batch_size=32 --set optim.schedule=constant
+train 2 --set run.name=acc2 --set train.max_steps=20 --set data.batch_size=16 \
+  --set train.accumulation_steps=2 --set optim.schedule=constant
+$PY -c "
+import torch
+a = torch.load('$runs/acc1/checkpoints/step_00000020/model.pt')
+b = torch.load('$runs/acc2/checkpoints/step_00000020/model.pt')
+worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
+assert worst < 1e-4, worst
+print('max relative difference', worst)
+" && pass "accumulation 2x16 matches batch 32 after 20 steps" || fail "accumulation differs"
+
+# 4. init_from a state dict written by Python (lr 0 keeps it unchanged).
+$PY -c "
+import torch, torch.nn as nn
+class Net(nn.Module):
+    def __init__(s, h):
+        super().__init__()
+        s.layers = nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
+torch.manual_seed(5)
+torch.save(Net(128).state_dict(), '$WORK/python.pt')
+torch.save(Net(64).state_dict(), '$WORK/wrong.pt')
+"
+train 2 --set run.name=init --set train.max_steps=3 --set model.init_from="$WORK/python.pt" \
+  --set optim.lr=0 --set optim.warmup_steps=0
+expect_eq "$?" 0 "init_from a Python state dict"
+$PY -c "
+import torch
+a = torch.load('$WORK/python.pt'); b = torch.load('$runs/init/checkpoints/step_00000003/model.pt')
+assert all(torch.equal(a[k], b[k]) for k in a), 'differs'
+" && pass "the Python weights arrived bit for bit" || fail "init_from weights differ"
+train 2 --set run.name=wrong --set model.init_from="$WORK/wrong.pt"
+expect_eq "$?" 2 "a mis-shaped state dict exits 2"
+expect_grep "$WORK/out" "tensor 'layers.0.weight' has shape \[64, 64\] but the model's is \[128, 64\]" "and names the tensor and shapes"
+
+# 5. A corrupted checkpoint is refused and nothing is overwritten.
+truncate -s 100 "$ckpt/model.pt"
+before=$(find "$runs/short/checkpoints" -exec stat -c '%n %s %Y' {} + | sort | md5sum)
+train 2 --set run.name=short --set train.max_steps=40 --set checkpoint.resume=auto
+expect_eq "$?" 2 "resuming from a truncated checkpoint exits 2"
+expect_grep "$WORK/out" "step_00000030': model.pt's SHA-256 does not match its MANIFEST" "and names the file"
+expect_eq "$(find "$runs/short/checkpoints" -exec stat -c '%n %s %Y' {} + | sort | md5sum)" "$before" "no checkpoint was touched"
+
+# 6. Bad input before any training.
+train 1 --set run.dir=/proc/lockstep-no
+expect_eq "$?" 2 "an unwritable run directory exits 2"
+expect_grep "$WORK/out" "cannot create '/proc/lockstep-no'" "and names it"
+printf 'optim:\n  lr: [0.1\n' >"$WORK/bad.yaml"
+"$LOCKSTEP" train --config "$WORK/bad.yaml" >"$WORK/out" 2>&1
+expect_eq "$?" 2 "malformed YAML exits 2"
+expect_grep "$WORK/out" "bad.yaml:[0-9]+:[0-9]+: malformed YAML" "with line and column"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c \
+  "exec '$LOCKSTEP' train --config '$root/configs/digits.yaml' --set run.dir='$runs' --set optim.lr=0.0\$((RANK + 1))" \
+  >"$WORK/out" 2>&1
+expect_grep "$WORK/out" "configuration of rank\(s\) 1 differs from rank 0's" "ranks with different configs are named"
+
+# 7. kill -9 while checkpointing every step: the newest complete checkpoint
+#    still verifies and resume continues from it.
+marker="lockstep-kill-test-$$"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
+  --set run.dir="$runs" --set run.name="$marker" --set model.hidden=512 --set optim.name=adam \
+  --set optim.lr=0.001 --set checkpoint.every=1 --set checkpoint.keep=2 --set train.epochs=100 \
+  >"$WORK/out" 2>&1 &
+for _ in $(seq 100); do
+  [ "$(ls "$runs/$marker/checkpoints" 2>/dev/null | grep -c step_)" -ge 2 ] && break
+  sleep 0.1
+done
+sleep 0.3
+pkill -9 -f "run.name=$marker"
+wait 2>/dev/null
+newest=$(ls -d "$runs/$marker"/checkpoints/step_* | tail -1)
+(cd "$newest" && sha256sum -c --quiet MANIFEST) && pass "after kill -9 the newest checkpoint verifies" || fail "newest checkpoint broken after kill -9"
+step=$((10#${newest##*step_}))
+train 2 --set run.name="$marker" --set model.hidden=512 --set optim.name=adam --set optim.lr=0.001 \
+  --set train.epochs=100 --set checkpoint.resume=auto --set train.max_steps=$((step + 2))
+expect_eq "$?" 0 "resume after kill -9 succeeds"
+expect_grep "$WORK/out" "resumed from .*at step $step " "from the newest checkpoint"
+sleep 0.3
+expect_eq "$(leftovers "$marker")" "" "no process left after the kill"
+
+finish

@@ -1,0 +1,77 @@
+// Config: defaults, file, --set precedence, and every error naming its path.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "lockstep/train/config.h"
+#include "lockstep/util/error.h"
+
+using namespace lockstep;
+using Catch::Matchers::Contains;
+
+namespace {
+std::string write_config(const std::string& name, const std::string& text) {
+  const std::string path = "/tmp/lockstep-config-test-" + name + ".yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("defaults, then the file, then --set", "[config]") {
+  const Config defaults = config_load("");
+  CHECK(defaults.optim.lr == 0.1);
+  CHECK(defaults.data.name == "digits");
+  const auto path =
+      write_config("good", "optim:\n  lr: 0.5\n  name: adam\ndata:\n  batch_size: 8\n");
+  const Config file = config_load(path);
+  CHECK(file.optim.lr == 0.5);
+  CHECK(file.optim.name == "adam");
+  CHECK(file.data.batch_size == 8);
+  CHECK(file.model.hidden == defaults.model.hidden);
+  const Config both = config_load(path, {"optim.lr=0.25", "ddp.gradient_as_bucket_view=false"});
+  CHECK(both.optim.lr == 0.25);
+  CHECK_FALSE(both.ddp.gradient_as_bucket_view);
+  CHECK(config_to_yaml(both).find("  lr: 0.25\n") != std::string::npos);
+}
+
+TEST_CASE("config errors name the path, the value and the fix", "[config]") {
+  REQUIRE_THROWS_WITH(config_load(write_config("typo", "optim:\n  lrr: 0.1\n")),
+                      Contains("typo.yaml:2: unknown key 'optim.lrr' (did you mean 'optim.lr'?)"));
+  REQUIRE_THROWS_WITH(config_load(write_config("section", "optimm:\n  lr: 0.1\n")),
+                      Contains("unknown section 'optimm' (did you mean 'optim'?)"));
+  REQUIRE_THROWS_WITH(config_load(write_config("type", "optim:\n  lr: fast\n")),
+                      Contains("type.yaml:2: optim.lr: 'fast' is not a number"));
+  REQUIRE_THROWS_WITH(config_load(write_config("range", "data:\n  batch_size: 0\n")),
+                      Contains("data.batch_size: 0 is out of range [1, 1048576]"));
+  REQUIRE_THROWS_WITH(config_load(write_config("choice", "optim:\n  name: lbfgs\n")),
+                      Contains("optim.name: 'lbfgs' is not one of sgd, adam, adamw"));
+  REQUIRE_THROWS_WITH(config_load(write_config("bool", "data:\n  shuffle: maybe\n")),
+                      Contains("data.shuffle: 'maybe' is not a boolean"));
+  REQUIRE_THROWS_WITH(config_load(write_config("yaml", "optim:\n  lr: [0.1\n")),
+                      Contains("malformed YAML"));
+  REQUIRE_THROWS_WITH(config_load(write_config("yaml2", "optim:\n  lr: 0.1\n bad: 1\n")),
+                      Contains("yaml2.yaml:3:"));
+  REQUIRE_THROWS_WITH(config_load(write_config("list", "optim:\n  lr: [1, 2]\n")),
+                      Contains("optim.lr must be a single value"));
+  REQUIRE_THROWS_WITH(config_load("", {"optim.lr"}),
+                      Contains("--set optim.lr: expected section.key=value"));
+  REQUIRE_THROWS_WITH(config_load("", {"optim.momentun=0.5"}),
+                      Contains("did you mean 'optim.momentum'?"));
+  REQUIRE_THROWS_WITH(config_load("/nonexistent/x.yaml"),
+                      Contains("cannot read config '/nonexistent/x.yaml'"));
+  REQUIRE_THROWS_AS(config_load("", {"optim.lr=-1"}), ConfigError);
+}
+
+TEST_CASE("docs/config.md holds the reference generated from the field table", "[config]") {
+  std::ifstream doc(LOCKSTEP_SOURCE_DIR "/docs/config.md");
+  REQUIRE(doc);
+  const std::string text((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+  INFO("regenerate with: build/lockstep train --config-reference, and paste between the markers");
+  const auto begin = text.find("<!-- reference:begin -->\n");
+  const auto end = text.find("<!-- reference:end -->");
+  REQUIRE(begin != std::string::npos);
+  REQUIRE(end != std::string::npos);
+  const std::string documented = text.substr(begin + 25, end - begin - 25);
+  CHECK(documented == config_reference_markdown());
+}
