@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, then the communication self-check
-# on 2 ranks under lockstep-run (a training run replaces it once `lockstep
-# train` lands).
+# The main job on a fresh machine: set up (packages + build), then train the
+# MLP of configs/digits.yaml on the embedded 8x8 digits with 2 ranks under
+# lockstep-run, every step checked for bit-identical weights across ranks.
+# Extra arguments go to `lockstep train` (e.g. --set optim.lr=0.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec build/lockstep-run --nproc-per-node "${NPROC:-2}" --master-port 0 build/lockstep check --comm "$@"
+exec build/lockstep-run --nproc-per-node "${NPROC:-2}" --master-port 0 \
+  build/lockstep train --config configs/digits.yaml "$@"

@@ -1,0 +1,79 @@
+// Model registry (PyTorch state_dict names, shapes, errors) and the
+// learning-rate schedules.
+#include <catch2/catch.hpp>
+#include <torch/optim.h>
+
+#include "lockstep/train/models.h"
+#include "lockstep/train/optim.h"
+#include "lockstep/util/error.h"
+
+using namespace lockstep;
+using Catch::Matchers::Contains;
+
+TEST_CASE("every model classifies a batch; names follow PyTorch", "[models]") {
+  ModelConfig c;
+  c.hidden = 16;
+  for (const std::string name : {"mlp", "cnn", "transformer"}) {
+    DYNAMIC_SECTION(name) {
+      c.name = name;
+      auto model = model_create(c, {64}, 10);
+      CHECK(model->forward(torch::randn({5, 64})).sizes() == at::IntArrayRef{5, 10});
+      auto regression = model_create(c, {64}, 0);
+      CHECK(regression->forward(torch::randn({3, 64})).sizes() == at::IntArrayRef{3});
+      std::vector<std::string> names;
+      for (const auto& p : model->named_parameters()) names.push_back(p.key());
+      if (name == "mlp") {
+        CHECK(names == std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.weight",
+                                                "layers.2.bias", "layers.4.weight", "layers.4.bias"});
+      } else if (name == "cnn") {
+        CHECK(names.front() == "features.0.weight");
+        CHECK(names.back() == "classifier.bias");
+      } else {
+        CHECK(names.front() == "pos");  // a module's own parameters first, as in PyTorch
+        CHECK(names[1] == "embed.weight");
+        CHECK(std::find(names.begin(), names.end(), "encoder.layers.0.self_attn.in_proj_weight") !=
+              names.end());
+      }
+    }
+  }
+}
+
+TEST_CASE("a model that does not fit the data is a clear error", "[models]") {
+  ModelConfig c;
+  c.name = "cnn";
+  REQUIRE_THROWS_WITH(model_create(c, {10}, 2), Contains("10 features are not a square"));
+  c.name = "transformer";
+  c.token_size = 7;
+  REQUIRE_THROWS_WITH(model_create(c, {64}, 2), Contains("model.token_size=7 must divide the 64 features"));
+}
+
+TEST_CASE("learning-rate schedules: warmup, step, cosine", "[optim]") {
+  OptimConfig c;
+  c.lr = 1.0;
+  c.warmup_steps = 4;
+  CHECK(lr_at(c, 0, 100) == Approx(0.25));
+  CHECK(lr_at(c, 3, 100) == Approx(1.0));
+  CHECK(lr_at(c, 50, 100) == Approx(1.0));
+  c.schedule = "step";
+  c.step_size = 10;
+  c.gamma = 0.5;
+  CHECK(lr_at(c, 13, 100) == Approx(1.0));
+  CHECK(lr_at(c, 14, 100) == Approx(0.5));
+  CHECK(lr_at(c, 34, 100) == Approx(0.125));
+  c.schedule = "cosine";
+  c.min_lr = 0.1;
+  CHECK(lr_at(c, 4, 104) == Approx(1.0));
+  CHECK(lr_at(c, 54, 104) == Approx(0.55));
+  CHECK(lr_at(c, 104, 104) == Approx(0.1));
+  auto param = torch::zeros({2}, torch::requires_grad());
+  for (const std::string name : {"sgd", "adam", "adamw"}) {
+    c.name = name;
+    auto optimizer = optimizer_create(c, {param});
+    optimizer_set_lr(*optimizer, 0.3);
+    CHECK(optimizer->param_groups()[0].options().get_lr() == Approx(0.3));
+  }
+  c.name = "sgd";
+  c.nesterov = true;
+  c.momentum = 0;
+  REQUIRE_THROWS_WITH(optimizer_create(c, {param}), Contains("optim.nesterov needs optim.momentum > 0"));
+}
