@@ -168,6 +168,7 @@ ConsistencyReport fingerprint_check(ProcessGroup& pg, const std::vector<NamedTen
   std::vector<std::string> digests;
   for (const auto& g : gathered) digests.push_back(from_bytes_tensor(g).substr(0, mine.size()));
   report.digest_hex = to_hex(digests[0]);
+  for (const auto& d : digests) report.rank_digests_hex.push_back(to_hex(d));
   for (const auto& d : digests) report.consistent = report.consistent && d == digests[0];
   if (report.consistent) return report;
 

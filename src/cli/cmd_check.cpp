@@ -7,6 +7,8 @@
 
 #include "common.h"
 #include "lockstep/check/comm_check.h"
+#include "lockstep/train/check_run.h"
+#include "lockstep/train/config.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep::cli {
@@ -29,6 +31,26 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
   return sizes;
 }
 
+int check_config_mode(const cxxopts::ParseResult& args) {
+  std::vector<std::string> overrides;
+  if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
+  const Config config = config_load(args["config"].as<std::string>(), overrides);
+  auto dist = dist_setup(config.dist.backend, config.dist.timeout_s, config.dist.rdzv_timeout_s,
+                         config.log.level);
+  CheckRunOptions options;
+  options.steps = args["steps"].as<int64_t>();
+  options.fault = args["inject"].as<std::string>();
+  options.fault_rank = args["fault-rank"].as<int>();
+  const auto result = check_run(config, dist.world, dist.pg, options);
+  if (dist.world.rank == 0) {
+    std::fputs(result.summary.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  if (result.passed) return kExitOk;
+  spdlog::error("consistency check FAILED (see the summary on rank 0)");
+  return kExitCheckFailed;
+}
+
 }  // namespace
 
 int cmd_check(int argc, char** argv) {
@@ -37,6 +59,11 @@ int cmd_check(int argc, char** argv) {
     // clang-format off
     options.add_options()
         ("comm", "communication self-check: every collective, op and dtype against its closed-form answer")
+        ("config", "consistency-check mode: self-check, K DDP steps of this config with per-step digests, a negative control", cxxopts::value<std::string>())
+        ("set", "with --config: override section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())
+        ("steps", "with --config: training steps to check", cxxopts::value<int64_t>()->default_value("10"))
+        ("inject", "with --config: fault to inject: lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value(""))
+        ("fault-rank", "with --config: the rank that misbehaves (-1: the last)", cxxopts::value<int>()->default_value("-1"))
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
         ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"))
         ("h,help", "this help");
@@ -47,7 +74,9 @@ int cmd_check(int argc, char** argv) {
       std::fputs(options.help().c_str(), stdout);
       return kExitOk;
     }
-    if (args.count("comm") == 0) throw ConfigError("nothing to check: pass --comm");
+    if (args.count("config") != 0) return check_config_mode(args);
+    if (args.count("comm") == 0)
+      throw ConfigError("nothing to check: pass --comm or --config FILE");
 
     CommCheckOptions check;
     check.sizes = parse_sizes(args["sizes"].as<std::string>());

@@ -141,6 +141,8 @@ const std::vector<Field>& fields() {
                  "hidden layers (mlp), encoder layers (transformer)", 1, 128),
       make_field("model", "dropout", &C::model, &ModelConfig::dropout, Type::kDouble,
                  "dropout probability", 0, 0.99),
+      make_field("model", "batch_norm", &C::model, &ModelConfig::batch_norm, Type::kBool,
+                 "cnn: BatchNorm2d after each convolution"),
       make_field("model", "heads", &C::model, &ModelConfig::heads, Type::kInt,
                  "attention heads (transformer; must divide hidden)", 1, 256),
       make_field("model", "token_size", &C::model, &ModelConfig::token_size, Type::kInt,

@@ -40,25 +40,42 @@ class Mlp : public Classifier {
   torch::nn::Sequential layers_{nullptr};
 };
 
-// features: two 3x3 convolutions (the second with stride 2), adaptive pooling
-// to 4x4, then classifier: Linear.
+// features: two 3x3 convolutions (the second with stride 2), each followed
+// by BatchNorm2d when model.batch_norm, and ReLU; adaptive pooling to 4x4;
+// then classifier: Linear. A ModuleList rather than a Sequential: LibTorch
+// 1.13's Sequential cannot hold BatchNorm2d (its forward is inherited); the
+// names are the same as an nn.Sequential's (features.0.weight, ...).
 class Cnn : public Classifier {
  public:
   Cnn(const ModelConfig& c, std::vector<int64_t> image, int64_t out) : image_(image), out_(out) {
     const int64_t ch = c.hidden;
-    features_ = register_module(
-        "features",
-        torch::nn::Sequential(
-            torch::nn::Conv2d(torch::nn::Conv2dOptions(image_[0], ch, 3).padding(1)),
-            torch::nn::ReLU(),
-            torch::nn::Conv2d(torch::nn::Conv2dOptions(ch, 2 * ch, 3).padding(1).stride(2)),
-            torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(4)));
+    features_ = register_module("features", torch::nn::ModuleList());
+    features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(image_[0], ch, 3).padding(1)));
+    if (c.batch_norm) features_->push_back(torch::nn::BatchNorm2d(ch));
+    features_->push_back(torch::nn::ReLU());
+    features_->push_back(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(ch, 2 * ch, 3).padding(1).stride(2)));
+    if (c.batch_norm) features_->push_back(torch::nn::BatchNorm2d(2 * ch));
+    features_->push_back(torch::nn::ReLU());
+    features_->push_back(torch::nn::AdaptiveAvgPool2d(4));
     if (c.dropout > 0) dropout_ = register_module("dropout", torch::nn::Dropout(c.dropout));
     classifier_ =
         register_module("classifier", torch::nn::Linear(2 * ch * 16, std::max<int64_t>(out, 1)));
   }
   at::Tensor forward(at::Tensor x) override {
-    auto h = features_->forward(x.reshape({x.size(0), image_[0], image_[1], image_[2]})).flatten(1);
+    auto h = x.reshape({x.size(0), image_[0], image_[1], image_[2]});
+    for (const auto& m : *features_) {
+      if (auto* conv = m->as<torch::nn::Conv2dImpl>()) {
+        h = conv->forward(h);
+      } else if (auto* bn = m->as<torch::nn::BatchNorm2dImpl>()) {
+        h = bn->forward(h);
+      } else if (auto* relu = m->as<torch::nn::ReLUImpl>()) {
+        h = relu->forward(h);
+      } else {
+        h = m->as<torch::nn::AdaptiveAvgPool2dImpl>()->forward(h);
+      }
+    }
+    h = h.flatten(1);
     if (!dropout_.is_empty()) h = dropout_->forward(h);
     auto y = classifier_->forward(h);
     return out_ == 0 ? y.squeeze(1) : y;
@@ -67,7 +84,7 @@ class Cnn : public Classifier {
  private:
   std::vector<int64_t> image_;
   int64_t out_;
-  torch::nn::Sequential features_{nullptr};
+  torch::nn::ModuleList features_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
   torch::nn::Linear classifier_{nullptr};
 };

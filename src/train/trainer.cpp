@@ -18,6 +18,7 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/dist/coalesced.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
@@ -63,6 +64,34 @@ void mkdir_p(const std::string& path) {
 }
 
 }  // namespace
+
+DatasetSplit dataset_from_config(const Config& config) {
+  const auto& d = config.data;
+  if (d.name == "mnist") return {dataset_mnist(d.path, true), dataset_mnist(d.path, false)};
+  TensorDataset all;
+  if (d.name == "digits") {
+    all = dataset_digits();
+  } else if (d.name == "synthetic") {
+    all = dataset_synthetic_classification(d.synthetic_size, d.synthetic_features,
+                                           d.synthetic_classes, config.run.seed);
+  } else {
+    CsvOptions csv;
+    csv.label_column = d.label_column;
+    all = dataset_csv(d.path, csv);
+  }
+  return dataset_split(all, d.validation_fraction, config.run.seed);
+}
+
+DdpOptions ddp_options_from_config(const DdpConfig& c) {
+  DdpOptions ddp;
+  ddp.bucket_cap_mb = c.bucket_cap_mb;
+  ddp.first_bucket_cap_mb = c.first_bucket_cap_mb;
+  ddp.gradient_as_bucket_view = c.gradient_as_bucket_view;
+  ddp.find_unused_parameters = c.find_unused_parameters;
+  ddp.broadcast_buffers = c.broadcast_buffers;
+  if (c.comm_hook != "allreduce") ddp.comm_hook = comm_hook_create(c.comm_hook);
+  return ddp;
+}
 
 struct Trainer::Impl {
   Config config;
@@ -137,25 +166,9 @@ struct Trainer::Impl {
 
   void load_data() {
     const auto& d = config.data;
-    TensorDataset all;
-    if (d.name == "digits") {
-      all = dataset_digits();
-    } else if (d.name == "synthetic") {
-      all = dataset_synthetic_classification(d.synthetic_size, d.synthetic_features,
-                                             d.synthetic_classes, config.run.seed);
-    } else if (d.name == "csv") {
-      CsvOptions csv;
-      csv.label_column = d.label_column;
-      all = dataset_csv(d.path, csv);
-    } else {
-      train_data = dataset_mnist(d.path, true);
-      val_data = dataset_mnist(d.path, false);
-    }
-    if (d.name != "mnist") {
-      auto split = dataset_split(all, d.validation_fraction, config.run.seed);
-      train_data = std::move(split.train);
-      val_data = std::move(split.validation);
-    }
+    auto split = dataset_from_config(config);
+    train_data = std::move(split.train);
+    val_data = std::move(split.validation);
     sampler = std::make_unique<DistributedSampler>(
         train_data.size(), SamplerOptions{world.world_size, world.rank, d.shuffle,
                                           static_cast<uint64_t>(config.run.seed), d.drop_last});
@@ -246,6 +259,14 @@ struct Trainer::Impl {
   };
 
   void check_weights(int64_t step, const std::string& why, CheckPolicy policy) {
+    if (config.check.buffers && config.ddp.broadcast_buffers) {
+      // Buffers (BatchNorm statistics) legitimately differ after a forward in
+      // train mode; DDP re-syncs them before the next forward. Compare them as
+      // that forward will see them.
+      std::vector<at::Tensor> buffers;
+      for (const auto& b : model->buffers()) buffers.push_back(b);
+      broadcast_coalesced(*pg, buffers, 0);
+    }
     const auto tensors = fingerprint_tensors(*model, config.check.buffers);
     const auto report = fingerprint_check(*pg, tensors, digest_mode_parse(config.check.mode), step);
     if (!report.consistent) spdlog::error("{}: {}", why, report.message);

@@ -55,10 +55,11 @@ CheckPolicy check_policy_parse(const std::string& name);  // abort|warn|resync
 struct ConsistencyReport {
   bool consistent = true;
   int64_t step = 0;
-  std::string digest_hex;                // rank 0's digest (short form in logs)
-  std::string first_tensor;              // on mismatch: the first tensor that differs
-  std::vector<std::vector<int>> groups;  // on mismatch: ranks grouped by digest
-  std::string message;                   // on mismatch: step, tensor, ranks
+  std::string digest_hex;                     // rank 0's digest
+  std::vector<std::string> rank_digests_hex;  // every rank's, by rank
+  std::string first_tensor;                   // on mismatch: the first tensor that differs
+  std::vector<std::vector<int>> groups;       // on mismatch: ranks grouped by digest
+  std::string message;                        // on mismatch: step, tensor, ranks
 };
 
 // Collective: all-gathers the digest and compares. On mismatch, exchanges

@@ -29,6 +29,7 @@ struct ModelConfig {
   int64_t hidden = 128;
   int64_t layers = 2;
   double dropout = 0;
+  bool batch_norm = false;
   int64_t heads = 4;
   int64_t token_size = 8;
   std::string init_from;
@@ -84,7 +85,7 @@ struct CheckConfig {
   int64_t every = 1;
   std::string mode = "auto";
   std::string policy = "abort";
-  bool buffers = true;
+  bool buffers = false;
 };
 
 struct CheckpointConfig {

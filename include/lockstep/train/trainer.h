@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/data/dataset.h"
+#include "lockstep/ddp/ddp.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/train/config.h"
 
@@ -23,6 +25,11 @@ struct TrainResult {
   std::string run_dir;
   std::string last_checkpoint;
 };
+
+// The configured dataset, split into train and validation (MNIST: its train
+// and test files).
+DatasetSplit dataset_from_config(const Config& config);
+DdpOptions ddp_options_from_config(const DdpConfig& config);
 
 class Trainer {
  public:

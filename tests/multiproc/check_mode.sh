@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `lockstep check --config`: a healthy setup exits 0 with the report; each
+# injected fault exits 1 naming the step, the parameter and the rank.
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+check() {  # check NPROC ARGS...
+  local n=$1
+  shift
+  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" check \
+    --config "$root/configs/digits.yaml" --steps 4 "$@" >"$WORK/out" 2>"$WORK/err"
+}
+
+for n in 2 3; do
+  check $n
+  expect_eq "$?" 0 "healthy setup on $n ranks exits 0"
+  expect_grep "$WORK/out" "^\[rank0\]: \(a\) communication self-check +PASS" "(a) passes on $n ranks"
+  expect_grep "$WORK/out" "^\[rank0\]: \(b\) DDP training, 4 steps +PASS \(identical after every step\)" "(b) passes on $n ranks"
+  expect_grep "$WORK/out" "^\[rank0\]: \(c\) negative control, no sync +PASS \(divergence caught at step 1: .*first differing tensor 'layers.0.weight'" "(c) caught at step 1 on $n ranks"
+  expect_grep "$WORK/out" "^\[rank0\]: +4( +[0-9a-f]{16}){$n} +same\$" "per-rank digests of step 4 on $n ranks"
+done
+
+check 3 --inject lr --fault-rank 1
+expect_eq "$?" 1 "a rank with another learning rate exits 1"
+expect_grep "$WORK/out" "\(b\) DDP training, 4 steps +FAIL: weights differ across ranks after step 1: first differing tensor 'layers.0.weight'; rank\(s\) 0, 2 hold [0-9a-f]+; rank\(s\) 1 hold" "names step 1, the tensor and rank 1"
+
+check 2 --inject init
+expect_eq "$?" 1 "an unseeded re-initialisation exits 1"
+expect_grep "$WORK/out" "after step 1: first differing tensor 'layers.0.weight'; rank\(s\) 0 hold [0-9a-f]+; rank\(s\) 1 hold" "names the re-initialised layer and rank 1"
+
+check 2 --inject no-buffer-broadcast --set model.name=cnn --set model.batch_norm=true --set model.hidden=8
+expect_eq "$?" 1 "BatchNorm statistics without buffer broadcast exit 1"
+expect_grep "$WORK/out" "first differing tensor 'buffer features.1.running_mean'" "names the BatchNorm buffer"
+
+check 2 --inject no-buffer-broadcast
+expect_eq "$?" 2 "no-buffer-broadcast on a model without buffers is bad input"
+expect_grep "$WORK/err" "needs a model with buffers" "and says which model to use"
+
+finish
