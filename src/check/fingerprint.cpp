@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
-#include <xxhash.h>
 
 #include <cstring>
 #include <map>
@@ -11,6 +10,7 @@
 #include "lockstep/dist/coalesced.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/sha256.h"
+#include "xxh3.h"
 
 namespace lockstep {
 namespace {
@@ -47,31 +47,23 @@ std::string checksum_of(const at::Tensor& t) {
   return out;
 }
 
-class Xxh3 {
- public:
-  Xxh3() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
-  ~Xxh3() { XXH3_freeState(state_); }
-  void update(const void* data, size_t size) { XXH3_128bits_update(state_, data, size); }
-  std::string finish() {
-    const XXH128_hash_t h = XXH3_128bits_digest(state_);
-    std::string out(16, '\0');
-    std::memcpy(out.data(), &h.high64, 8);
-    std::memcpy(out.data() + 8, &h.low64, 8);
-    return out;
-  }
-
- private:
-  XXH3_state_t* state_;
-};
-
-template <typename Hasher>
-std::string stream_bytes(const std::vector<NamedTensor>& tensors) {
-  Hasher hasher;
+std::string sha256_stream(const std::vector<NamedTensor>& tensors) {
+  Sha256 hasher;
   for (const auto& t : tensors) {
     const auto bytes = host_bytes(t.tensor);
     hasher.update(bytes.data_ptr(), bytes.nbytes());
   }
   return hasher.finish();
+}
+
+std::string xxh3_stream(const std::vector<NamedTensor>& tensors) {
+  std::vector<at::Tensor> keep;  // host copies (if any) live until hashed
+  std::vector<std::pair<const void*, size_t>> chunks;
+  for (const auto& t : tensors) {
+    keep.push_back(host_bytes(t.tensor));
+    chunks.emplace_back(keep.back().data_ptr(), keep.back().nbytes());
+  }
+  return xxh3_128(chunks);
 }
 
 std::string digest_one(const NamedTensor& t, DigestMode mode) {
@@ -87,6 +79,60 @@ at::Tensor as_bytes_tensor(const std::string& bytes, int64_t size, const at::Dev
 std::string from_bytes_tensor(const at::Tensor& t) {
   const auto cpu = t.cpu();
   return std::string(reinterpret_cast<const char*>(cpu.data_ptr<uint8_t>()), cpu.numel());
+}
+
+// Every rank compares the same gathered digests, so all reach the same
+// verdict; on a mismatch they exchange per-tensor digests (a collective).
+ConsistencyReport compare(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,
+                          DigestMode mode, int64_t step, const std::string& mine,
+                          const std::vector<at::Tensor>& gathered) {
+  ConsistencyReport report;
+  report.step = step;
+  std::vector<std::string> digests;
+  for (const auto& g : gathered) digests.push_back(from_bytes_tensor(g).substr(0, mine.size()));
+  report.digest_hex = to_hex(digests[0]);
+  for (const auto& d : digests) report.rank_digests_hex.push_back(to_hex(d));
+  for (const auto& d : digests) report.consistent = report.consistent && d == digests[0];
+  if (report.consistent) return report;
+
+  // Group ranks by digest, in order of first appearance.
+  std::vector<std::string> distinct;
+  for (int r = 0; r < pg.size(); ++r) {
+    auto it = std::find(distinct.begin(), distinct.end(), digests[r]);
+    if (it == distinct.end()) {
+      distinct.push_back(digests[r]);
+      report.groups.emplace_back();
+      it = distinct.end() - 1;
+    }
+    report.groups[it - distinct.begin()].push_back(r);
+  }
+  // Name the first tensor that differs: per-tensor digests, all-gathered.
+  const auto per = fingerprint_per_tensor(tensors, mode);
+  const int64_t width = static_cast<int64_t>(per.empty() ? 0 : per[0].size());
+  std::string flat;
+  for (const auto& d : per) flat += d;
+  const auto all =
+      pg.allgather(as_bytes_tensor(flat, std::max<int64_t>(1, width * per.size()), pg.device()));
+  for (size_t i = 0; i < per.size() && report.first_tensor.empty(); ++i) {
+    const std::string first = from_bytes_tensor(all[0]).substr(i * width, width);
+    for (int r = 1; r < pg.size(); ++r) {
+      if (from_bytes_tensor(all[r]).substr(i * width, width) != first) {
+        report.first_tensor = tensors[i].name;
+        break;
+      }
+    }
+  }
+  std::string groups;
+  for (size_t g = 0; g < report.groups.size(); ++g) {
+    std::string ranks;
+    for (int r : report.groups[g]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    groups += (g ? "; " : "") + std::string("rank(s) ") + ranks + " hold " +
+              to_hex(distinct[g]).substr(0, 16);
+  }
+  report.message = "weights differ across ranks after step " + std::to_string(step) +
+                   ": first differing tensor '" + report.first_tensor + "'; " + groups + " (" +
+                   digest_mode_name(resolve(mode, tensors)) + ")";
+  return report;
 }
 
 }  // namespace
@@ -133,17 +179,14 @@ std::vector<NamedTensor> fingerprint_tensors(const torch::nn::Module& module, bo
 std::string fingerprint_digest(const std::vector<NamedTensor>& tensors, DigestMode mode) {
   switch (resolve(mode, tensors)) {
     case DigestMode::kSha256:
-      return stream_bytes<Sha256>(tensors);
+      return sha256_stream(tensors);
     case DigestMode::kChecksum: {
-      Xxh3 combined;  // over the per-tensor checksums: 16 bytes each
-      for (const auto& t : tensors) {
-        const auto c = checksum_of(t.tensor);
-        combined.update(c.data(), c.size());
-      }
-      return combined.finish();
+      std::string sums;  // XXH3 over the per-tensor checksums: 16 bytes each
+      for (const auto& t : tensors) sums += checksum_of(t.tensor);
+      return xxh3_128({{sums.data(), sums.size()}});
     }
     default:
-      return stream_bytes<Xxh3>(tensors);
+      return xxh3_stream(tensors);
   }
 }
 
@@ -159,57 +202,22 @@ std::string to_hex(const std::string& bytes) {
   return hex_of(bytes);
 }
 
+PendingCheck::PendingCheck(ProcessGroup& pg, std::vector<NamedTensor> tensors, DigestMode mode,
+                           int64_t step)
+    : pg_(pg), tensors_(std::move(tensors)), mode_(mode), step_(step) {
+  mine_ = fingerprint_digest(tensors_, mode_);
+  gathering_ = pg_.allgather_async(as_bytes_tensor(mine_, kDigestBytes, pg_.device()));
+}
+
+ConsistencyReport PendingCheck::finish() {
+  pg_.wait(gathering_.work, "fingerprint all-gather #" + std::to_string(gathering_.sequence) +
+                                " (step " + std::to_string(step_) + ")");
+  return compare(pg_, tensors_, mode_, step_, mine_, gathering_.outputs);
+}
+
 ConsistencyReport fingerprint_check(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,
                                     DigestMode mode, int64_t step) {
-  ConsistencyReport report;
-  report.step = step;
-  const std::string mine = fingerprint_digest(tensors, mode);
-  const auto gathered = pg.allgather(as_bytes_tensor(mine, kDigestBytes, pg.device()));
-  std::vector<std::string> digests;
-  for (const auto& g : gathered) digests.push_back(from_bytes_tensor(g).substr(0, mine.size()));
-  report.digest_hex = to_hex(digests[0]);
-  for (const auto& d : digests) report.rank_digests_hex.push_back(to_hex(d));
-  for (const auto& d : digests) report.consistent = report.consistent && d == digests[0];
-  if (report.consistent) return report;
-
-  // Group ranks by digest, in order of first appearance.
-  std::vector<std::string> distinct;
-  for (int r = 0; r < pg.size(); ++r) {
-    auto it = std::find(distinct.begin(), distinct.end(), digests[r]);
-    if (it == distinct.end()) {
-      distinct.push_back(digests[r]);
-      report.groups.emplace_back();
-      it = distinct.end() - 1;
-    }
-    report.groups[it - distinct.begin()].push_back(r);
-  }
-  // Name the first tensor that differs: per-tensor digests, all-gathered.
-  const auto per = fingerprint_per_tensor(tensors, mode);
-  const int64_t width = static_cast<int64_t>(per.empty() ? 0 : per[0].size());
-  std::string flat;
-  for (const auto& d : per) flat += d;
-  const auto all =
-      pg.allgather(as_bytes_tensor(flat, std::max<int64_t>(1, width * per.size()), pg.device()));
-  for (size_t i = 0; i < per.size() && report.first_tensor.empty(); ++i) {
-    const std::string first = from_bytes_tensor(all[0]).substr(i * width, width);
-    for (int r = 1; r < pg.size(); ++r) {
-      if (from_bytes_tensor(all[r]).substr(i * width, width) != first) {
-        report.first_tensor = tensors[i].name;
-        break;
-      }
-    }
-  }
-  std::string groups;
-  for (size_t g = 0; g < report.groups.size(); ++g) {
-    std::string ranks;
-    for (int r : report.groups[g]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    groups += (g ? "; " : "") + std::string("rank(s) ") + ranks + " hold " +
-              to_hex(distinct[g]).substr(0, 16);
-  }
-  report.message = "weights differ across ranks after step " + std::to_string(step) +
-                   ": first differing tensor '" + report.first_tensor + "'; " + groups + " (" +
-                   digest_mode_name(resolve(mode, tensors)) + ")";
-  return report;
+  return PendingCheck(pg, tensors, mode, step).finish();
 }
 
 void fingerprint_enforce(ProcessGroup& pg, const ConsistencyReport& report, CheckPolicy policy,

@@ -9,9 +9,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <sstream>
 
 #include "common.h"
+#include "lockstep/check/fingerprint.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/util/error.h"
 
@@ -46,8 +49,14 @@ std::vector<std::string> split(const std::string& text) {
   return items;
 }
 
-// Returns the slowest rank's mean ms/step.
-double time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
+struct Timing {
+  double ms_per_step = 0;  // slowest rank
+  double check_ms = 0;     // of which the consistency check (slowest rank)
+};
+
+// Modes ddp+check and ddp+check-sha256 run the cross-rank fingerprint check
+// after every optimizer step, as the trainer does with check.every: 1.
+Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
                   int steps, const DdpOptions& base) {
   torch::manual_seed(0);
   auto model = make_mlp(spec.dims);
@@ -61,22 +70,50 @@ double time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
     ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
         model, pg.shared_from_this(), options);
   }
+  const bool check = mode.rfind("ddp+check", 0) == 0;
+  const DigestMode digest = mode == "ddp+check-sha256" ? DigestMode::kSha256 : DigestMode::kXxh3;
+  double check_ms = 0;
+  int64_t step_number = 0;
+  // As the trainer does: the check of step s is started after its optimizer
+  // step and finished before the next one, overlapping forward and backward.
+  std::optional<PendingCheck> pending;
+  auto timed = [&](const std::function<void()>& body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    check_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto finish = [&] {
+    if (!pending) return;
+    timed([&] {
+      const auto report = pending->finish();
+      if (!report.consistent) throw ConsistencyError(report.message);
+    });
+    pending.reset();
+  };
   auto step = [&] {
     sgd.zero_grad();
     auto out = ddp ? ddp->forward(x) : model->forward(x);
     torch::nn::functional::cross_entropy(out, y).backward();
+    finish();
     sgd.step();
+    if (check) {
+      timed(
+          [&] { pending.emplace(pg, fingerprint_tensors(*model, false), digest, ++step_number); });
+    }
   };
   for (int i = 0; i < warmup; ++i) step();
+  check_ms = 0;
   pg.barrier();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
+  finish();
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
       steps;
-  auto slowest = torch::tensor({ms}, torch::kDouble);
+  auto slowest = torch::tensor({ms, check_ms / steps}, torch::kDouble);
   pg.allreduce(slowest, ReduceKind::kMax);
-  return slowest.item<double>();
+  return {slowest[0].item<double>(), slowest[1].item<double>()};
 }
 
 }  // namespace
@@ -88,7 +125,7 @@ int cmd_bench(int argc, char** argv) {
     options.add_options()
         ("what", "ddp", cxxopts::value<std::string>())
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp+check (xxh3 fingerprint check every step), ddp+check-sha256", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
         ("warmup", "untimed steps", cxxopts::value<int>()->default_value("10"))
@@ -118,8 +155,10 @@ int cmd_bench(int argc, char** argv) {
     }
     const auto modes = split(args["modes"].as<std::string>());
     for (const auto& mode : modes) {
-      if (mode != "local" && mode != "ddp" && mode != "ddp-fp16") {
-        throw ConfigError("--modes: unknown mode '" + mode + "' (valid: local, ddp, ddp-fp16)");
+      if (mode != "local" && mode != "ddp" && mode != "ddp-fp16" && mode != "ddp+check" &&
+          mode != "ddp+check-sha256") {
+        throw ConfigError("--modes: unknown mode '" + mode +
+                          "' (valid: local, ddp, ddp-fp16, ddp+check, ddp+check-sha256)");
       }
     }
     DdpOptions ddp_options;
@@ -128,13 +167,15 @@ int cmd_bench(int argc, char** argv) {
     auto dist = dist_setup(args);
     for (const auto& spec : models) {
       for (const auto& mode : modes) {
-        const double ms = time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options);
+        const Timing t = time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options);
         if (dist.world.rank == 0) {
           std::printf(
               "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
-              "\"world\": %d, \"batch\": %lld, \"ms_per_step\": %.4f}\n",
+              "\"world\": %d, \"batch\": %lld, \"ms_per_step\": %.4f, \"check_ms\": %.4f, "
+              "\"check_share\": %.5f}\n",
               spec.name.c_str(), mode.c_str(), dist.world.world_size,
-              static_cast<long long>(spec.batch), ms);
+              static_cast<long long>(spec.batch), t.ms_per_step, t.check_ms,
+              t.check_ms / t.ms_per_step);
           std::fflush(stdout);
         }
       }

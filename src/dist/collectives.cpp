@@ -87,14 +87,30 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
        "broadcast(root " + std::to_string(root) + ") #" + std::to_string(seq));
 }
 
-std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
-  const uint64_t seq = sequence_++;
-  if (size_ == 1) return {tensor.clone()};
+ProcessGroup::Gathering ProcessGroup::allgather_async(const at::Tensor& tensor) {
+  Gathering g;
+  g.sequence = sequence_++;
+  if (size_ == 1) {
+    g.outputs = {tensor.clone()};
+    return g;
+  }
   std::vector<at::Tensor> inputs{tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
-  wait(backend_->allgather(outputs, inputs), "allgather #" + std::to_string(seq));
-  return outputs[0];
+  try {
+    g.work = backend_->allgather(outputs, inputs);
+  } catch (const std::exception& e) {
+    throw CommError(describe("allgather #" + std::to_string(g.sequence)) +
+                    " could not start: " + what_of(e));
+  }
+  g.outputs = outputs[0];
+  return g;
+}
+
+std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
+  auto g = allgather_async(tensor);
+  wait(g.work, "allgather #" + std::to_string(g.sequence));
+  return g.outputs;
 }
 
 void ProcessGroup::barrier() {

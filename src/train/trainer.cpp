@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -258,15 +259,32 @@ struct Trainer::Impl {
     Clock::time_point start = Clock::now();
   };
 
-  void check_weights(int64_t step, const std::string& why, CheckPolicy policy) {
+  // The per-step check overlaps the next step (PendingCheck): started after
+  // the optimizer step, finished before the next one.
+  std::optional<PendingCheck> pending;
+
+  void finish_pending_check() {
+    if (!pending) return;
+    const auto report = pending->finish();
+    pending.reset();
+    if (!report.consistent) spdlog::error("step {}: {}", report.step, report.message);
+    fingerprint_enforce(*pg, report, check_policy_parse(config.check.policy),
+                        fingerprint_tensors(*model, config.check.buffers));
+  }
+
+  // Buffers (BatchNorm statistics) legitimately differ after a forward in
+  // train mode; DDP re-syncs them before the next forward. Compare them as
+  // that forward will see them.
+  void sync_buffers_for_check() {
     if (config.check.buffers && config.ddp.broadcast_buffers) {
-      // Buffers (BatchNorm statistics) legitimately differ after a forward in
-      // train mode; DDP re-syncs them before the next forward. Compare them as
-      // that forward will see them.
       std::vector<at::Tensor> buffers;
       for (const auto& b : model->buffers()) buffers.push_back(b);
       broadcast_coalesced(*pg, buffers, 0);
     }
+  }
+
+  void check_weights(int64_t step, const std::string& why, CheckPolicy policy) {
+    sync_buffers_for_check();
     const auto tensors = fingerprint_tensors(*model, config.check.buffers);
     const auto report = fingerprint_check(*pg, tensors, digest_mode_parse(config.check.mode), step);
     if (!report.consistent) spdlog::error("{}: {}", why, report.message);
@@ -274,6 +292,7 @@ struct Trainer::Impl {
   }
 
   void save_checkpoint() {
+    finish_pending_check();
     state.world_size = world.world_size;
     state.model = config.model.name;
     // Only weights every rank agrees on are worth keeping.
@@ -403,6 +422,9 @@ struct Trainer::Impl {
       ++state.batch_in_epoch;
     }
     auto t = Clock::now();
+    finish_pending_check();  // the previous step's weights are still in place
+    in.check_ms += ms_since(t);
+    t = Clock::now();
     const double lr = lr_at(config.optim, state.step, total_steps);
     optimizer_set_lr(*optimizer, lr);
     if (config.train.clip_grad_norm > 0) {
@@ -415,8 +437,9 @@ struct Trainer::Impl {
     ++in.steps;
     if (config.check.every > 0 && state.step % config.check.every == 0) {
       t = Clock::now();
-      check_weights(state.step, "step " + std::to_string(state.step),
-                    check_policy_parse(config.check.policy));
+      sync_buffers_for_check();
+      pending.emplace(*pg, fingerprint_tensors(*model, config.check.buffers),
+                      digest_mode_parse(config.check.mode), state.step);
       in.check_ms += ms_since(t);
     }
   }
@@ -496,6 +519,7 @@ TrainResult Trainer::run() {
     ++s.state.epoch;
     s.state.batch_in_epoch = 0;
   }
+  s.finish_pending_check();
   result.steps = s.state.step;
   result.fingerprint =
       to_hex(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));

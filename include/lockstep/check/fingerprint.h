@@ -68,6 +68,25 @@ struct ConsistencyReport {
 ConsistencyReport fingerprint_check(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,
                                     DigestMode mode, int64_t step);
 
+// The same check split in two so that its all-gather overlaps the next
+// step's forward and backward: start() digests the tensors now and starts
+// the all-gather; finish() waits and compares (exchanging per-tensor digests
+// on a mismatch, so the tensors must still hold the checked values: call it
+// before the next optimizer step). Both are collectives.
+class PendingCheck {
+ public:
+  PendingCheck(ProcessGroup& pg, std::vector<NamedTensor> tensors, DigestMode mode, int64_t step);
+  ConsistencyReport finish();
+
+ private:
+  ProcessGroup& pg_;
+  std::vector<NamedTensor> tensors_;
+  DigestMode mode_;
+  int64_t step_;
+  std::string mine_;
+  ProcessGroup::Gathering gathering_;
+};
+
 // Applies `policy` to a report: abort throws ConsistencyError; warn logs;
 // resync broadcasts rank 0's tensors (coalesced) and logs loudly.
 void fingerprint_enforce(ProcessGroup& pg, const ConsistencyReport& report, CheckPolicy policy,

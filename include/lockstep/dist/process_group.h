@@ -64,6 +64,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // accepted where the backend has it natively (NCCL); pre-divide otherwise.
   // Returns nullptr at world size 1 (nothing to wait for).
   Ptr<C10dWork> allreduce_async(at::Tensor& tensor, ReduceKind op);
+  // Starts an all-gather; after wait(work, ...) `outputs[r]` holds rank r's
+  // tensor. At world size 1 work is nullptr and outputs[0] a copy.
+  struct Gathering {
+    Ptr<C10dWork> work;
+    std::vector<at::Tensor> outputs;
+    uint64_t sequence = 0;
+  };
+  Gathering allgather_async(const at::Tensor& tensor);
+
   // Waits for `work` (no-op for nullptr); failures become CommError naming
   // this rank, `what` and the sequence number.
   void wait(const Ptr<C10dWork>& work, const std::string& what);
