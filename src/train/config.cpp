@@ -229,6 +229,8 @@ const std::vector<Field>& fields() {
                  -kInf, kInf, {"abort", "warn", "resync"}),
       make_field("check", "buffers", &C::check, &CheckConfig::buffers, Type::kBool,
                  "include buffers (e.g. BatchNorm statistics)"),
+      make_field("check", "optimizer_state", &C::check, &CheckConfig::optimizer_state, Type::kBool,
+                 "also compare the optimizer state (momentum buffers, Adam moments)"),
       make_field("checkpoint", "every", &C::checkpoint, &CheckpointConfig::every, Type::kInt,
                  "save every N optimizer steps, and always at the end (0: only at the end)", 0,
                  1e15),

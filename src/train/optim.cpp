@@ -56,3 +56,39 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 }  // namespace lockstep
+
+#include "lockstep/check/fingerprint.h"
+
+namespace lockstep {
+
+std::vector<NamedTensor> optimizer_state_tensors(
+    const torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, at::Tensor>>& named_params) {
+  std::vector<NamedTensor> out;
+  const auto& state = optimizer.state();
+  for (const auto& [name, param] : named_params) {
+    // LibTorch keys optimizer state by the parameter's TensorImpl address.
+    auto it = state.find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+    if (it == state.end()) continue;
+    const auto* s = it->second.get();
+    auto add = [&](const std::string& field, const at::Tensor& t) {
+      if (t.defined()) out.push_back({"optim " + name + "." + field, t});
+    };
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      add("momentum_buffer", sgd->momentum_buffer());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      add("exp_avg", adam->exp_avg());
+      add("exp_avg_sq", adam->exp_avg_sq());
+      add("max_exp_avg_sq", adam->max_exp_avg_sq());
+      add("step", at::tensor({adam->step()}, at::kLong));
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      add("exp_avg", adamw->exp_avg());
+      add("exp_avg_sq", adamw->exp_avg_sq());
+      add("max_exp_avg_sq", adamw->max_exp_avg_sq());
+      add("step", at::tensor({adamw->step()}, at::kLong));
+    }
+  }
+  return out;
+}
+
+}  // namespace lockstep

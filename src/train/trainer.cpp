@@ -268,8 +268,17 @@ struct Trainer::Impl {
     const auto report = pending->finish();
     pending.reset();
     if (!report.consistent) spdlog::error("step {}: {}", report.step, report.message);
-    fingerprint_enforce(*pg, report, check_policy_parse(config.check.policy),
-                        fingerprint_tensors(*model, config.check.buffers));
+    fingerprint_enforce(*pg, report, check_policy_parse(config.check.policy), checked_tensors());
+  }
+
+  std::vector<NamedTensor> checked_tensors() {
+    auto tensors = fingerprint_tensors(*model, config.check.buffers);
+    if (config.check.optimizer_state) {
+      StateDict params;
+      for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());
+      for (auto& t : optimizer_state_tensors(*optimizer, params)) tensors.push_back(std::move(t));
+    }
+    return tensors;
   }
 
   // Buffers (BatchNorm statistics) legitimately differ after a forward in
@@ -285,7 +294,7 @@ struct Trainer::Impl {
 
   void check_weights(int64_t step, const std::string& why, CheckPolicy policy) {
     sync_buffers_for_check();
-    const auto tensors = fingerprint_tensors(*model, config.check.buffers);
+    const auto tensors = checked_tensors();
     const auto report = fingerprint_check(*pg, tensors, digest_mode_parse(config.check.mode), step);
     if (!report.consistent) spdlog::error("{}: {}", why, report.message);
     fingerprint_enforce(*pg, report, policy, tensors);
@@ -438,8 +447,7 @@ struct Trainer::Impl {
     if (config.check.every > 0 && state.step % config.check.every == 0) {
       t = Clock::now();
       sync_buffers_for_check();
-      pending.emplace(*pg, fingerprint_tensors(*model, config.check.buffers),
-                      digest_mode_parse(config.check.mode), state.step);
+      pending.emplace(*pg, checked_tensors(), digest_mode_parse(config.check.mode), state.step);
       in.check_ms += ms_since(t);
     }
   }

@@ -1,7 +1,7 @@
 // Model registry (PyTorch state_dict names, shapes, errors) and the
 // learning-rate schedules.
-#include <catch2/catch.hpp>
 #include <torch/optim.h>
+#include <catch2/catch.hpp>
 
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
@@ -23,8 +23,9 @@ TEST_CASE("every model classifies a batch; names follow PyTorch", "[models]") {
       std::vector<std::string> names;
       for (const auto& p : model->named_parameters()) names.push_back(p.key());
       if (name == "mlp") {
-        CHECK(names == std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.weight",
-                                                "layers.2.bias", "layers.4.weight", "layers.4.bias"});
+        CHECK(names == std::vector<std::string>{"layers.0.weight", "layers.0.bias",
+                                                "layers.2.weight", "layers.2.bias",
+                                                "layers.4.weight", "layers.4.bias"});
       } else if (name == "cnn") {
         CHECK(names.front() == "features.0.weight");
         CHECK(names.back() == "classifier.bias");
@@ -44,7 +45,8 @@ TEST_CASE("a model that does not fit the data is a clear error", "[models]") {
   REQUIRE_THROWS_WITH(model_create(c, {10}, 2), Contains("10 features are not a square"));
   c.name = "transformer";
   c.token_size = 7;
-  REQUIRE_THROWS_WITH(model_create(c, {64}, 2), Contains("model.token_size=7 must divide the 64 features"));
+  REQUIRE_THROWS_WITH(model_create(c, {64}, 2),
+                      Contains("model.token_size=7 must divide the 64 features"));
 }
 
 TEST_CASE("learning-rate schedules: warmup, step, cosine", "[optim]") {
@@ -75,5 +77,37 @@ TEST_CASE("learning-rate schedules: warmup, step, cosine", "[optim]") {
   c.name = "sgd";
   c.nesterov = true;
   c.momentum = 0;
-  REQUIRE_THROWS_WITH(optimizer_create(c, {param}), Contains("optim.nesterov needs optim.momentum > 0"));
+  REQUIRE_THROWS_WITH(optimizer_create(c, {param}),
+                      Contains("optim.nesterov needs optim.momentum > 0"));
+}
+
+#include "lockstep/check/fingerprint.h"
+
+TEST_CASE("optimizer state joins the fingerprint when asked", "[optim]") {
+  for (const std::string name : {"sgd", "adam", "adamw"}) {
+    DYNAMIC_SECTION(name) {
+      ModelConfig m;
+      m.hidden = 4;
+      auto model = model_create(m, {3}, 2);
+      OptimConfig c;
+      c.name = name;
+      auto optimizer = optimizer_create(c, model->parameters());
+      std::vector<std::pair<std::string, at::Tensor>> params;
+      for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
+      CHECK(optimizer_state_tensors(*optimizer, params).empty());  // no state before a step
+      model->forward(torch::randn({4, 3})).sum().backward();
+      optimizer->step();
+      auto state = optimizer_state_tensors(*optimizer, params);
+      REQUIRE_FALSE(state.empty());
+      CHECK(state.front().name == (name == "sgd" ? "optim layers.0.weight.momentum_buffer"
+                                                 : "optim layers.0.weight.exp_avg"));
+      const auto before = fingerprint_digest(state, DigestMode::kXxh3);
+      {
+        torch::NoGradGuard no_grad;
+        state.front().tensor.view({-1})[0] += 1;
+      }
+      CHECK(fingerprint_digest(optimizer_state_tensors(*optimizer, params), DigestMode::kXxh3) !=
+            before);
+    }
+  }
 }

@@ -86,6 +86,7 @@ struct CheckConfig {
   std::string mode = "auto";
   std::string policy = "abort";
   bool buffers = false;
+  bool optimizer_state = false;
 };
 
 struct CheckpointConfig {

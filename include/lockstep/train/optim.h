@@ -20,3 +20,14 @@ double lr_at(const OptimConfig& config, int64_t step, int64_t total_steps);
 void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr);
 
 }  // namespace lockstep
+
+namespace lockstep {
+struct NamedTensor;
+// The optimizer's per-parameter state tensors (SGD momentum buffers, Adam's
+// moments and step), named "optim <param name>.<field>", in parameter order,
+// for fingerprints (check.optimizer_state). Parameters without state yet are
+// skipped.
+std::vector<NamedTensor> optimizer_state_tensors(
+    const torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, at::Tensor>>& named_params);
+}  // namespace lockstep
