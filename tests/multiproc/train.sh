@@ -18,8 +18,10 @@ train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
 weights() { sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/out"; }
 
 # 1. A short run: metrics, checkpoint with a valid manifest, Python opens it.
-train 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10
+train 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10 --set log.file=true
 expect_eq "$?" 0 "a 30-step 2-rank run exits 0"
+expect_grep "$runs/short/rank_1.log" "\[info\] done: 30 steps" "rank 1's own log file"
+expect_grep "$runs/short/config.yaml" "^  max_steps: 30\$" "the resolved config is saved"
 ckpt="$runs/short/checkpoints/step_00000030"
 expect_grep "$runs/short/metrics.jsonl" '"step": 30, .*"loss": [0-9.e-]+' "metrics.jsonl has the global loss"
 expect_grep "$runs/short/metrics.jsonl" '"comm_wait": [0-9.]+' "metrics split the step time"
