@@ -123,12 +123,16 @@ int cmd_bench(int argc, char** argv) {
     cxxopts::Options options("lockstep bench", "Benchmarks. usage: lockstep bench ddp [options]");
     // clang-format off
     options.add_options()
-        ("what", "ddp", cxxopts::value<std::string>())
+        ("what", "ddp | allreduce", cxxopts::value<std::string>())
+        ("min-bytes", "allreduce: smallest message", cxxopts::value<int64_t>()->default_value("8"))
+        ("max-bytes", "allreduce: largest message (powers of two up to it)", cxxopts::value<int64_t>()->default_value("268435456"))
+        ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
+        ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64)", cxxopts::value<std::string>()->default_value("small,large"))
         ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp+check (xxh3 fingerprint check every step), ddp+check-sha256", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
-        ("warmup", "untimed steps", cxxopts::value<int>()->default_value("10"))
+        ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
         ("h,help", "this help");
     // clang-format on
@@ -139,9 +143,9 @@ int cmd_bench(int argc, char** argv) {
       std::fputs(options.help().c_str(), stdout);
       return kExitOk;
     }
-    if (args.count("what") == 0 || args["what"].as<std::string>() != "ddp") {
-      throw ConfigError("lockstep bench: say what to benchmark (valid: ddp)");
-    }
+    const std::string what = args.count("what") != 0 ? args["what"].as<std::string>() : "";
+    if (what == "allreduce") return bench_allreduce(args);
+    if (what != "ddp") throw ConfigError("lockstep bench: say what to benchmark (valid: ddp, allreduce)");
     const int warmup = args["warmup"].as<int>();
     const int steps = args["steps"].as<int>();
     if (warmup < 0 || steps < 1) throw ConfigError("--warmup must be >= 0 and --steps >= 1");

@@ -42,5 +42,6 @@ int run_guarded(const std::string& command, const std::function<int()>& body);
 int cmd_check(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_train(int argc, char** argv);
+int bench_allreduce(const cxxopts::ParseResult& args);
 
 }  // namespace lockstep::cli

@@ -113,6 +113,24 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
   return g.outputs;
 }
 
+Ptr<C10dWork> ProcessGroup::send_async(at::Tensor& tensor, int dst, int tag) {
+  std::vector<at::Tensor> tensors{tensor};
+  try {
+    return backend_->send(tensors, dst, tag);
+  } catch (const std::exception& e) {
+    throw CommError(describe("send to rank " + std::to_string(dst)) + " could not start: " + what_of(e));
+  }
+}
+
+Ptr<C10dWork> ProcessGroup::recv_async(at::Tensor& tensor, int src, int tag) {
+  std::vector<at::Tensor> tensors{tensor};
+  try {
+    return backend_->recv(tensors, src, tag);
+  } catch (const std::exception& e) {
+    throw CommError(describe("recv from rank " + std::to_string(src)) + " could not start: " + what_of(e));
+  }
+}
+
 void ProcessGroup::barrier() {
   const uint64_t seq = sequence_++;
   if (size_ == 1) return;

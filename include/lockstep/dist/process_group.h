@@ -73,6 +73,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   };
   Gathering allgather_async(const at::Tensor& tensor);
 
+  // Point to point (Gloo and NCCL both have them); `tag` tells concurrent
+  // messages between the same pair apart.
+  Ptr<C10dWork> send_async(at::Tensor& tensor, int dst, int tag);
+  Ptr<C10dWork> recv_async(at::Tensor& tensor, int src, int tag);
+
   // Waits for `work` (no-op for nullptr); failures become CommError naming
   // this rank, `what` and the sequence number.
   void wait(const Ptr<C10dWork>& work, const std::string& what);
