@@ -5,15 +5,20 @@
 # ratio lockstep/PyTorch. Absolute figures depend on the machine; the ratio
 # is the point.
 #
-#   scripts/bench_ddp.sh [NPROC=2] [ROUNDS=5] [STEPS=50] [MODES=local,ddp] [MODELS=small,large]
+#   scripts/bench_ddp.sh      (env: NPROC=2 ROUNDS=3 STEPS=20 WARMUP=3 MODELS=small,large,xl
+#                              MODES=local,ddp,ddp-fp16,ddp-bucket{1,5,25,100},ddp-accum4,
+#                                    exchange-bucketed,exchange-flat)
+# exchange-* rows time the gradient exchange alone (no compute): DDP's
+# buckets vs one flat all-reduce of all gradients; they have no PyTorch peer.
 #   JSON=out.jsonl scripts/bench_ddp.sh   # also keep every raw row
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
-ROUNDS=${ROUNDS:-5}
-STEPS=${STEPS:-50}
-MODES=${MODES:-local,ddp}
-MODELS=${MODELS:-small,large}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-3}
+MODES=${MODES:-local,ddp,ddp-fp16,ddp-bucket1,ddp-bucket5,ddp-bucket25,ddp-bucket100,ddp-accum4,exchange-bucketed,exchange-flat}
+MODELS=${MODELS:-small,large,xl}
 [ -x build/lockstep ] || scripts/setup.sh
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
@@ -21,10 +26,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
-    build/lockstep bench ddp --models "$MODELS" --modes "$MODES" --steps "$STEPS" 2>/dev/null |
+    build/lockstep bench ddp --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
-    /usr/bin/python3 scripts/bench_ddp_torch.py --models "$MODELS" --modes "$MODES" --steps "$STEPS" 2>/dev/null |
+    /usr/bin/python3 scripts/bench_ddp_torch.py --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
 done
 [ -n "${JSON:-}" ] && cp "$raw" "$JSON"
@@ -37,11 +42,17 @@ for r in rows:
     if k not in keys:
         keys.append(k)
 print(f"DDP step time, median of {sys.argv[2]} alternating rounds (ms/step, slowest rank)")
-print(f"{'model':8} {'mode':9} {'ranks':>5} {'batch':>5} {'lockstep':>9} {'pytorch':>9} {'ratio':>6}")
+print(f"{'model':8} {'mode':17} {'ranks':>5} {'batch':>5} {'lockstep':>9} {'pytorch':>9} {'ratio':>6}")
 for k in keys:
     med = {}
     for impl in ("lockstep", "pytorch"):
         v = [r["ms_per_step"] for r in rows if r["impl"] == impl and (r["model"], r["mode"], r["world"], r["batch"]) == k]
         med[impl] = statistics.median(v) if v else float("nan")
-    print(f"{k[0]:8} {k[1]:9} {k[2]:>5} {k[3]:>5} {med['lockstep']:9.3f} {med['pytorch']:9.3f} {med['lockstep']/med['pytorch']:6.3f}")
+    ratio = med['lockstep'] / med['pytorch'] if med['pytorch'] == med['pytorch'] else float("nan")
+    print(f"{k[0]:8} {k[1]:17} {k[2]:>5} {k[3]:>5} {med['lockstep']:9.3f} {med['pytorch']:9.3f} {ratio:6.3f}")
+for model in dict.fromkeys(k[0] for k in keys):
+    flat = [r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] == "exchange-flat"]
+    buck = [r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] == "exchange-bucketed"]
+    if flat and buck:
+        print(f"{model}: bucketed exchange / one flat all-reduce = {statistics.median(buck) / statistics.median(flat):.3f}")
 PY

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 MODELS = {
     "small": ([784, 128, 128, 10], 32),
     "large": ([784, 1024, 1024, 10], 64),
+    "xl": ([784, 4608, 4608, 10], 32),
 }
 
 
@@ -37,14 +38,23 @@ def time_steps(dims, batch, mode, warmup, steps):
     y = torch.randint(0, dims[-1], (batch,))
     run = model
     if mode != "local":
-        run = DDP(model)
+        kwargs = {}
+        if mode.startswith("ddp-bucket"):
+            kwargs["bucket_cap_mb"] = float(mode[len("ddp-bucket"):])
+        run = DDP(model, **kwargs)
         if mode == "ddp-fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             run.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    micro = 4 if mode == "ddp-accum4" else 1
 
     def step():
         sgd.zero_grad()
-        F.cross_entropy(run(x), y).backward()
+        for m in range(micro):
+            if m < micro - 1:
+                with run.no_sync():
+                    (F.cross_entropy(run(x), y) / micro).backward()
+            else:
+                (F.cross_entropy(run(x), y) / micro).backward()
         sgd.step()
 
     for _ in range(warmup):
@@ -71,6 +81,8 @@ def main():
     for name in args.models.split(","):
         dims, batch = MODELS[name]
         for mode in args.modes.split(","):
+            if mode.startswith("exchange-") or mode.startswith("ddp+check"):
+                continue  # lockstep-only rows
             ms = time_steps(dims, batch, mode, args.warmup, args.steps)
             if rank == 0:
                 print(json.dumps({"bench": "ddp", "impl": "pytorch", "model": name, "mode": mode,

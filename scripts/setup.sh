@@ -17,6 +17,7 @@ PACKAGES=(
   libxxhash-dev libssl-dev  # weight fingerprints: XXH3-128 and SHA-256
   catch2                # v2.13, the test framework
   python3-torch         # PyTorch's torchrun and DDP, the peers we test and benchmark against
+  python3-matplotlib    # scripts/plot_metrics.py
   iproute2 procps       # pgrep and ip, used by the multi-process tests
 )
 

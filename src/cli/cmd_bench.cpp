@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/util/error.h"
 
@@ -31,6 +32,7 @@ struct ModelSpec {
 const std::vector<ModelSpec> kModels{
     {"small", {784, 128, 128, 10}, 32},
     {"large", {784, 1024, 1024, 10}, 64},
+    {"xl", {784, 4608, 4608, 10}, 32},
 };
 
 torch::nn::Sequential make_mlp(const std::vector<int64_t>& dims) {
@@ -67,6 +69,10 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   if (mode != "local") {
     DdpOptions options = base;
     if (mode == "ddp-fp16") options.comm_hook = comm_hook_create("fp16");
+    if (mode.rfind("ddp-bucket", 0) == 0) {
+      options.bucket_cap_mb = std::stod(mode.substr(10));
+      options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
+    }
     ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
         model, pg.shared_from_this(), options);
   }
@@ -91,10 +97,15 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
     });
     pending.reset();
   };
+  const int micro = mode == "ddp-accum4" ? 4 : 1;
   auto step = [&] {
     sgd.zero_grad();
-    auto out = ddp ? ddp->forward(x) : model->forward(x);
-    torch::nn::functional::cross_entropy(out, y).backward();
+    for (int m = 0; m < micro; ++m) {
+      std::optional<DdpCore::NoSyncGuard> guard;
+      if (ddp && m < micro - 1) guard.emplace(*ddp);
+      auto out = ddp ? ddp->forward(x) : model->forward(x);
+      (torch::nn::functional::cross_entropy(out, y) / micro).backward();
+    }
     finish();
     sgd.step();
     if (check) {
@@ -116,6 +127,48 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   return {slowest[0].item<double>(), slowest[1].item<double>()};
 }
 
+// Communication only: the model's gradients exchanged as DDP's buckets (all
+// launched, then all waited, as in one backward) or as one flat all-reduce.
+Timing time_exchange(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
+                     int steps, const DdpOptions& options) {
+  torch::manual_seed(0);
+  auto model = make_mlp(spec.dims);
+  std::vector<BucketInput> inputs;
+  auto params = model->parameters();
+  for (size_t k = params.size(); k-- > 0;)
+    inputs.push_back({static_cast<size_t>(params[k].nbytes()), 0});
+  std::vector<at::Tensor> buffers;
+  if (mode == "exchange-flat") {
+    int64_t total = 0;
+    for (const auto& p : params) total += p.numel();
+    buffers.push_back(torch::zeros({total}));
+  } else {
+    BucketCaps caps;
+    caps.bytes = static_cast<size_t>(options.bucket_cap_mb * (1 << 20));
+    caps.first_bytes = static_cast<size_t>(options.first_bucket_cap_mb * (1 << 20));
+    for (const auto& bucket : bucket_assign(inputs, caps)) {
+      int64_t numel = 0;
+      for (size_t i : bucket) numel += params[params.size() - 1 - i].numel();
+      buffers.push_back(torch::zeros({numel}));
+    }
+  }
+  auto exchange = [&] {
+    std::vector<Ptr<C10dWork>> works;
+    for (auto& b : buffers) works.push_back(pg.allreduce_async(b, ReduceKind::kSum));
+    for (auto& w : works) pg.wait(w, "exchange");
+  };
+  for (int i = 0; i < warmup; ++i) exchange();
+  pg.barrier();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) exchange();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      steps;
+  auto slowest = torch::tensor({ms}, torch::kDouble);
+  pg.allreduce(slowest, ReduceKind::kMax);
+  return {slowest.item<double>(), 0};
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -128,8 +181,8 @@ int cmd_bench(int argc, char** argv) {
         ("max-bytes", "allreduce: largest message (powers of two up to it)", cxxopts::value<int64_t>()->default_value("268435456"))
         ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
-        ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp+check (xxh3 fingerprint check every step), ddp+check-sha256", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
@@ -145,7 +198,8 @@ int cmd_bench(int argc, char** argv) {
     }
     const std::string what = args.count("what") != 0 ? args["what"].as<std::string>() : "";
     if (what == "allreduce") return bench_allreduce(args);
-    if (what != "ddp") throw ConfigError("lockstep bench: say what to benchmark (valid: ddp, allreduce)");
+    if (what != "ddp")
+      throw ConfigError("lockstep bench: say what to benchmark (valid: ddp, allreduce)");
     const int warmup = args["warmup"].as<int>();
     const int steps = args["steps"].as<int>();
     if (warmup < 0 || steps < 1) throw ConfigError("--warmup must be >= 0 and --steps >= 1");
@@ -154,15 +208,27 @@ int cmd_bench(int argc, char** argv) {
       auto it = std::find_if(kModels.begin(), kModels.end(),
                              [&](const ModelSpec& m) { return m.name == name; });
       if (it == kModels.end())
-        throw ConfigError("--models: unknown model '" + name + "' (valid: small, large)");
+        throw ConfigError("--models: unknown model '" + name + "' (valid: small, large, xl)");
       models.push_back(*it);
     }
     const auto modes = split(args["modes"].as<std::string>());
+    const std::vector<std::string> valid{"local",
+                                         "ddp",
+                                         "ddp-fp16",
+                                         "ddp-bucket1",
+                                         "ddp-bucket5",
+                                         "ddp-bucket25",
+                                         "ddp-bucket100",
+                                         "ddp-accum4",
+                                         "ddp+check",
+                                         "ddp+check-sha256",
+                                         "exchange-bucketed",
+                                         "exchange-flat"};
     for (const auto& mode : modes) {
-      if (mode != "local" && mode != "ddp" && mode != "ddp-fp16" && mode != "ddp+check" &&
-          mode != "ddp+check-sha256") {
-        throw ConfigError("--modes: unknown mode '" + mode +
-                          "' (valid: local, ddp, ddp-fp16, ddp+check, ddp+check-sha256)");
+      if (std::find(valid.begin(), valid.end(), mode) == valid.end()) {
+        std::string list;
+        for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
+        throw ConfigError("--modes: unknown mode '" + mode + "' (valid: " + list + ")");
       }
     }
     DdpOptions ddp_options;
@@ -171,7 +237,9 @@ int cmd_bench(int argc, char** argv) {
     auto dist = dist_setup(args);
     for (const auto& spec : models) {
       for (const auto& mode : modes) {
-        const Timing t = time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options);
+        const Timing t = mode.rfind("exchange-", 0) == 0
+                             ? time_exchange(*dist.pg, spec, mode, warmup, steps, ddp_options)
+                             : time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options);
         if (dist.world.rank == 0) {
           std::printf(
               "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "

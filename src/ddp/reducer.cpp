@@ -180,7 +180,21 @@ void Reducer::launch_ready_buckets(bool during_backward) {
   // first, so every rank issues the same collectives in the same order.
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
+    const auto launched = Tracer::Clock::now();
     bucket.work = options_.hook->run(*pg_, bucket.contents);
+    if (tracer_ && bucket.work.work) {
+      // Completion is stamped by the backend's future, on its thread.
+      auto tracer = tracer_;
+      const std::string name = "allreduce bucket " + std::to_string(next_bucket_) + " (" +
+                               std::to_string(bucket.contents.nbytes()) + " B)";
+      try {
+        bucket.work.work->getFuture()->addCallback([tracer, name, launched](c10::ivalue::Future&) {
+          tracer->complete(name, "comm", launched, Tracer::Clock::now(), Tracer::kCommLane);
+        });
+      } catch (const std::exception&) {
+        // A backend without futures: the bucket is simply not traced.
+      }
+    }
     bucket.launched = true;
     if (during_backward) ++stats_.launched_during_backward;
     ++next_bucket_;
@@ -228,6 +242,7 @@ void Reducer::finalize() {
     if (buckets_[b].work.finish) buckets_[b].work.finish();
   }
   write_back(used_anywhere);
+  if (tracer_) tracer_->complete("wait for buckets", "comm", start, Tracer::Clock::now());
   stats_.wait_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);

@@ -248,6 +248,8 @@ const std::vector<Field>& fields() {
       make_field("log", "progress", &C::log, &LogConfig::progress, Type::kString,
                  "rank 0's progress display (auto: a bar on a terminal)", -kInf, kInf,
                  {"auto", "bar", "plain"}),
+      make_field("log", "trace", &C::log, &LogConfig::trace, Type::kBool,
+                 "write a Chrome trace per rank: <run dir>/trace_rank<r>.json (open in Perfetto)"),
   };
   return table;
 }

@@ -26,6 +26,7 @@
 #include "lockstep/util/error.h"
 #include "lockstep/util/log.h"
 #include "lockstep/util/sha256.h"
+#include "lockstep/util/trace.h"
 
 namespace lockstep {
 namespace {
@@ -112,6 +113,8 @@ struct Trainer::Impl {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   std::FILE* metrics = nullptr;
+  std::shared_ptr<Tracer> tracer;  // log.trace
+  bool warned_comm_share = false;
   std::string last_checkpoint;
 
   // ------------------------------------------------------------ lifecycle
@@ -247,6 +250,10 @@ struct Trainer::Impl {
   }
 
   // ------------------------------------------------------------ the loop
+  void trace(const char* name, Clock::time_point start) {
+    if (tracer) tracer->complete(name, "step", start, Clock::now());
+  }
+
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) {
     return train_data.num_classes > 0 ? torch::nn::functional::cross_entropy(out, y)
                                       : torch::nn::functional::mse_loss(out, y);
@@ -336,6 +343,17 @@ struct Trainer::Impl {
     const double seconds = ms_since(in.start) / 1000.0;
     result.last_loss = loss;
     const double n = std::max<int64_t>(in.steps, 1);
+    const double step_ms =
+        in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+    if (!warned_comm_share && step_ms > 0 && in.comm_ms / step_ms > 0.2) {
+      warned_comm_share = true;
+      spdlog::warn(
+          "communication is {:.0f}% of step time ({:.2f} of {:.2f} ms per step waiting for "
+          "gradients): consider a larger per-rank batch, gradient accumulation "
+          "(train.accumulation_steps), ddp.comm_hook: fp16, or other bucket sizes (this warning "
+          "is shown once)",
+          100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
+    }
     if (world.rank == 0) {
       std::fprintf(
           metrics,
@@ -416,8 +434,10 @@ struct Trainer::Impl {
       const auto out = ddp->forward(batch->x);
       const auto loss = loss_of(out, batch->y);
       in.forward_ms += ms_since(t);
+      trace("forward", t);
       t = Clock::now();
       (loss / static_cast<double>(acc)).backward();
+      trace(last ? "backward" : "backward (no_sync)", t);
       double wait = 0;
       if (last && ddp->reducer() != nullptr) wait = ddp->reducer()->last_stats().wait_ms;
       in.backward_ms += ms_since(t) - wait;
@@ -442,6 +462,7 @@ struct Trainer::Impl {
     }
     optimizer->step();
     in.optimizer_ms += ms_since(t);
+    trace("optimizer step", t);
     ++state.step;
     ++in.steps;
     if (config.check.every > 0 && state.step % config.check.every == 0) {
@@ -449,6 +470,7 @@ struct Trainer::Impl {
       sync_buffers_for_check();
       pending.emplace(*pg, checked_tensors(), digest_mode_parse(config.check.mode), state.step);
       in.check_ms += ms_since(t);
+      trace("consistency check", t);
     }
   }
 };
@@ -476,6 +498,10 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
     ddp.comm_hook = comm_hook_create(s.config.ddp.comm_hook);
   s.ddp =
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
+  if (s.config.log.trace) {
+    s.tracer = std::make_shared<Tracer>(s.world.rank);
+    s.ddp->set_tracer(s.tracer);
+  }
   if (s.state.step == 0) {
     // Dropout differs per rank (as in PyTorch); resumed runs restored theirs.
     at::manual_seed(static_cast<uint64_t>(s.config.run.seed) + 1 + s.world.rank);
@@ -528,6 +554,11 @@ TrainResult Trainer::run() {
     s.state.batch_in_epoch = 0;
   }
   s.finish_pending_check();
+  if (s.tracer) {
+    const std::string path = s.run_dir + "/trace_rank" + std::to_string(s.world.rank) + ".json";
+    s.tracer->write(path);
+    spdlog::info("trace: {}", path);
+  }
   result.steps = s.state.step;
   result.fingerprint =
       to_hex(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));

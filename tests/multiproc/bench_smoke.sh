@@ -4,9 +4,15 @@
 # row. This checks the benchmark works; it asserts no speed.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-ROUNDS=1 STEPS=3 MODELS=small MODES=local,ddp,ddp-fp16 "$root/scripts/bench_ddp.sh" >"$WORK/out" 2>"$WORK/err"
+ROUNDS=1 STEPS=3 WARMUP=1 MODELS=small MODES=local,ddp,ddp-fp16,ddp-bucket1,ddp-accum4,exchange-bucketed,exchange-flat "$root/scripts/bench_ddp.sh" >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 0 "bench_ddp.sh exits 0"
-for mode in local ddp ddp-fp16; do
+for mode in local ddp ddp-fp16 ddp-bucket1 ddp-accum4; do
   expect_grep "$WORK/out" "^small +$mode +2 +32 +[0-9.]+ +[0-9.]+ +[0-9.]+\$" "row with both figures and a ratio: small $mode"
 done
+expect_grep "$WORK/out" "^small: bucketed exchange / one flat all-reduce = [0-9.]+\$" "the exchange comparison"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" bench allreduce --max-bytes 4096 --iters 2 \
+  >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 0 "bench allreduce exits 0"
+expect_grep "$WORK/out" "^\[rank0\]: +4096 +1024 \| +[0-9.]+ +[0-9.]+ +[0-9.]+ \| +[0-9.]+ +[0-9.]+ +[0-9.]+ \| ok\$" "a checked row for 4096 bytes"
+expect_grep "$WORK/out" "memory copy bandwidth of this machine" "the memory-copy reference"
 finish

@@ -18,7 +18,8 @@ train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
 weights() { sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/out"; }
 
 # 1. A short run: metrics, checkpoint with a valid manifest, Python opens it.
-train 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10 --set log.file=true
+train 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10 --set log.file=true \
+  --set log.trace=true --set ddp.bucket_cap_mb=0.01 --set ddp.first_bucket_cap_mb=0.001
 expect_eq "$?" 0 "a 30-step 2-rank run exits 0"
 expect_grep "$runs/short/rank_1.log" "\[info\] done: 30 steps" "rank 1's own log file"
 expect_grep "$runs/short/config.yaml" "^  max_steps: 30\$" "the resolved config is saved"
@@ -34,6 +35,27 @@ assert isinstance(sd, dict), type(sd)
 assert list(sd)[:2] == ['layers.0.weight', 'layers.0.bias'], list(sd)
 assert tuple(sd['layers.0.weight'].shape) == (128, 64)
 " && pass "torch.load opens model.pt with PyTorch names" || fail "torch.load could not open model.pt"
+
+$PY -c "
+import json
+for rank in (0, 1):
+    trace = json.load(open('$runs/short/trace_rank%d.json' % rank))
+    ev = [e for e in trace['traceEvents'] if e['ph'] == 'X']
+    assert all(isinstance(e['ts'], float) and e['dur'] >= 0 and e['pid'] == rank for e in ev)
+    names = {e['name'].split(' (')[0] for e in ev}
+    need = {'forward', 'backward', 'optimizer step', 'consistency check', 'wait for buckets',
+            'allreduce bucket 0', 'allreduce bucket 2'}
+    assert need <= names, need - names
+    # Overlap: some bucket's all-reduce starts before its step's backward ends.
+    backward = [e for e in ev if e['name'] == 'backward']
+    buckets = [e for e in ev if e['name'].startswith('allreduce bucket 0')]
+    assert any(b['ts'] < w['ts'] + w['dur'] and b['ts'] >= w['ts'] for b in buckets for w in backward)
+" && pass "traces: valid Chrome trace JSON per rank, all-reduces overlap backward" || fail "trace invalid"
+$PY "$root/scripts/plot_metrics.py" "$runs/short" "$WORK/plots" >/dev/null
+for png in loss step_time comm_share; do
+  [ "$(head -c 8 "$WORK/plots/$png.png" | od -An -tx1 | tr -d ' ')" = 89504e470d0a1a0a ] &&
+    pass "plot $png.png is a PNG" || fail "plot $png.png missing or not a PNG"
+done
 
 # 2. Resume: 25 steps + resume to 50 ends bit-identical to 50 straight
 #    (dropout on, so the per-rank generators must be restored too).

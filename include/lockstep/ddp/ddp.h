@@ -66,6 +66,9 @@ class DdpCore {
   ProcessGroup& process_group() { return *pg_; }
   // nullptr at world size 1.
   const Reducer* reducer() const { return reducer_.get(); }
+  void set_tracer(std::shared_ptr<Tracer> tracer) {
+    if (reducer_) reducer_->set_tracer(std::move(tracer));
+  }
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

@@ -26,6 +26,7 @@
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/dist/process_group.h"
+#include "lockstep/util/trace.h"
 
 namespace torch::autograd {
 struct Node;
@@ -65,6 +66,9 @@ class Reducer {
   void prepare_for_backward();
 
   const std::vector<std::vector<size_t>>& bucket_indices() const { return bucket_indices_; }
+  // Records each bucket's all-reduce (launch to completion) and the end of
+  // backward's wait; nullptr (the default) records nothing.
+  void set_tracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
   ReducerStats last_stats() const;
 
  private:
@@ -107,6 +111,7 @@ class Reducer {
   size_t next_bucket_ = 0;
   std::vector<char> ready_;
   std::vector<int> used_since_sync_;  // hook fired since the last sync (no_sync too)
+  std::shared_ptr<Tracer> tracer_;
   ReducerStats stats_;
 };
 

@@ -100,6 +100,7 @@ struct LogConfig {
   int64_t every = 10;
   bool file = false;
   std::string progress = "auto";
+  bool trace = false;
 };
 
 struct Config {
