@@ -5,7 +5,7 @@
 # ratio lockstep/PyTorch. Absolute figures depend on the machine; the ratio
 # is the point.
 #
-#   scripts/bench_ddp.sh      (env: NPROC=2 ROUNDS=3 STEPS=20 WARMUP=3 MODELS=small,large,xl
+#   scripts/bench_ddp.sh      (env: NPROC=2 ROUNDS=5 STEPS=30 WARMUP=10 MODELS=small,large (xl: 24.9M)
 #                              MODES=local,ddp,ddp-fp16,ddp-bucket{1,5,25,100},ddp-accum4,
 #                                    exchange-bucketed,exchange-flat)
 # exchange-* rows time the gradient exchange alone (no compute): DDP's
@@ -14,11 +14,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
-ROUNDS=${ROUNDS:-3}
-STEPS=${STEPS:-20}
-WARMUP=${WARMUP:-3}
+ROUNDS=${ROUNDS:-5}
+STEPS=${STEPS:-30}
+WARMUP=${WARMUP:-10}
 MODES=${MODES:-local,ddp,ddp-fp16,ddp-bucket1,ddp-bucket5,ddp-bucket25,ddp-bucket100,ddp-accum4,exchange-bucketed,exchange-flat}
-MODELS=${MODELS:-small,large,xl}
+MODELS=${MODELS:-small,large}
 [ -x build/lockstep ] || scripts/setup.sh
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT

@@ -2,6 +2,9 @@
 // 1, counts its sequence number and turns backend failures into CommError.
 #include <ATen/ATen.h>
 
+#include <future>
+#include <thread>
+
 #include "lockstep/dist/process_group.h"
 #include "lockstep/util/error.h"
 
@@ -36,8 +39,58 @@ void ProcessGroup::wait(const Ptr<C10dWork>& work, const std::string& what) {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw CommError(describe(what) + " failed: " + what_of(e));
+    throw CommError(describe(what) + " failed: " + what_of(e) + roll_call());
   }
+}
+
+void ProcessGroup::enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseconds grace) {
+  roll_call_store_ = std::move(store);
+  roll_call_grace_ = grace;
+}
+
+// Note [Roll call] (process_group.h). Runs on a helper thread so that a hung
+// store host (rank 0 stopped) cannot hang this rank's error path: after
+// grace + 2 s without an answer, the store itself is reported silent.
+std::string ProcessGroup::roll_call() {
+  if (!roll_call_store_ || size_ == 1) return "";
+  if (!roll_call_answer_.empty()) return roll_call_answer_;
+  auto promise = std::make_shared<std::promise<std::string>>();
+  auto answer = promise->get_future();
+  std::thread([store = roll_call_store_, rank = rank_, size = size_, grace = roll_call_grace_,
+               promise] {
+    try {
+      const auto key = [](int r) { return "rollcall/" + std::to_string(r); };
+      store->set(key(rank), std::vector<uint8_t>{1});
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      std::vector<int> missing;
+      do {
+        missing.clear();
+        for (int r = 0; r < size; ++r) {
+          if (!store->check({key(r)})) missing.push_back(r);
+        }
+        if (missing.empty()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } while (std::chrono::steady_clock::now() < deadline);
+      std::string text;
+      for (int r : missing) text += (text.empty() ? "" : ", ") + std::to_string(r);
+      const std::string seconds = std::to_string(grace.count() / 1000.0).substr(0, 4);
+      promise->set_value(missing.empty()
+                             ? "; every rank answered the roll call, so none is dead or hung"
+                             : "; rank(s) " + text + " did not answer the roll call within " +
+                                   seconds + " s: dead, hung or cut off");
+    } catch (const std::exception& e) {
+      promise->set_value("; the rendezvous store is unreachable too (" + what_of(e).substr(0, 120) +
+                         "): rank 0, which hosts it, is probably dead");
+    }
+  }).detach();
+  if (answer.wait_for(roll_call_grace_ + std::chrono::seconds(2)) == std::future_status::ready) {
+    roll_call_answer_ = answer.get();
+  } else {
+    roll_call_answer_ =
+        "; the rendezvous store did not answer the roll call: rank 0, which hosts "
+        "it, is probably hung";
+  }
+  return roll_call_answer_;
 }
 
 Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
@@ -118,7 +171,8 @@ Ptr<C10dWork> ProcessGroup::send_async(at::Tensor& tensor, int dst, int tag) {
   try {
     return backend_->send(tensors, dst, tag);
   } catch (const std::exception& e) {
-    throw CommError(describe("send to rank " + std::to_string(dst)) + " could not start: " + what_of(e));
+    throw CommError(describe("send to rank " + std::to_string(dst)) +
+                    " could not start: " + what_of(e));
   }
 }
 
@@ -127,7 +181,8 @@ Ptr<C10dWork> ProcessGroup::recv_async(at::Tensor& tensor, int src, int tag) {
   try {
     return backend_->recv(tensors, src, tag);
   } catch (const std::exception& e) {
-    throw CommError(describe("recv from rank " + std::to_string(src)) + " could not start: " + what_of(e));
+    throw CommError(describe("recv from rank " + std::to_string(src)) +
+                    " could not start: " + what_of(e));
   }
 }
 

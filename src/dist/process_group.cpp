@@ -91,8 +91,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
   }
   spdlog::debug("process group: {} over {} ranks, timeout {} ms",
                 backend_kind_name(options.backend), world.world_size, options.timeout.count());
-  return std::make_shared<ProcessGroup>(backend, options.backend, world.rank, world.world_size,
-                                        world.local_rank);
+  auto pg = std::make_shared<ProcessGroup>(backend, options.backend, world.rank, world.world_size,
+                                           world.local_rank);
+  pg->enable_roll_call(
+      prefixed, std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(5)));
+  return pg;
 }
 
 ProcessGroup::ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank, int size,

@@ -21,6 +21,7 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/dist/coalesced.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/fault.h"
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/util/error.h"
@@ -114,6 +115,7 @@ struct Trainer::Impl {
   int64_t total_steps = 0;
   std::FILE* metrics = nullptr;
   std::shared_ptr<Tracer> tracer;  // log.trace
+  std::optional<Fault> fault = fault_from_env();
   bool warned_comm_share = false;
   std::string last_checkpoint;
 
@@ -531,6 +533,7 @@ TrainResult Trainer::run() {
         LoaderOptions{s.config.data.batch_size, s.config.data.drop_last, s.config.data.prefetch});
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
     while (s.state.batch_in_epoch < s.micro_per_epoch && s.state.step < stop) {
+      fault_maybe_fire(s.fault, s.world, s.state.step);
       s.train_step(loader, interval);
       if (s.state.step % s.config.log.every == 0) {
         s.log_interval(interval, result, lr_at(s.config.optim, s.state.step - 1, s.total_steps));

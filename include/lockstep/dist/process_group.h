@@ -85,8 +85,16 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Number of collectives issued so far (the next one's sequence number).
   uint64_t sequence() const { return sequence_; }
 
+  // Note [Roll call]: when a collective fails, the surviving ranks tell dead
+  // from alive through the store: each sets rollcall/<rank> and waits up to
+  // `grace` for the others. The ranks that never answer are named in the
+  // error (dead, hung or cut off). Done once per process: later failures
+  // repeat the first answer. create() enables it; without a store it is off.
+  void enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseconds grace);
+
  private:
   std::string describe(const std::string& what) const;
+  std::string roll_call();
 
   Ptr<C10dBackend> backend_;
   BackendKind kind_;
@@ -94,6 +102,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int size_;
   int local_rank_;
   uint64_t sequence_ = 0;
+  Ptr<C10dStore> roll_call_store_;
+  std::chrono::milliseconds roll_call_grace_{0};
+  std::string roll_call_answer_;
 };
 
 // Implemented by process_group_nccl.cpp (CUDA LibTorch) or

@@ -1,0 +1,32 @@
+// Fault injection for the failure-mode tests and for seeing what a failure
+// looks like: LOCKSTEP_FAULT=<kind>:rank=<r>:step=<s>[:attempt=<a>] makes
+// rank r, once it has finished s optimizer steps (and any checkpoint due at
+// s), in restart attempt a (TORCHELASTIC_RESTART_COUNT; default: every
+// attempt):
+//   crash - SIGKILL itself (a segfault or the OOM killer, as peers see it)
+//   hang  - SIGSTOP itself (stuck: alive but silent)
+//   exit  - exit with code 7 (a bug that ends the process)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lockstep/dist/world.h"
+
+namespace lockstep {
+
+struct Fault {
+  std::string kind;
+  int rank = 0;
+  int64_t step = 0;
+  int attempt = -1;  // -1: any
+};
+
+// nullopt when unset; EnvError naming the variable on a malformed value.
+std::optional<Fault> fault_from_env(const EnvLookup& env = env_process());
+
+// Fires `fault` if it is due for this rank, step and attempt.
+void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step);
+
+}  // namespace lockstep

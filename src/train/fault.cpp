@@ -1,0 +1,61 @@
+#include "lockstep/train/fault.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+
+std::optional<Fault> fault_from_env(const EnvLookup& env) {
+  const auto value = env("LOCKSTEP_FAULT");
+  if (!value || value->empty()) return std::nullopt;
+  const std::string usage = " (expected crash|hang|exit:rank=R:step=S[:attempt=A])";
+  std::stringstream parts(*value);
+  Fault fault;
+  std::getline(parts, fault.kind, ':');
+  if (fault.kind != "crash" && fault.kind != "hang" && fault.kind != "exit") {
+    throw EnvError("LOCKSTEP_FAULT='" + *value + "': unknown kind '" + fault.kind + "'" + usage);
+  }
+  bool has_rank = false, has_step = false;
+  for (std::string item; std::getline(parts, item, ':');) {
+    const auto eq = item.find('=');
+    char* end = nullptr;
+    const long long number =
+        eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || end == nullptr || *end != '\0' || number < 0) {
+      throw EnvError("LOCKSTEP_FAULT='" + *value + "': '" + item + "' is not key=number" + usage);
+    }
+    const std::string key = item.substr(0, eq);
+    if (key == "rank") {
+      fault.rank = static_cast<int>(number), has_rank = true;
+    } else if (key == "step") {
+      fault.step = number, has_step = true;
+    } else if (key == "attempt") {
+      fault.attempt = static_cast<int>(number);
+    } else {
+      throw EnvError("LOCKSTEP_FAULT='" + *value + "': unknown key '" + key + "'" + usage);
+    }
+  }
+  if (!has_rank || !has_step)
+    throw EnvError("LOCKSTEP_FAULT='" + *value + "': needs rank= and step=" + usage);
+  return fault;
+}
+
+void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step) {
+  if (!fault || fault->rank != world.rank || fault->step != step) return;
+  if (fault->attempt >= 0 && fault->attempt != world.restart_count) return;
+  spdlog::warn("LOCKSTEP_FAULT: injecting '{}' on rank {} after step {}", fault->kind, world.rank,
+               step);
+  spdlog::default_logger()->flush();
+  if (fault->kind == "crash") kill(getpid(), SIGKILL);
+  if (fault->kind == "hang") kill(getpid(), SIGSTOP);
+  if (fault->kind == "exit") std::_Exit(7);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Fault injection (LOCKSTEP_FAULT, src/train/fault.h) on real processes:
+# a dead rank and a hung rank are named by the survivors within the bound
+# (timeout + roll call + margin), and leave no process behind; an elastic
+# restart resumes from the last checkpoint and ends bit-identical to an
+# uninterrupted run.
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+runs="$WORK/runs"
+port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])'; }
+
+# Ranks started by hand (as on separate nodes, where no launcher stops the
+# survivors): each rank's stderr in $WORK/rank<r>.err.
+start_ranks() {  # start_ranks N FAULT ARGS...
+  local n=$1 fault=$2 p
+  shift 2
+  p=$(port)
+  pids=()
+  for r in $(seq 0 $((n - 1))); do
+    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$p \
+      OMP_NUM_THREADS=1 LOCKSTEP_FAULT=$fault "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
+      --set run.dir="$runs" "$@" >"$WORK/rank$r.out" 2>"$WORK/rank$r.err" &
+    pids+=($!)
+  done
+}
+
+# 1. A dead rank (SIGKILL after step 10): the survivors stop and name it.
+start=$(now)
+start_ranks 3 crash:rank=1:step=10 --set run.name=dead --set dist.timeout_s=10
+for r in 0 2; do wait "${pids[$r]}"; codes[$r]=$?; done
+took=$(elapsed "$start")
+wait "${pids[1]}" 2>/dev/null
+expect_lt "$took" 25 "survivors of a dead rank exit within timeout + 15 s"
+for r in 0 2; do
+  expect_eq "${codes[$r]}" 3 "rank $r exits 3 (communication failed)"
+  expect_grep "$WORK/rank$r.err" "rank\(s\) 1 did not answer the roll call within 5.00 s: dead, hung or cut off" "rank $r names dead rank 1"
+done
+
+# 2. A hung rank (SIGSTOP after step 10): the others fail after the
+#    collective timeout, naming the collective and the silent rank.
+start=$(now)
+start_ranks 3 hang:rank=1:step=10 --set run.name=hung --set dist.timeout_s=3
+for r in 0 2; do wait "${pids[$r]}"; codes[$r]=$?; done
+took=$(elapsed "$start")
+kill -9 "${pids[1]}" 2>/dev/null
+wait "${pids[1]}" 2>/dev/null
+expect_lt "$took" 20 "survivors of a hung rank exit within timeout + roll call + margin"
+for r in 0 2; do
+  expect_eq "${codes[$r]}" 3 "rank $r exits 3 after the hang"
+  expect_grep "$WORK/rank$r.err" "rank $r: (gradient bucket|allreduce|fingerprint all-gather).* failed: .*rank\(s\) 1 did not answer the roll call" "rank $r names the collective and hung rank 1"
+done
+sleep 0.5
+expect_eq "$(pgrep -f "run.name=(dead|hung)" || true)" "" "no process left after the dead and hung runs"
+
+# 3. Under lockstep-run the dead rank is the root cause.
+LOCKSTEP_FAULT=crash:rank=1:step=5 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
+  --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name=root >"$WORK/out" 2>&1
+expect_eq "$?" 137 "lockstep-run exits 128+9"
+expect_grep "$WORK/out" "root cause: rank 1 .* was killed by signal 9 \(SIGKILL\)" "the summary names rank 1 and SIGKILL"
+
+# 4. Elastic restart: killed after step 25 in the first attempt, restarted by
+#    lockstep-run, resumed from the step-25 checkpoint: same weights as a run
+#    never interrupted.
+common=(--config "$root/configs/digits.yaml" --set run.dir="$runs" --set train.max_steps=50
+  --set checkpoint.every=5 --set checkpoint.resume=auto --set model.dropout=0.1)
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train "${common[@]}" \
+  --set run.name=steady >"$WORK/steady.out" 2>&1
+LOCKSTEP_FAULT=crash:rank=1:step=25:attempt=0 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 \
+  --max-restarts 1 "$LOCKSTEP" train "${common[@]}" --set run.name=elastic >"$WORK/elastic.out" 2>&1
+expect_eq "$?" 0 "the restarted group finishes"
+expect_grep "$WORK/elastic.out" "restarting the worker group \(restart 1 of 1\)" "lockstep-run restarted it"
+expect_grep "$WORK/elastic.out" "resumed from .*step_00000025 at step 25" "from the step-25 checkpoint"
+w1=$(sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/steady.out")
+w2=$(sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/elastic.out")
+[ -n "$w1" ] && expect_eq "$w2" "$w1" "restart-and-resume ends bit-identical to the uninterrupted run"
+
+# 5. A malformed LOCKSTEP_FAULT is bad input.
+LOCKSTEP_FAULT=crash:step=x "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" \
+  >"$WORK/out" 2>&1
+expect_eq "$?" 2 "a malformed LOCKSTEP_FAULT exits 2"
+expect_grep "$WORK/out" "LOCKSTEP_FAULT='crash:step=x': 'step=x' is not key=number" "and names it"
+
+finish
