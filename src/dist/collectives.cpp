@@ -88,7 +88,7 @@ std::string ProcessGroup::roll_call() {
   } else {
     roll_call_answer_ =
         "; the rendezvous store did not answer the roll call: rank 0, which hosts "
-        "it, is probably hung";
+        "it, is probably hung or cut off";
   }
   return roll_call_answer_;
 }

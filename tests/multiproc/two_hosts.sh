@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Two "hosts" on one machine: two network namespaces joined by a veth pair,
+# one node (one lockstep-run) in each, rendezvous over the veth addresses.
+# 1. A 2-node training run finishes with the same weights on both nodes.
+# 2. Cutting the link mid-run makes both sides fail within the collective
+#    timeout (+ roll call + margin) with a clear message, and nothing is left
+#    running. Needs root (ip netns); exits 77 (skipped) without it.
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
+  echo "skipped: needs root and iproute2"
+  exit 77
+fi
+a="lsa$$" b="lsb$$" va="lsva$$" vb="lsvb$$"
+cleanup() { ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+ip netns add "$a" && ip netns add "$b" || { echo "skipped: cannot create network namespaces"; exit 77; }
+ip link add "$va" type veth peer name "$vb"
+ip link set "$va" netns "$a"
+ip link set "$vb" netns "$b"
+ip -n "$a" addr add 10.77.0.1/24 dev "$va"
+ip -n "$b" addr add 10.77.0.2/24 dev "$vb"
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+ip -n "$a" link set "$va" up
+ip -n "$b" link set "$vb" up
+
+node() {  # node NS IFACE RANK OUT ARGS...
+  local ns=$1 iface=$2 rank=$3 out=$4
+  shift 4
+  ip netns exec "$ns" env GLOO_SOCKET_IFNAME="$iface" "$LOCKSTEP_RUN" --nnodes 2 --node-rank "$rank" \
+    --nproc-per-node 1 --master-addr 10.77.0.1 --master-port 29631 --grace-s 2 \
+    "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" \
+    --set dist.timeout_s=5 --set dist.rdzv_timeout_s=30 "$@" >"$out" 2>&1
+}
+
+# 1. A healthy 2-node run.
+node "$a" "$va" 0 "$WORK/a.out" --set train.max_steps=40 &
+pa=$!
+node "$b" "$vb" 1 "$WORK/b.out" --set train.max_steps=40 &
+pb=$!
+wait $pa; ca=$?
+wait $pb; cb=$?
+expect_eq "$ca:$cb" "0:0" "both nodes finish"
+expect_grep "$WORK/a.out" "rank 0/2 \(local 0/1, node 0\).*master 10.77.0.1:29631" "node 0 is rank 0 of 2"
+expect_grep "$WORK/b.out" "rank 1/2 \(local 0/1, node 1\)" "node 1 is rank 1 of 2"
+wa=$(sed -n 's/.*done: .* final weights \([0-9a-f]*\)$/\1/p' "$WORK/a.out")
+wb=$(sed -n 's/.*done: .* final weights \([0-9a-f]*\)$/\1/p' "$WORK/b.out")
+[ -n "$wa" ] && expect_eq "$wb" "$wa" "both nodes end with the same weights"
+
+# 2. Cut the link mid-run.
+node "$a" "$va" 0 "$WORK/a2.out" --set train.epochs=1000 &
+pa=$!
+node "$b" "$vb" 1 "$WORK/b2.out" --set train.epochs=1000 &
+pb=$!
+for _ in $(seq 100); do grep -q "step 20/" "$WORK/a2.out" 2>/dev/null && break; sleep 0.2; done
+ip -n "$a" link set "$va" down
+start=$(now)
+wait $pa; ca=$?
+wait $pb; cb=$?
+took=$(elapsed "$start")
+expect_lt "$took" 25 "both sides give up within timeout (5 s) + roll call + margin"
+[ "$ca" -ne 0 ] && [ "$cb" -ne 0 ] && pass "both launchers exit non-zero ($ca, $cb)" || fail "exit codes $ca, $cb"
+expect_grep "$WORK/a2.out" "rank 0: .*failed: .*rank\(s\) 1 did not answer the roll call" "node 0 names rank 1 as cut off"
+expect_grep "$WORK/b2.out" "rank 1: .*failed: .*(store|rank\(s\) 0)" "node 1 reports the store or rank 0 unreachable"
+sleep 0.5
+expect_eq "$(pgrep -f "$WORK/runs" || true)" "" "nothing left running"
+finish
