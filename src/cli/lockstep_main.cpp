@@ -85,6 +85,9 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const ConfigError& e) {
     report("", e.what());
     return kExitBadInput;
+  } catch (const Interrupted& e) {
+    report("", e.what());
+    return 128 + e.signal;
   } catch (const DataError& e) {
     report("bad data: ", e.what());
     return kExitBadInput;

@@ -80,7 +80,7 @@ std::string ProcessGroup::roll_call() {
                                    seconds + " s: dead, hung or cut off");
     } catch (const std::exception& e) {
       promise->set_value("; the rendezvous store is unreachable too (" + what_of(e).substr(0, 120) +
-                         "): rank 0, which hosts it, is probably dead");
+                         "): rank 0, which hosts it, is probably dead or cut off");
     }
   }).detach();
   if (answer.wait_for(roll_call_grace_ + std::chrono::seconds(2)) == std::future_status::ready) {

@@ -239,6 +239,10 @@ const std::vector<Field>& fields() {
       make_field("checkpoint", "resume", &C::checkpoint, &CheckpointConfig::resume, Type::kString,
                  "empty: start fresh; auto: the newest checkpoint in the run directory, if any; or "
                  "a checkpoint folder"),
+      make_field("checkpoint", "on_signal", &C::checkpoint, &CheckpointConfig::on_signal,
+                 Type::kBool,
+                 "on SIGINT/SIGTERM: finish the step, save a checkpoint on every rank's agreement, "
+                 "exit 128+signal (costs one tiny all-reduce per step)"),
       make_field("log", "level", &C::log, &LogConfig::level, Type::kString, "log level", -kInf,
                  kInf, {"trace", "debug", "info", "warn", "error"}),
       make_field("log", "every", &C::log, &LogConfig::every, Type::kInt,

@@ -7,7 +7,9 @@
 #include <torch/optim/optimizer.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -33,6 +35,36 @@ namespace lockstep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// checkpoint.on_signal: the handler only records the signal; the loop reacts
+// at the next step boundary, where it is safe to checkpoint.
+std::atomic<int> g_stop_signal{0};
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~StopSignals() {
+    if (!enabled_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  bool enabled_;
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -521,6 +553,7 @@ TrainResult Trainer::run() {
   const int64_t max_steps = s.config.train.max_steps > 0 ? s.config.train.max_steps : s.total_steps;
   const int64_t stop = std::min(max_steps, s.total_steps);
   Impl::Interval interval;
+  StopSignals signals(s.config.checkpoint.on_signal);
   if (s.state.batch_in_epoch >= s.micro_per_epoch) {  // resumed at an epoch's end
     ++s.state.epoch;
     s.state.batch_in_epoch = 0;
@@ -541,6 +574,21 @@ TrainResult Trainer::run() {
       const bool end = s.state.step == stop;
       if (s.config.checkpoint.every > 0 && s.state.step % s.config.checkpoint.every == 0 && !end) {
         s.save_checkpoint();
+      }
+      if (s.config.checkpoint.on_signal) {
+        // Every rank learns whether any rank was signalled, so all stop at
+        // the same step and agree on the checkpoint.
+        auto flag = at::full({1}, g_stop_signal.load(), at::kInt).to(s.pg->device());
+        s.pg->allreduce(flag, ReduceKind::kMax);
+        const int sig = flag.cpu().item<int>();
+        if (sig != 0) {
+          spdlog::warn("received signal {}: saving a checkpoint at step {} and stopping", sig,
+                       s.state.step);
+          s.save_checkpoint();
+          throw Interrupted("stopped by signal " + std::to_string(sig) + " after step " +
+                                std::to_string(s.state.step) + "; checkpoint " + s.last_checkpoint,
+                            sig);
+        }
       }
     }
     const bool epoch_done = s.state.batch_in_epoch >= s.micro_per_epoch;

@@ -74,7 +74,33 @@ w1=$(sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/steady.out")
 w2=$(sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/elastic.out")
 [ -n "$w1" ] && expect_eq "$w2" "$w1" "restart-and-resume ends bit-identical to the uninterrupted run"
 
-# 5. A malformed LOCKSTEP_FAULT is bad input.
+# 5. SIGTERM with checkpoint.on_signal: every rank stops at the same step
+#    after a final checkpoint; resume continues from it.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
+  --set run.dir="$runs" --set run.name=signal --set checkpoint.on_signal=true --set train.epochs=1000 \
+  >"$WORK/signal.out" 2>&1 &
+launcher=$!
+for _ in $(seq 100); do grep -q "step 20/" "$WORK/signal.out" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$launcher"
+wait "$launcher"
+expect_eq "$?" 143 "SIGTERM with on_signal ends the launcher with 143"
+expect_grep "$WORK/signal.out" "\[rank0\]: .*received signal 15: saving a checkpoint at step [0-9]+ and stopping" "rank 0 saves on the signal"
+newest=$(ls -d "$runs/signal"/checkpoints/step_* 2>/dev/null | tail -1)
+if [ -n "$newest" ] && (cd "$newest" && sha256sum -c --quiet MANIFEST); then
+  pass "the signal checkpoint verifies"
+else
+  fail "no verifying checkpoint after SIGTERM"
+fi
+step=$((10#${newest##*step_}))
+expect_grep "$WORK/signal.out" "stopped by signal 15 after step $step; checkpoint" "both ranks stop at step $step"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
+  --set run.dir="$runs" --set run.name=signal --set train.epochs=1000 --set checkpoint.resume=auto \
+  --set train.max_steps=$((step + 2)) >"$WORK/out" 2>&1
+expect_grep "$WORK/out" "resumed from .*at step $step " "resume continues from the signal checkpoint"
+sleep 0.3
+expect_eq "$(pgrep -f "run.name=signal" || true)" "" "no process left after the signal"
+
+# 6. A malformed LOCKSTEP_FAULT is bad input.
 LOCKSTEP_FAULT=crash:step=x "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" \
   >"$WORK/out" 2>&1
 expect_eq "$?" 2 "a malformed LOCKSTEP_FAULT exits 2"

@@ -93,6 +93,7 @@ struct CheckpointConfig {
   int64_t every = 0;
   int64_t keep = 3;
   std::string resume;
+  bool on_signal = false;
 };
 
 struct LogConfig {

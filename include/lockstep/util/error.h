@@ -38,6 +38,14 @@ class ConsistencyError : public Error {
   using Error::Error;
 };
 
+// Stopped by SIGINT/SIGTERM after saving what had to be saved; main()
+// exits with 128 + signal, as a shell would report it.
+class Interrupted : public Error {
+ public:
+  Interrupted(const std::string& what, int signal) : Error(what), signal(signal) {}
+  int signal;
+};
+
 // A collective or rendezvous failed (peer gone, mismatch, unsupported op).
 class CommError : public Error {
  public:
