@@ -27,7 +27,56 @@ c10d::ReduceOp to_c10d(ReduceKind kind) {
   return c10d::ReduceOp::SUM;
 }
 
+std::string signature_of(const std::string& op, const at::Tensor& t) {
+  std::string shape;
+  for (auto d : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  return op + " " + std::string(c10::toString(t.scalar_type())) + "[" + shape + "]";
+}
+
 }  // namespace
+
+void ProcessGroup::enable_collective_check(Ptr<C10dStore> store,
+                                           std::chrono::milliseconds timeout) {
+  check_store_ = std::move(store);
+  check_timeout_ = timeout;
+}
+
+// Note [Collective check] (process_group.h).
+void ProcessGroup::check_collective(uint64_t sequence, const std::string& signature) {
+  if (!check_store_ || size_ == 1) return;
+  auto key = [](uint64_t seq, int r) {
+    return "desync/" + std::to_string(seq) + "/" + std::to_string(r);
+  };
+  // Every rank has compared sequence - 2 once it published sequence - 1:
+  // this rank's older key can go.
+  if (sequence >= 2) check_store_->deleteKey(key(sequence - 2, rank_));
+  check_store_->set(key(sequence, rank_), std::vector<uint8_t>(signature.begin(), signature.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(key(sequence, r));
+  try {
+    check_store_->wait(keys, check_timeout_);
+  } catch (const std::exception&) {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (!check_store_->check({keys[r]}))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw CommError(describe("collective #" + std::to_string(sequence) + " (" + signature + ")") +
+                    ": rank(s) " + missing + " did not issue it within " +
+                    std::to_string(check_timeout_.count() / 1000.0).substr(0, 5) +
+                    " s: they issued fewer collectives, or are stuck");
+  }
+  std::string mismatch;
+  for (int r = 0; r < size_; ++r) {
+    const auto bytes = check_store_->get(keys[r]);
+    const std::string theirs(bytes.begin(), bytes.end());
+    if (theirs != signature) mismatch += "; rank " + std::to_string(r) + " issues " + theirs;
+  }
+  if (!mismatch.empty()) {
+    throw CommError("collective #" + std::to_string(sequence) + " differs across ranks: rank " +
+                    std::to_string(rank_) + " issues " + signature + mismatch);
+  }
+}
 
 std::string ProcessGroup::describe(const std::string& what) const {
   return "rank " + std::to_string(rank_) + ": " + what + " (" + backend_kind_name(kind_) +
@@ -100,6 +149,8 @@ Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
   }
   const uint64_t seq = sequence_++;
   if (size_ == 1) return {};
+  check_collective(seq,
+                   signature_of(std::string("allreduce(") + reduce_kind_name(op) + ")", tensor));
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
@@ -133,6 +184,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   }
   const uint64_t seq = sequence_++;
   if (size_ == 1) return;
+  check_collective(seq, signature_of("broadcast(root " + std::to_string(root) + ")", tensor));
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
@@ -147,6 +199,7 @@ ProcessGroup::Gathering ProcessGroup::allgather_async(const at::Tensor& tensor) 
     g.outputs = {tensor.clone()};
     return g;
   }
+  check_collective(g.sequence, signature_of("allgather", tensor));
   std::vector<at::Tensor> inputs{tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
@@ -189,6 +242,7 @@ Ptr<C10dWork> ProcessGroup::recv_async(at::Tensor& tensor, int src, int tag) {
 void ProcessGroup::barrier() {
   const uint64_t seq = sequence_++;
   if (size_ == 1) return;
+  check_collective(seq, "barrier");
   wait(backend_->barrier(), "barrier #" + std::to_string(seq));
 }
 

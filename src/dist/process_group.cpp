@@ -95,6 +95,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
                                            world.local_rank);
   pg->enable_roll_call(
       prefixed, std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(5)));
+  const char* debug = std::getenv("LOCKSTEP_DEBUG_COLLECTIVES");
+  if (debug != nullptr && std::string(debug) == "1") {
+    pg->enable_collective_check(prefixed, options.timeout);
+    spdlog::warn("LOCKSTEP_DEBUG_COLLECTIVES=1: every collective is checked across ranks (slow)");
+  }
   return pg;
 }
 

@@ -126,3 +126,60 @@ TEST_CASE("a collective that a peer misses fails after the timeout, naming op an
   CHECK_THAT(what, Catch::Matchers::Contains("rank 0: allreduce(sum) #0"));
   CHECK_THAT(what, Catch::Matchers::Contains("failed"));
 }
+
+namespace {
+struct DebugCollectives {
+  DebugCollectives() { setenv("LOCKSTEP_DEBUG_COLLECTIVES", "1", 1); }
+  ~DebugCollectives() { unsetenv("LOCKSTEP_DEBUG_COLLECTIVES"); }
+};
+}  // namespace
+
+TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of hanging",
+          "[collectives][desync]") {
+  DebugCollectives debug;
+  SECTION("same collectives: no error") {
+    auto outcomes = run_ranks<double>(3, [](ProcessGroup& pg) {
+      auto t = at::ones({4});
+      for (int i = 0; i < 3; ++i) pg.allreduce(t, ReduceKind::kSum);
+      pg.broadcast(t, 1);
+      pg.barrier();
+      return t[0].item<double>();
+    });
+    for (const auto& o : outcomes) {
+      REQUIRE_FALSE(o.error);
+      CHECK(o.result == 27.0);
+    }
+  }
+  SECTION("different shapes and ops are named, on every rank") {
+    auto outcomes = run_ranks<int>(2, [](ProcessGroup& pg) {
+      auto t = at::ones({pg.rank() == 0 ? 4 : 5});
+      pg.allreduce(t, ReduceKind::kSum);
+      return 0;
+    });
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(outcomes[r].error);
+      CHECK_THAT(error_text(outcomes[r].error),
+                 Catch::Matchers::Contains("collective #0 differs across ranks"));
+      CHECK_THAT(error_text(outcomes[r].error),
+                 Catch::Matchers::Contains("allreduce(sum) Float[4]"));
+      CHECK_THAT(error_text(outcomes[r].error),
+                 Catch::Matchers::Contains("allreduce(sum) Float[5]"));
+    }
+  }
+  SECTION("a rank that skips a collective is named after the timeout") {
+    auto outcomes = run_ranks<int>(
+        2,
+        [](ProcessGroup& pg) {
+          auto t = at::ones({2});
+          if (pg.rank() == 0) pg.allreduce(t, ReduceKind::kSum);
+          return 0;
+        },
+        std::chrono::milliseconds(1000));
+    REQUIRE(outcomes[0].error);
+    CHECK_THAT(error_text(outcomes[0].error),
+               Catch::Matchers::Contains("rank 0: collective #0 (allreduce(sum) Float[2])"));
+    CHECK_THAT(error_text(outcomes[0].error),
+               Catch::Matchers::Contains("rank(s) 1 did not issue it within 1.000 s"));
+    CHECK_FALSE(outcomes[1].error);
+  }
+}

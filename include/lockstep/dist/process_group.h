@@ -92,9 +92,19 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // repeat the first answer. create() enables it; without a store it is off.
   void enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseconds grace);
 
+  // Note [Collective check]: a debug mode (LOCKSTEP_DEBUG_COLLECTIVES=1, read
+  // by create(); like PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL). Before each
+  // collective every rank publishes its signature (op, dtype, shape, root)
+  // under desync/<sequence>/<rank> and compares with all others': a
+  // mismatch, or a rank that never issues the collective within the
+  // timeout, is a CommError naming the ranks and what each issued, instead
+  // of a hang or garbage. Costs store round trips per collective.
+  void enable_collective_check(Ptr<C10dStore> store, std::chrono::milliseconds timeout);
+
  private:
   std::string describe(const std::string& what) const;
   std::string roll_call();
+  void check_collective(uint64_t sequence, const std::string& signature);
 
   Ptr<C10dBackend> backend_;
   BackendKind kind_;
@@ -105,6 +115,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Ptr<C10dStore> roll_call_store_;
   std::chrono::milliseconds roll_call_grace_{0};
   std::string roll_call_answer_;
+  Ptr<C10dStore> check_store_;
+  std::chrono::milliseconds check_timeout_{0};
 };
 
 // Implemented by process_group_nccl.cpp (CUDA LibTorch) or
