@@ -24,7 +24,8 @@ at::ScalarType dtype_parse(const std::string& name) {
   if (name == "float16") return at::kHalf;
   if (name == "int32") return at::kInt;
   if (name == "int64") return at::kLong;
-  throw ConfigError("--dtype: unknown '" + name + "' (valid: float32, float64, float16, int32, int64)");
+  throw ConfigError("--dtype: unknown '" + name +
+                    "' (valid: float32, float64, float16, int32, int64)");
 }
 
 // Median-free and simple: the mean over `iters` after `warmup`, slowest rank.
@@ -72,8 +73,8 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
   if (dist.world.rank == 0) {
     std::printf("all-reduce SUM, %s, %d ranks, %s; time in us (slowest rank), bandwidth in GB/s\n",
                 args["dtype"].as<std::string>().c_str(), n, backend_kind_name(pg.kind()));
-    std::printf("%12s %11s | %11s %8s %8s | %11s %8s %8s | %s\n", "bytes", "elements",
-                "backend us", "algbw", "busbw", "ring us", "algbw", "busbw", "check");
+    std::printf("%12s %11s | %11s %8s %8s | %11s %8s %8s | %s\n", "bytes", "elements", "backend us",
+                "algbw", "busbw", "ring us", "algbw", "busbw", "check");
   }
   int failures = 0;
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
@@ -100,8 +101,8 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
     if (dist.world.rank == 0) {
       const double alg = real_bytes / backend_us / 1e3, ring_alg = real_bytes / ring_us / 1e3;
       std::printf("%12lld %11lld | %11.1f %8.3f %8.3f | %11.1f %8.3f %8.3f | %s\n",
-                  static_cast<long long>(real_bytes), static_cast<long long>(numel), backend_us, alg,
-                  alg * bus_factor, ring_us, ring_alg, ring_alg * bus_factor,
+                  static_cast<long long>(real_bytes), static_cast<long long>(numel), backend_us,
+                  alg, alg * bus_factor, ring_us, ring_alg, ring_alg * bus_factor,
                   passed ? "ok" : "FAIL");
       std::fflush(stdout);
     }
