@@ -294,7 +294,10 @@ struct Trainer::Impl {
   }
 
   struct Interval {
-    double loss_sum = 0, correct = 0, samples = 0;
+    // Loss and correct counts stay tensors on the model's device until the
+    // logging interval ends: no host sync per micro-batch (matters on CUDA).
+    at::Tensor loss_sum, correct;
+    double samples = 0;
     double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
     int64_t steps = 0;
     Clock::time_point start = Clock::now();
@@ -368,7 +371,10 @@ struct Trainer::Impl {
   }
 
   void log_interval(Interval& in, TrainResult& result, double lr) {
-    auto sums = at::tensor({in.loss_sum, in.correct, in.samples}, at::kDouble).to(pg->device());
+    auto sums = at::tensor({in.loss_sum.defined() ? in.loss_sum.item<double>() : 0.0,
+                            in.correct.defined() ? in.correct.item<double>() : 0.0, in.samples},
+                           at::kDouble)
+                    .to(pg->device());
     pg->allreduce(sums, ReduceKind::kSum);
     sums = sums.cpu();
     const double samples = sums[2].item<double>();
@@ -477,10 +483,12 @@ struct Trainer::Impl {
       in.backward_ms += ms_since(t) - wait;
       in.comm_ms += wait;
       const double rows = static_cast<double>(batch->x.size(0));
-      in.loss_sum += loss.item<double>() * rows;
+      const auto weighted = loss.detach().to(at::kDouble) * rows;
+      in.loss_sum = in.loss_sum.defined() ? in.loss_sum + weighted : weighted;
       in.samples += rows;
       if (train_data.num_classes > 0) {
-        in.correct += (out.detach().argmax(1) == batch->y).sum().item<double>();
+        const auto hits = (out.detach().argmax(1) == batch->y).sum().to(at::kDouble);
+        in.correct = in.correct.defined() ? in.correct + hits : hits;
       }
       ++state.batch_in_epoch;
     }
