@@ -10,6 +10,8 @@
 // SIGINT/SIGTERM sent to the launcher are forwarded to every worker.
 #include "launcher.h"
 
+#include "lockstep/util/fs.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -61,18 +63,6 @@ void say(const std::string& text) {
   write_all(STDERR_FILENO, "lockstep-run: " + text + "\n");
 }
 
-void mkdir_p(const std::string& path) {
-  for (size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos == path.size() || path[pos] == '/') {
-      const std::string prefix = path.substr(0, pos);
-      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-        throw std::runtime_error("cannot create log directory '" + prefix +
-                                 "': " + std::strerror(errno));
-      }
-    }
-  }
-}
-
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -117,7 +107,7 @@ class Attempt {
   int run() {
     start_ = Clock::now();
     if (!options_.log_dir.empty()) {
-      mkdir_p(options_.log_dir + "/attempt_" + std::to_string(attempt_));
+      make_directories(options_.log_dir + "/attempt_" + std::to_string(attempt_));
     }
     for (int local = 0; local < options_.nproc_per_node; ++local) spawn(local);
     loop();

@@ -27,6 +27,7 @@
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
 #include "lockstep/util/sha256.h"
 #include "lockstep/util/trace.h"
@@ -85,17 +86,6 @@ void rng_restore(const at::Tensor& state) {
 
 bool isatty_stdout() {
   return isatty(STDOUT_FILENO) != 0;
-}
-
-void mkdir_p(const std::string& path) {
-  for (size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos == path.size() || path[pos] == '/') {
-      const std::string prefix = path.substr(0, pos);
-      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-        throw ConfigError("run directory: cannot create '" + prefix + "': " + std::strerror(errno));
-      }
-    }
-  }
 }
 
 }  // namespace
@@ -176,7 +166,11 @@ struct Trainer::Impl {
     std::string problem;
     if (world.rank == 0) {
       try {
-        mkdir_p(run_dir);
+        try {
+          make_directories(run_dir);
+        } catch (const DataError& e) {
+          throw ConfigError(std::string("run directory: ") + e.what());
+        }
         const std::string probe = run_dir + "/.write-test";
         std::ofstream out(probe);
         out << "ok";
