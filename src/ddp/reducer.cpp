@@ -65,7 +65,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   divisor_.unsafeGetTensorImpl()->set_wrapped_number(true);
   ready_.assign(params_.size(), 0);
   used_since_sync_.assign(params_.size(), 0);
-  build_buckets();
+  // Gradients become ready roughly in reverse registration order (the last
+  // layer's first): the first iteration's buckets follow it.
+  build_buckets(reverse_registration_order());
   for (size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
     if (!accumulator) {
@@ -95,16 +97,20 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::build_buckets() {
-  // Gradients become ready roughly in reverse registration order (the last
-  // layer's first), so buckets are filled in that order.
-  std::vector<BucketInput> inputs;
+std::vector<size_t> Reducer::reverse_registration_order() const {
   std::vector<size_t> order;
-  for (size_t k = params_.size(); k-- > 0;) {
+  for (size_t k = params_.size(); k-- > 0;) order.push_back(k);
+  return order;
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  std::vector<BucketInput> inputs;
+  for (size_t k : order) {
     inputs.push_back({static_cast<size_t>(params_[k].numel()) * params_[k].element_size(),
                       type_key(params_[k])});
-    order.push_back(k);
   }
+  buckets_.clear();
+  bucket_indices_.clear();
   locators_.assign(params_.size(), {});
   at::NoGradGuard no_grad;
   for (const auto& assigned : bucket_assign(inputs, options_.caps)) {
@@ -136,6 +142,8 @@ void Reducer::build_buckets() {
 
 void Reducer::prepare_for_backward() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (order_recorded_ && !rebuilt_) rebuild_buckets();
+  if (!order_recorded_) ready_order_.clear();  // a failed first iteration starts over
   expect_hooks_ = true;
   stats_ = ReducerStats{buckets_.size(), 0, 0};
 }
@@ -158,6 +166,7 @@ void Reducer::mark_ready(size_t index, bool from_hook) {
                     "forward? run forward again, or use no_sync for accumulation)");
   }
   ready_[index] = 1;
+  if (!order_recorded_ && from_hook) ready_order_.push_back(index);
   const Locator& loc = locators_[index];
   Bucket& bucket = buckets_[loc.bucket];
   at::Tensor& view = bucket.views[loc.slot];
@@ -246,6 +255,33 @@ void Reducer::finalize() {
   stats_.wait_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  order_recorded_ = true;
+}
+
+// Note [Bucket rebuild]: after the first synchronised iteration the buckets
+// are laid out again in the order gradients actually arrived, so each bucket
+// fills (and its all-reduce starts) as early as it can. Arrival order may
+// differ between ranks, and bucket layouts must not: rank 0's order is
+// broadcast and every rank uses it. Done once, at the next synchronised
+// forward (a point every rank reaches in the same order), as PyTorch does;
+// not with find_unused_parameters, whose iterations may each differ.
+void Reducer::rebuild_buckets() {
+  rebuilt_ = true;
+  if (options_.find_unused_parameters) return;
+  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
+  std::vector<char> seen(params_.size(), 0);
+  for (auto i : order) seen[i] = 1;
+  for (size_t k : reverse_registration_order()) {
+    if (!seen[k]) order.push_back(static_cast<int64_t>(k));
+  }
+  auto shared = at::tensor(order, at::kLong).to(pg_->device());
+  pg_->broadcast(shared, /*root=*/0);
+  shared = shared.cpu();
+  std::vector<size_t> chosen(shared.data_ptr<int64_t>(),
+                             shared.data_ptr<int64_t>() + shared.numel());
+  build_buckets(chosen);
+  spdlog::debug("ddp: buckets rebuilt in rank 0's gradient arrival order ({} buckets)",
+                buckets_.size());
 }
 
 void Reducer::write_back(const std::vector<int>& used_anywhere) {

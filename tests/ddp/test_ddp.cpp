@@ -438,3 +438,59 @@ TEST_CASE("destroying DDP removes its hooks; world size 1 communicates nothing",
   F::cross_entropy(plain->forward(torch::ones({2, 12})), torch::tensor({0, 1})).backward();
   CHECK(bit_identical(single[0].result, grads_of(*plain)));
 }
+
+namespace {
+// Registered late-then-early but run early-then-late: gradients arrive in
+// registration order, the opposite of the initial bucket order.
+struct ReversedImpl : torch::nn::Module {
+  ReversedImpl() {
+    late = register_module("late", torch::nn::Linear(16, 5));
+    early = register_module("early", torch::nn::Linear(12, 16));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return late->forward(torch::tanh(early->forward(x)));
+  }
+  torch::nn::Linear late{nullptr}, early{nullptr};
+};
+TORCH_MODULE(Reversed);
+}  // namespace
+
+TEST_CASE("buckets are rebuilt once in rank 0's observed gradient order", "[ddp]") {
+  torch::manual_seed(37);
+  const int n = 2;
+  std::vector<Reversed> models(n);
+  struct Seen {
+    std::vector<std::vector<size_t>> before, after;
+    std::vector<torch::Tensor> weights;
+  };
+  DdpOptions options;
+  options.bucket_cap_mb = 0;  // one parameter per bucket: the order is visible
+  options.first_bucket_cap_mb = 0;
+  auto outcomes = run_ranks<Seen>(n, [&](ProcessGroup& pg) {
+    Seen seen;
+    auto& model = models[pg.rank()];
+    DistributedDataParallel ddp(model, pg.shared_from_this(), options);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 4; ++step) {
+      if (step == 1) seen.before = ddp.reducer()->bucket_indices();
+      sgd.zero_grad();
+      F::cross_entropy(ddp.forward(torch::randn({4, 12}) + pg.rank()), torch::randint(0, 5, {4}))
+          .backward();
+      sgd.step();
+    }
+    seen.after = ddp.reducer()->bucket_indices();
+    seen.weights = weights_of(*model);
+    return seen;
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+    // Parameters: 0 late.weight, 1 late.bias, 2 early.weight, 3 early.bias.
+    // Initially reverse registration: early first. After the rebuild, the
+    // observed order: late's gradients arrive first.
+    CHECK(outcomes[r].result.before.front().front() >= 2);
+    CHECK(outcomes[r].result.after.front().front() <= 1);
+    CHECK(outcomes[r].result.after == outcomes[0].result.after);  // one layout everywhere
+  }
+  CHECK(bit_identical(outcomes[0].result.weights, outcomes[1].result.weights));
+}

@@ -1,7 +1,9 @@
 // Reducer: turns each backward into bucketed, overlapped gradient all-reduces.
 //
 // Lifecycle of one synchronised iteration (see docs/ddp.md for a diagram):
-//   prepare_for_backward()  - DDP's forward arms the hooks (not under no_sync)
+//   prepare_for_backward()  - DDP's forward arms the hooks (not under no_sync);
+//                             before the second synchronised iteration it
+//                             also rebuilds the buckets in the observed order
 //   hook(i) per parameter   - fires after autograd accumulated .grad; copies
 //                             it, divided by world size, into its bucket;
 //                             when every bucket up to k is full, launches
@@ -85,7 +87,9 @@ class Reducer {
     size_t slot = 0;
   };
 
-  void build_buckets();
+  std::vector<size_t> reverse_registration_order() const;
+  void build_buckets(const std::vector<size_t>& order);
+  void rebuild_buckets();
   void hook(size_t index);
   void mark_ready(size_t index, bool from_hook);
   void launch_ready_buckets(bool during_backward);
@@ -112,6 +116,10 @@ class Reducer {
   std::vector<char> ready_;
   std::vector<int> used_since_sync_;  // hook fired since the last sync (no_sync too)
   std::shared_ptr<Tracer> tracer_;
+  // Note [Bucket rebuild] (reducer.cpp).
+  std::vector<size_t> ready_order_;  // first synchronised iteration's arrival order
+  bool order_recorded_ = false;
+  bool rebuilt_ = false;
   ReducerStats stats_;
 };
 
