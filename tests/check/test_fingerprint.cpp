@@ -68,7 +68,7 @@ TEST_CASE("sha256 mode equals Python's hashlib over the same tensors", "[fingerp
   CHECK(to_hex(fingerprint_digest(tensors, DigestMode::kSha256)) == python);
 }
 
-TEST_CASE("the cross-rank check names step, tensor and ranks; policies", "[fingerprint]") {
+TEST_CASE("the cross-rank check names step, tensor and ranks - policies", "[fingerprint]") {
   for (int n : {2, 3}) {
     DYNAMIC_SECTION(n << " ranks") {
       struct Seen {

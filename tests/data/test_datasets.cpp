@@ -150,7 +150,7 @@ TEST_CASE("train/validation split is deterministic and partitions the data", "[d
   REQUIRE_THROWS_WITH(dataset_split(data, 1.0, 9), Contains("must be in [0, 1)"));
 }
 
-TEST_CASE("batches follow the indices; prefetch changes nothing", "[loader]") {
+TEST_CASE("batches follow the indices - prefetch changes nothing", "[loader]") {
   const auto data = dataset_synthetic_classification(10, 2, 2, 3);
   const std::vector<int64_t> order{9, 0, 4, 4, 7, 1, 2};
   for (bool prefetch : {false, true}) {

@@ -73,7 +73,7 @@ TEST_CASE("shards of one epoch are disjoint (drop_last) or cover every index (pa
   }
 }
 
-TEST_CASE("different epochs give different orders; the same seed the same order", "[sampler]") {
+TEST_CASE("different epochs give different orders - the same seed the same order", "[sampler]") {
   DistributedSampler a(100, SamplerOptions{2, 0, true, 3, false});
   DistributedSampler b(100, SamplerOptions{2, 0, true, 3, false});
   const auto epoch0 = a.indices();

@@ -9,7 +9,7 @@ using lockstep::BucketCaps;
 using lockstep::BucketInput;
 using Buckets = std::vector<std::vector<size_t>>;
 
-TEST_CASE("buckets close once they reach the cap; the first cap is smaller", "[buckets]") {
+TEST_CASE("buckets close once they reach the cap - the first cap is smaller", "[buckets]") {
   const std::vector<BucketInput> in(6, BucketInput{100, 0});
   CHECK(bucket_assign(in, BucketCaps{100, 250}) == Buckets{{0}, {1, 2, 3}, {4, 5}});
   CHECK(bucket_assign(in, BucketCaps{1000, 1000}) == Buckets{{0, 1, 2, 3, 4, 5}});
@@ -24,7 +24,7 @@ TEST_CASE("a parameter larger than the cap gets its own bucket or closes the ope
   CHECK(bucket_assign(alone, BucketCaps{100, 100}) == Buckets{{0}, {1}});
 }
 
-TEST_CASE("one dtype/device per bucket; buckets ordered by first index", "[buckets]") {
+TEST_CASE("one dtype/device per bucket - buckets ordered by first index", "[buckets]") {
   const std::vector<BucketInput> in{{40, 1}, {40, 2}, {40, 1}, {40, 2}, {40, 1}};
   const auto buckets = bucket_assign(in, BucketCaps{80, 1000});
   CHECK(buckets == Buckets{{0, 2}, {1, 3}, {4}});

@@ -407,7 +407,7 @@ TEST_CASE("zero_grad works with bucket views and the next step still synchronise
   CHECK(bit_identical(outcomes[0].result, outcomes[1].result));
 }
 
-TEST_CASE("destroying DDP removes its hooks; world size 1 communicates nothing", "[ddp]") {
+TEST_CASE("destroying DDP removes its hooks - world size 1 communicates nothing", "[ddp]") {
   torch::manual_seed(31);
   auto base = make_mlp();
   auto models = rank_models(base, 2);

@@ -10,7 +10,7 @@
 using namespace lockstep;
 using Catch::Matchers::Contains;
 
-TEST_CASE("every model classifies a batch; names follow PyTorch", "[models]") {
+TEST_CASE("every model classifies a batch - names follow PyTorch", "[models]") {
   ModelConfig c;
   c.hidden = 16;
   for (const std::string name : {"mlp", "cnn", "transformer"}) {
