@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -48,6 +49,12 @@ void write_file(const std::string& path, const std::string& bytes) {
   out.close();
   if (!out) throw DataError("cannot write '" + path + "': " + std::strerror(errno));
   fsync_path(path, false);
+}
+
+// Best effort: a folder that cannot be removed is left behind, not fatal.
+void remove_tree(const std::string& path) {
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
 }
 
 std::string shape_of(const at::Tensor& t) {
@@ -148,7 +155,7 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
   }
   const std::string name = folder_name(state.step);
   const std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(getpid());
-  std::system(("rm -rf '" + tmp + "'").c_str());
+  remove_tree(tmp);
   if (mkdir(tmp.c_str(), 0755) != 0) {
     throw DataError("cannot create '" + tmp + "': " + std::strerror(errno));
   }
@@ -177,7 +184,7 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
   fsync_path(tmp, true);
 
   const std::string final_path = dir_ + "/" + name;
-  std::system(("rm -rf '" + final_path + "'").c_str());
+  remove_tree(final_path);
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
     throw DataError("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(errno));
   }
@@ -185,7 +192,7 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
 
   auto all = list_checkpoints(dir_);
   for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) {
-    std::system(("rm -rf '" + all[i].second + "'").c_str());
+    remove_tree(all[i].second);
   }
   return final_path;
 }

@@ -305,7 +305,8 @@ struct Trainer::Impl {
     if (!pending) return;
     const auto report = pending->finish();
     pending.reset();
-    if (!report.consistent) spdlog::error("step {}: {}", report.step, report.message);
+    if (report.consistent) return;  // the per-step path: nothing more to build
+    spdlog::error("step {}: {}", report.step, report.message);
     fingerprint_enforce(*pg, report, check_policy_parse(config.check.policy), checked_tensors());
   }
 
