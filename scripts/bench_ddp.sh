@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # lockstep's DDP beside PyTorch's own DDP (Debian's python3-torch, the same
-# LibTorch 1.13 and Gloo), same models, same launcher, same ranks, run in
+# LibTorch and Gloo: 1.13 on Debian 12, 2.6 on Debian 13, where
+# `scripts/debian13.sh scripts/bench_ddp.sh` runs it), same models, same launcher, same ranks, run in
 # alternation ROUNDS times; prints the median ms/step of each row and the
 # ratio lockstep/PyTorch. Absolute figures depend on the machine; the ratio
 # is the point.
 #
 #   scripts/bench_ddp.sh      (env: NPROC=2 ROUNDS=5 STEPS=30 WARMUP=10 MODELS=small,large (xl: 24.9M)
-#                              MODES=local,ddp,ddp-fp16,ddp-bucket{1,5,25,100},ddp-accum4,
+#                              MODES=local,ddp,ddp-fp16,ddp-bf16 (2.x),ddp-bucket{1,5,25,100},ddp-accum4,
 #                                    exchange-bucketed,exchange-flat)
 # exchange-* rows time the gradient exchange alone (no compute): DDP's
 # buckets vs one flat all-reduce of all gradients; they have no PyTorch peer.
@@ -17,12 +18,15 @@ NPROC=${NPROC:-2}
 ROUNDS=${ROUNDS:-5}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-10}
-MODES=${MODES:-local,ddp,ddp-fp16,ddp-bucket1,ddp-bucket5,ddp-bucket25,ddp-bucket100,ddp-accum4,exchange-bucketed,exchange-flat}
+# Gloo all-reduces bfloat16 from PyTorch 2.0 on: the bf16 hook's row only there.
+bf16=$(/usr/bin/python3 -c 'import torch; print(",ddp-bf16" if int(torch.__version__.split(".")[0]) >= 2 else "")')
+MODES=${MODES:-local,ddp,ddp-fp16$bf16,ddp-bucket1,ddp-bucket5,ddp-bucket25,ddp-bucket100,ddp-accum4,exchange-bucketed,exchange-flat}
 MODELS=${MODELS:-small,large}
 [ -x build/lockstep ] || scripts/setup.sh
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export USE_LIBUV=0  # PyTorch 2.6 from Debian has no libuv TCPStore (tests/multiproc/lib.sh)
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \

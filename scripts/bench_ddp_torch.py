@@ -42,9 +42,18 @@ def time_steps(dims, batch, mode, warmup, steps):
         if mode.startswith("ddp-bucket"):
             kwargs["bucket_cap_mb"] = float(mode[len("ddp-bucket"):])
         run = DDP(model, **kwargs)
-        if mode == "ddp-fp16":
+        if mode in ("ddp-fp16", "ddp-bf16"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            run.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            if mode == "ddp-fp16":
+                run.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            else:
+                # register_comm_hook refuses a hook *named* bf16_compress_hook
+                # without CUDA/NCCL, though Gloo 2.x all-reduces bfloat16: the
+                # same PyTorch hook, called through a wrapper of another name.
+                def bf16_on_gloo(state, bucket):
+                    return default_hooks.bf16_compress_hook(state, bucket)
+
+                run.register_comm_hook(None, bf16_on_gloo)
     micro = 4 if mode == "ddp-accum4" else 1
 
     def step():

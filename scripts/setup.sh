@@ -1,25 +1,44 @@
 #!/usr/bin/env bash
-# Installs what lockstep needs from Debian 12's packages (only when missing),
-# points BLAS at OpenBLAS, and builds in Release into build/. Idempotent:
-# a second run installs nothing and rebuilds only what changed.
+# Installs what lockstep needs from the release's Debian packages (only when
+# missing), points BLAS at OpenBLAS, and builds in Release into build/.
+# Debian 12 (LibTorch 1.13, Catch2 v2) and Debian 13 (LibTorch 2.6, Catch2
+# v3, Open MPI) are both supported; the release is read from /etc/os-release.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
 #
-#   scripts/setup.sh            install + build
-#   LOCKSTEP_SKIP_INSTALL=1     build only
+#   scripts/setup.sh              install + build
+#   scripts/setup.sh --packages   print this release's package list and exit
+#   LOCKSTEP_SKIP_INSTALL=1       build only
+#   LOCKSTEP_DEBIAN_RELEASE=13    print/install another release's list
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(
+release=${LOCKSTEP_DEBIAN_RELEASE:-$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID:-}")}
+COMMON=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev          # LibTorch 1.13 (CPU, with Gloo)
   libgloo-dev           # headers for c10d::ProcessGroupGloo
   libopenblas0-openmp   # without it LibTorch falls back to the ~17x slower reference BLAS
   libyaml-cpp-dev libcxxopts-dev libspdlog-dev zlib1g-dev
   libxxhash-dev libssl-dev  # weight fingerprints: XXH3-128 and SHA-256
-  catch2                # v2.13, the test framework
-  python3-torch         # PyTorch's torchrun and DDP, the peers we test and benchmark against
+  catch2                # the test framework (v2.13 on Debian 12, v3 on 13)
+  python3-torch         # PyTorch's torchrun, DDP and DistributedSampler: the peers
   python3-matplotlib    # scripts/plot_metrics.py
   iproute2 procps       # pgrep and ip, used by the multi-process tests
 )
+case "$release" in
+  12) PACKAGES=("${COMMON[@]}" libtorch-dev) ;;  # LibTorch 1.13 (CPU, Gloo)
+  13) PACKAGES=("${COMMON[@]}" libtorch-dev      # LibTorch 2.6 (CPU, Gloo, MPI)
+                libopenmpi-dev openmpi-bin) ;;   # mpirun for dist.backend: mpi
+  *)
+    echo "setup: Debian 12 or 13 expected, /etc/os-release says VERSION_ID='$release';" \
+         "install the Debian 12 list by hand (scripts/setup.sh --packages) and rerun with LOCKSTEP_SKIP_INSTALL=1" >&2
+    [ "${LOCKSTEP_SKIP_INSTALL:-0}" = 1 ] || exit 2
+    PACKAGES=()
+    ;;
+esac
+if [ "${1:-}" = --packages ]; then
+  printf '%s\n' "${PACKAGES[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

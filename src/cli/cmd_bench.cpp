@@ -69,6 +69,7 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   if (mode != "local") {
     DdpOptions options = base;
     if (mode == "ddp-fp16") options.comm_hook = comm_hook_create("fp16");
+    if (mode == "ddp-bf16") options.comm_hook = comm_hook_create("bf16");
     if (mode.rfind("ddp-bucket", 0) == 0) {
       options.bucket_cap_mb = std::stod(mode.substr(10));
       options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
@@ -182,7 +183,7 @@ int cmd_bench(int argc, char** argv) {
         ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
@@ -212,18 +213,11 @@ int cmd_bench(int argc, char** argv) {
       models.push_back(*it);
     }
     const auto modes = split(args["modes"].as<std::string>());
-    const std::vector<std::string> valid{"local",
-                                         "ddp",
-                                         "ddp-fp16",
-                                         "ddp-bucket1",
-                                         "ddp-bucket5",
-                                         "ddp-bucket25",
-                                         "ddp-bucket100",
-                                         "ddp-accum4",
-                                         "ddp+check",
-                                         "ddp+check-sha256",
-                                         "exchange-bucketed",
-                                         "exchange-flat"};
+    const std::vector<std::string> valid{
+        "local",        "ddp",         "ddp-fp16",         "ddp-bf16",
+        "ddp-bucket1",  "ddp-bucket5", "ddp-bucket25",     "ddp-bucket100",
+        "ddp-accum4",   "ddp+check",   "ddp+check-sha256", "exchange-bucketed",
+        "exchange-flat"};
     for (const auto& mode : modes) {
       if (std::find(valid.begin(), valid.end(), mode) == valid.end()) {
         std::string list;

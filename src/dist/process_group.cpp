@@ -1,5 +1,5 @@
-// ProcessGroup construction: the backend factory (Gloo here, NCCL in its own
-// file) and the name tables. The collectives themselves are in collectives.cpp.
+// ProcessGroup construction: the backend factory (Gloo here, NCCL and MPI in
+// files of their own) and the name tables. The collectives themselves are in collectives.cpp.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -46,13 +46,22 @@ Ptr<C10dBackend> gloo_backend_create(const Ptr<C10dStore>& store, const WorldInf
 }  // namespace
 
 const char* backend_kind_name(BackendKind kind) {
-  return kind == BackendKind::kGloo ? "gloo" : "nccl";
+  switch (kind) {
+    case BackendKind::kGloo:
+      return "gloo";
+    case BackendKind::kNccl:
+      return "nccl";
+    case BackendKind::kMpi:
+      return "mpi";
+  }
+  return "?";
 }
 
 BackendKind backend_kind_parse(const std::string& name) {
   if (name == "gloo") return BackendKind::kGloo;
   if (name == "nccl") return BackendKind::kNccl;
-  throw ConfigError("unknown backend '" + name + "' (valid: gloo, nccl)");
+  if (name == "mpi") return BackendKind::kMpi;
+  throw ConfigError("unknown backend '" + name + "' (valid: gloo, nccl, mpi)");
 }
 
 const char* reduce_kind_name(ReduceKind kind) {
@@ -79,9 +88,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/pg/" + options.name, store);
   Ptr<C10dBackend> backend;
   try {
-    backend = options.backend == BackendKind::kGloo
-                  ? gloo_backend_create(prefixed, world, options.timeout)
-                  : nccl_backend_create(prefixed, world.rank, world.world_size, options.timeout);
+    switch (options.backend) {
+      case BackendKind::kGloo:
+        backend = gloo_backend_create(prefixed, world, options.timeout);
+        break;
+      case BackendKind::kNccl:
+        backend = nccl_backend_create(prefixed, world.rank, world.world_size, options.timeout);
+        break;
+      case BackendKind::kMpi:
+        backend = mpi_backend_create(world);
+        break;
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -112,7 +129,7 @@ ProcessGroup::ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank,
       local_rank_(local_rank) {}
 
 at::Device ProcessGroup::device() const {
-  return kind_ == BackendKind::kGloo ? at::Device(at::kCPU) : at::Device(at::kCUDA, local_rank_);
+  return kind_ == BackendKind::kNccl ? at::Device(at::kCUDA, local_rank_) : at::Device(at::kCPU);
 }
 
 }  // namespace lockstep

@@ -50,7 +50,7 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
 
   const auto start = Clock::now();
   const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
-  c10d::TCPStoreOptions tcp;
+  c10d::TCPStoreOptions tcp = tcp_store_options();
   tcp.port = static_cast<std::uint16_t>(world.master_port);
   tcp.isServer = world.rank == 0 && !world.use_agent_store;
   tcp.numWorkers = world.world_size;

@@ -1,8 +1,11 @@
 #include "lockstep/train/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
@@ -115,11 +118,36 @@ void state_dict_load(torch::nn::Module& module, const StateDict& state, const st
   }
 }
 
+// Note [Untagged pickles]: torch::pickle_save tags typed dicts and lists
+// with torch.jit._pickle.restore_type_tag, a global that torch.load's default
+// unpickler since PyTorch 2.6 (weights_only=True) refuses: a user's plain
+// `torch.load("model.pt")` would fail. This writes the same zip archive
+// (data.pkl + data/<n> records) without the tags, which every torch.load
+// (1.13 and 2.x, weights_only or not) and torch::pickle_load read.
+static std::string pickle_untagged(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
 void state_dict_save_file(const StateDict& state, const std::string& path) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : state) dict.insert(name, tensor.detach().cpu().contiguous());
-  const auto bytes = torch::pickle_save(c10::IValue(dict));
-  write_file(path, std::string(bytes.begin(), bytes.end()));
+  write_file(path, pickle_untagged(c10::IValue(dict)));
 }
 
 StateDict state_dict_load_file(const std::string& path) {

@@ -128,7 +128,7 @@ const std::vector<Field>& fields() {
       make_field("run", "seed", &C::run, &RunConfig::seed, Type::kInt,
                  "seed of model init, shuffling, split and dropout", 0, 1e15),
       make_field("dist", "backend", &C::dist, &DistConfig::backend, Type::kString,
-                 "process group backend", -kInf, kInf, {"gloo", "nccl"}),
+                 "process group backend", -kInf, kInf, {"gloo", "nccl", "mpi"}),
       make_field("dist", "timeout_s", &C::dist, &DistConfig::timeout_s, Type::kDouble,
                  "seconds before a collective a peer misses fails", 0.001, 1e7),
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,

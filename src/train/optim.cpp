@@ -58,6 +58,7 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 }  // namespace lockstep
 
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/dist/torch_compat.h"
 
 namespace lockstep {
 
@@ -68,7 +69,7 @@ std::vector<NamedTensor> optimizer_state_tensors(
   const auto& state = optimizer.state();
   for (const auto& [name, param] : named_params) {
     // LibTorch keys optimizer state by the parameter's TensorImpl address.
-    auto it = state.find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+    auto it = state.find(optimizer_state_key(optimizer, param));
     if (it == state.end()) continue;
     const auto* s = it->second.get();
     auto add = [&](const std::string& field, const at::Tensor& t) {

@@ -3,7 +3,7 @@
 // policy.
 #include <ATen/ATen.h>
 #include <torch/nn.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <cstdio>
 
@@ -12,7 +12,7 @@
 #include "support/thread_world.h"
 
 using namespace lockstep;
-using Catch::Matchers::Contains;
+using lockstep::testing::Contains;
 using lockstep::testing::error_text;
 using lockstep::testing::run_ranks;
 

@@ -1,7 +1,7 @@
 // Dataset readers on good and bad input, the embedded digits, the split, and
 // the batch loader.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <cstdio>
 #include <fstream>
@@ -11,7 +11,7 @@
 #include "lockstep/util/error.h"
 
 using namespace lockstep;
-using Catch::Matchers::Contains;
+using lockstep::testing::Contains;
 
 namespace {
 

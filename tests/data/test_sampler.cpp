@@ -1,6 +1,6 @@
 // DistributedSampler: index-for-index parity with PyTorch's (run live through
 // Debian's python3-torch), shard properties, epochs and seeds, bad input.
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <cstdio>
 #include <set>
@@ -88,7 +88,7 @@ TEST_CASE("different epochs give different orders - the same seed the same order
 
 TEST_CASE("a rank outside num_replicas is a clear error", "[sampler]") {
   REQUIRE_THROWS_WITH(DistributedSampler(10, SamplerOptions{2, 2, true, 0, false}),
-                      Catch::Matchers::Contains("rank 2 is outside [0, 2)"));
+                      lockstep::testing::Contains("rank 2 is outside [0, 2)"));
   REQUIRE_THROWS_AS(DistributedSampler(10, SamplerOptions{0, 0, true, 0, false}),
                     lockstep::ConfigError);
 }

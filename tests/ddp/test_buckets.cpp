@@ -1,6 +1,6 @@
 // bucket_assign: caps, the small first bucket, dtype separation, oversized
 // parameters, and deterministic ordering.
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include "lockstep/ddp/buckets.h"
 

@@ -4,7 +4,7 @@
 // coalesced construction, overlap, and hook removal.
 #include <torch/nn.h>
 #include <torch/optim.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include "ddp_models.h"
 #include "lockstep/ddp/ddp.h"
@@ -14,7 +14,7 @@
 using namespace lockstep;
 using namespace lockstep::testing;
 namespace F = torch::nn::functional;
-using Catch::Matchers::Contains;
+using lockstep::testing::Contains;
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Collectives and the communication self-check on 1-4 ranks (threads over a
 // HashStore), including the check's ability to fail and collective timeouts.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <chrono>
 #include <thread>
@@ -100,9 +100,9 @@ TEST_CASE("async AVG on Gloo and bad broadcast roots are errors, not hangs", "[c
   });
   for (int r = 0; r < 2; ++r) {
     REQUIRE_FALSE(outcomes[r].error);
-    CHECK_THAT(outcomes[r].result, Catch::Matchers::Contains("AVG is not native"));
-    CHECK_THAT(outcomes[r].result, Catch::Matchers::Contains("root 2 is outside [0, 2)"));
-    CHECK_THAT(outcomes[r].result, Catch::Matchers::Contains("rank " + std::to_string(r)));
+    CHECK_THAT(outcomes[r].result, lockstep::testing::Contains("AVG is not native"));
+    CHECK_THAT(outcomes[r].result, lockstep::testing::Contains("root 2 is outside [0, 2)"));
+    CHECK_THAT(outcomes[r].result, lockstep::testing::Contains("rank " + std::to_string(r)));
   }
 }
 
@@ -123,8 +123,8 @@ TEST_CASE("a collective that a peer misses fails after the timeout, naming op an
       std::chrono::milliseconds(1000));
   REQUIRE(outcomes[0].error);
   const std::string what = error_text(outcomes[0].error);
-  CHECK_THAT(what, Catch::Matchers::Contains("rank 0: allreduce(sum) #0"));
-  CHECK_THAT(what, Catch::Matchers::Contains("failed"));
+  CHECK_THAT(what, lockstep::testing::Contains("rank 0: allreduce(sum) #0"));
+  CHECK_THAT(what, lockstep::testing::Contains("failed"));
 }
 
 namespace {
@@ -159,11 +159,11 @@ TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of 
     for (int r = 0; r < 2; ++r) {
       REQUIRE(outcomes[r].error);
       CHECK_THAT(error_text(outcomes[r].error),
-                 Catch::Matchers::Contains("collective #0 differs across ranks"));
+                 lockstep::testing::Contains("collective #0 differs across ranks"));
       CHECK_THAT(error_text(outcomes[r].error),
-                 Catch::Matchers::Contains("allreduce(sum) Float[4]"));
+                 lockstep::testing::Contains("allreduce(sum) Float[4]"));
       CHECK_THAT(error_text(outcomes[r].error),
-                 Catch::Matchers::Contains("allreduce(sum) Float[5]"));
+                 lockstep::testing::Contains("allreduce(sum) Float[5]"));
     }
   }
   SECTION("a rank that skips a collective is named after the timeout") {
@@ -177,9 +177,9 @@ TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of 
         std::chrono::milliseconds(1000));
     REQUIRE(outcomes[0].error);
     CHECK_THAT(error_text(outcomes[0].error),
-               Catch::Matchers::Contains("rank 0: collective #0 (allreduce(sum) Float[2])"));
+               lockstep::testing::Contains("rank 0: collective #0 (allreduce(sum) Float[2])"));
     CHECK_THAT(error_text(outcomes[0].error),
-               Catch::Matchers::Contains("rank(s) 1 did not issue it within 1.000 s"));
+               lockstep::testing::Contains("rank(s) 1 did not issue it within 1.000 s"));
     CHECK_FALSE(outcomes[1].error);
   }
 }

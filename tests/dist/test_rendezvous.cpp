@@ -1,7 +1,7 @@
 // Rendezvous through a real TCPStore: success, an unreachable master, and a
 // rank that never arrives. Each failure must come within the timeout and
 // name what was wrong.
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <chrono>
 #include <thread>
@@ -16,7 +16,7 @@ namespace {
 
 // A port nobody listens on: bind to 0, read it, close.
 int unused_port() {
-  c10d::TCPStoreOptions options;
+  c10d::TCPStoreOptions options = tcp_store_options();
   options.port = 0;
   options.isServer = true;
   options.waitWorkers = false;
@@ -61,8 +61,8 @@ TEST_CASE("an unreachable master fails within the timeout, naming host:port", "[
     rendezvous_connect(two_ranks(1, port), options);
     FAIL("rendezvous with nobody listening succeeded");
   } catch (const TimeoutError& e) {
-    CHECK_THAT(e.what(), Catch::Matchers::Contains("127.0.0.1:" + std::to_string(port)));
-    CHECK_THAT(e.what(), Catch::Matchers::Contains("rank 1 could not reach the store"));
+    CHECK_THAT(e.what(), lockstep::testing::Contains("127.0.0.1:" + std::to_string(port)));
+    CHECK_THAT(e.what(), lockstep::testing::Contains("rank 1 could not reach the store"));
   }
   CHECK(seconds_since(start) < 2 + 10);
 }
@@ -75,7 +75,7 @@ TEST_CASE("a rank that never arrives is named when the rendezvous times out", "[
     rendezvous_connect(two_ranks(0, unused_port()), options);
     FAIL("rendezvous without rank 1 succeeded");
   } catch (const TimeoutError& e) {
-    CHECK_THAT(e.what(), Catch::Matchers::Contains("rank(s) 1 did not arrive"));
+    CHECK_THAT(e.what(), lockstep::testing::Contains("rank(s) 1 did not arrive"));
   }
   CHECK(seconds_since(start) < 2 + 10);
 }

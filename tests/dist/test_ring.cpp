@@ -2,7 +2,7 @@
 // 1-4 ranks and sizes smaller than, equal to and not divisible by the rank
 // count; equal (to float tolerance) to the backend's all-reduce on random data.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include "lockstep/dist/ring_allreduce.h"
 #include "support/thread_world.h"

@@ -1,5 +1,5 @@
 // WorldInfo: each launcher convention, their precedence, and bad values.
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include "lockstep/dist/world.h"
 #include "lockstep/util/error.h"
@@ -11,7 +11,7 @@ using lockstep::WorldSource;
 
 namespace {
 // Catch2 v2's REQUIRE_THROWS_WITH needs a matcher: a substring is enough here.
-using Catch::Matchers::Contains;
+using lockstep::testing::Contains;
 }  // namespace
 
 TEST_CASE("no launcher variables mean a single process", "[world]") {

@@ -14,9 +14,9 @@ expect_grep "$WORK/err" "MASTER_PORT is not set" "and names MASTER_PORT"
 RANK=3 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$LOCKSTEP" check --comm 2>"$WORK/err"
 expect_grep "$WORK/err" "RANK=3 must be smaller than the world size 2" "RANK >= WORLD_SIZE named"
 
-"$LOCKSTEP" check --comm --backend mpi 2>"$WORK/err"
+"$LOCKSTEP" check --comm --backend ucc 2>"$WORK/err"
 expect_eq "$?" 2 "an unknown backend exits 2"
-expect_grep "$WORK/err" "unknown backend 'mpi' \(valid: gloo, nccl\)" "and lists the valid ones"
+expect_grep "$WORK/err" "unknown backend 'ucc' \(valid: gloo, nccl, mpi\)" "and lists the valid ones"
 
 "$LOCKSTEP" check --comm --backend nccl 2>"$WORK/err"
 expect_eq "$?" 2 "nccl on a CPU LibTorch exits 2"

@@ -1,5 +1,5 @@
 // Config: defaults, file, --set precedence, and every error naming its path.
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include "lockstep/util/error.h"
 
 using namespace lockstep;
-using Catch::Matchers::Contains;
+using lockstep::testing::Contains;
 
 namespace {
 std::string write_config(const std::string& name, const std::string& text) {

@@ -1,14 +1,14 @@
 // Model registry (PyTorch state_dict names, shapes, errors) and the
 // learning-rate schedules.
 #include <torch/optim.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/util/error.h"
 
 using namespace lockstep;
-using Catch::Matchers::Contains;
+using lockstep::testing::Contains;
 
 TEST_CASE("every model classifies a batch - names follow PyTorch", "[models]") {
   ModelConfig c;

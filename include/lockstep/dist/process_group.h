@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/dist/c10d_shim.h"
+#include "lockstep/dist/torch_compat.h"
 #include "lockstep/dist/world.h"
 
 namespace lockstep {
 
-enum class BackendKind { kGloo, kNccl };
+enum class BackendKind { kGloo, kNccl, kMpi };
 const char* backend_kind_name(BackendKind kind);
-// "gloo" | "nccl"; throws ConfigError listing the valid names.
+// "gloo" | "nccl" | "mpi"; throws ConfigError listing the valid names.
 BackendKind backend_kind_parse(const std::string& name);
 
 enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
@@ -41,7 +41,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
   // Creates the backend over `store` (its keys under a private prefix).
   // Gloo honours GLOO_SOCKET_IFNAME (comma-separated interfaces). NCCL needs
-  // a CUDA build of LibTorch; elsewhere it throws ConfigError saying so.
+  // a CUDA build of LibTorch, MPI one built with MPI and a start by mpirun;
+  // elsewhere they throw ConfigError saying so. MPI wires its own ranks; the
+  // store still serves the roll call and lockstep's own agreement keys.
   static std::shared_ptr<ProcessGroup> create(const Ptr<C10dStore>& store, const WorldInfo& world,
                                               const ProcessGroupOptions& options);
 
@@ -50,7 +52,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int rank() const { return rank_; }
   int size() const { return size_; }
   BackendKind kind() const { return kind_; }
-  // Where this backend's tensors live: CPU for Gloo, cuda:<local rank> for NCCL.
+  // Where this backend's tensors live: CPU for Gloo and MPI, cuda:<local rank> for NCCL.
   at::Device device() const;
   C10dBackend& backend() { return *backend_; }
 
@@ -124,5 +126,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>& store, int rank, int size,
                                      std::chrono::milliseconds timeout);
 bool nccl_available();
+
+// Implemented by process_group_mpi.cpp (LibTorch built with MPI, e.g.
+// Debian 13's) or process_group_mpi_absent.cpp: CMake picks one. The world
+// must be the one mpirun started (its rank and size are checked against MPI's).
+Ptr<C10dBackend> mpi_backend_create(const WorldInfo& world);
+bool mpi_available();
 
 }  // namespace lockstep

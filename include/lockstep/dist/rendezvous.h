@@ -9,7 +9,7 @@
 
 #include <chrono>
 
-#include "lockstep/dist/c10d_shim.h"
+#include "lockstep/dist/torch_compat.h"
 #include "lockstep/dist/world.h"
 
 namespace lockstep {

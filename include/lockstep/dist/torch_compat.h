@@ -1,0 +1,91 @@
+// The ONE place where LibTorch 1.13 and 2.x differ for lockstep. Nothing else
+// in the tree tests TORCH_VERSION; code that must behave differently calls
+// something declared here. (docs/compatibility.md has the table.)
+//
+// Process groups. 1.13: ProcessGroupGloo/NCCL/MPI derive from
+//   c10d::ProcessGroup. 2.x: they derive from c10d::Backend, and
+//   c10d::ProcessGroup became a dispatcher that wraps backends. lockstep
+//   talks to the concrete backend object directly, so it names that base
+//   class `C10dBackend`. c10d::Work (Work.hpp in both), its future,
+//   TCPStoreOptions, PrefixStore/HashStore and ReduceOp::SUM/... read the
+//   same in both (2.x's ReduceOp is a struct that converts from the enum).
+// Optimizer state. 1.13 keys Optimizer::state() by the parameter's
+//   TensorImpl address printed as a string, 2.x by the address itself:
+//   optimizer_state_key() follows the map's key type, not a version number.
+// TCPStore. 2.4+ picks the libuv server by default (useLibUV), and a
+//   LibTorch built without libuv (Debian 13's 2.6) then refuses to start
+//   the store at all; tcp_store_options() asks for the classic server, which
+//   every build has and which speaks the same protocol to clients.
+// Unchanged, checked by the suite on both: grad-accumulator post hooks
+//   (FunctionPostHook, LambdaPostHook, add/del_post_hook), the engine's
+//   queue_callback, torch::pickle_save/pickle_load.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+namespace lockstep {
+
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+using C10dWork = c10d::Work;
+using C10dStore = c10d::Store;
+
+// For the rare test or message that must know the version; code paths that
+// differ belong in this header, not behind this constant.
+constexpr int kTorchVersionMajor = TORCH_VERSION_MAJOR;
+constexpr int kTorchVersionMinor = TORCH_VERSION_MINOR;
+
+template <typename T>
+using Ptr = c10::intrusive_ptr<T>;
+
+// The key under which `optimizer.state()` holds `param`'s state.
+template <typename Optimizer>
+auto optimizer_state_key(const Optimizer& optimizer, const at::Tensor& param) {
+  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream address;  // what c10::guts::to_string(TensorImpl*) printed
+    address << param.unsafeGetTensorImpl();
+    return address.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+namespace compat_detail {
+template <typename T, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename T>
+struct HasUseLibUV<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
+template <typename Options>
+void use_classic_store_server(Options& options) {
+  if constexpr (HasUseLibUV<Options>::value) options.useLibUV = false;
+}
+}  // namespace compat_detail
+
+// TCPStoreOptions with the defaults every LibTorch build can serve.
+inline c10d::TCPStoreOptions tcp_store_options() {
+  c10d::TCPStoreOptions options;
+  compat_detail::use_classic_store_server(options);
+  return options;
+}
+
+}  // namespace lockstep
