@@ -349,9 +349,9 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
     if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
       throw ConfigError(where + ": expected section.key=value");
     }
-    const Field& f =
-        find_field(assignment.substr(0, dot), assignment.substr(dot + 1, eq - dot - 1), where);
-    f.set(config, assignment.substr(eq + 1), where);
+    const std::string section = assignment.substr(0, dot);
+    const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+    find_field(section, key, where).set(config, assignment.substr(eq + 1), where);
   }
   return config;
 }

@@ -25,12 +25,13 @@ if [ "$with_mpi" != ON ]; then
 fi
 
 command -v mpirun >/dev/null || { fail "mpirun not found (scripts/setup.sh installs openmpi-bin on Debian 13)"; finish; exit 1; }
-# CI runs as root; Open MPI refuses that unless told. Ranks may outnumber cores.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# CI runs as root; Open MPI refuses that unless told. Ranks may outnumber
+# cores (Open MPI 5's spelling of --oversubscribe).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi() {  # mpi NP ARGS...: lockstep under mpirun; rendezvous store for lockstep's own keys
   local np=$1
   shift
-  timeout 240 mpirun -np "$np" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(port)" -x OMP_NUM_THREADS=1 \
+  timeout 240 mpirun -np "$np" --map-by :OVERSUBSCRIBE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(port)" -x OMP_NUM_THREADS=1 \
     "$LOCKSTEP" "$@"
 }
 
@@ -46,6 +47,8 @@ common=(train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" --
 mpi 2 "${common[@]}" --set run.name=mpi --set dist.backend=mpi >"$WORK/mpi.out" 2>&1
 expect_eq "$?" 0 "a 40-step DDP run under mpirun on the mpi backend exits 0"
 expect_grep "$WORK/mpi.out" "trained 40 steps" "it trained 40 steps"
+expect_grep "$WORK/mpi.out" '^  backend: "mpi"$' "on the mpi backend (resolved config)"
+expect_grep "$WORK/mpi.out" "from openmpi" "with the world read from Open MPI's variables"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" "${common[@]}" --set run.name=gloo \
   --set dist.backend=gloo >"$WORK/gloo.out" 2>&1
 expect_eq "$?" 0 "the same run on Gloo exits 0"
