@@ -22,6 +22,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "lockstep/util/error.h"
@@ -35,13 +36,24 @@ int64_t type_key(const at::Tensor& t) {
          (static_cast<int64_t>(device.type()) << 16) | static_cast<int64_t>(device.index() + 1);
 }
 
-// A contiguous tensor of `sizes` on `flat`'s storage at `offset` elements.
-at::Tensor storage_alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+// Note [Bucket views keep the parameter's layout]: a tensor with `param`'s
+// sizes on `flat`'s storage at `offset` elements. A dense parameter (any
+// permutation of strides: channels_last, a transposed weight) keeps its own
+// strides, so autograd accumulates into .grad without a layout change and the
+// optimizer sees the layout it would without DDP, as in PyTorch; a dense
+// tensor of n elements spans exactly n slots whatever its stride order. A
+// non-dense parameter gets contiguous strides.
+at::Tensor storage_alias(const at::Tensor& flat, int64_t offset, const at::Tensor& param) {
+  const auto sizes = param.sizes();
   std::vector<int64_t> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    strides[d] = stride;
-    stride *= sizes[d];
+  if (param.is_non_overlapping_and_dense()) {
+    strides.assign(param.strides().begin(), param.strides().end());
+  } else {
+    int64_t stride = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= sizes[d];
+    }
   }
   auto alias = at::empty({0}, flat.options());
   alias.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
@@ -49,7 +61,8 @@ at::Tensor storage_alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef
 }
 
 bool aliases(const at::Tensor& grad, const at::Tensor& view) {
-  return grad.defined() && grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes();
+  return grad.defined() && !grad.is_sparse() && grad.data_ptr() == view.data_ptr() &&
+         grad.sizes() == view.sizes() && grad.strides() == view.strides();
 }
 
 }  // namespace
@@ -124,7 +137,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
       const size_t index = bucket.params[slot];
-      bucket.views.push_back(storage_alias(bucket.contents, offset, params_[index].sizes()));
+      bucket.views.push_back(storage_alias(bucket.contents, offset, params_[index]));
       offset += params_[index].numel();
       locators_[index] = {buckets_.size(), slot};
       auto& grad = params_[index].mutable_grad();
@@ -140,7 +153,41 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   stats_.buckets = buckets_.size();
 }
 
+// Note [Interrupted backward]: hook() queues finalize() on the autograd
+// engine at the first gradient; when backward throws (a user's tensor hook,
+// anomaly mode, out of memory, a sparse gradient, a collective that fails to
+// start) the engine drops that callback, and the iteration is left armed,
+// half counted, with some buckets perhaps launched. If no gradient arrived,
+// this rank exchanged nothing in it: the state is reset and training goes
+// on (this is also the forward-without-backward case). Otherwise this rank
+// may have issued collectives its peers did not, or the reverse, and no
+// exchange can tell (it would pair with the stale ones): in-flight work is
+// drained and every later forward throws, naming what happened, on this rank;
+// its peers fail their own exchange with the timeout and roll call instead
+// of silently pairing gradients of different iterations. PyTorch makes the
+// same call ("Expected to have finished reduction in the prior iteration").
+void Reducer::ensure_prior_iteration_finished() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (expect_hooks_) {
+    const auto arrived = static_cast<size_t>(std::count(ready_.begin(), ready_.end(), 1));
+    const size_t launched = next_bucket_;
+    reset_iteration();  // drains launched work
+    if (arrived > 0) {
+      failure_ = "rank " + std::to_string(pg_->rank()) +
+                 ": DistributedDataParallel cannot continue: the previous synchronised backward "
+                 "stopped before its end (it threw: see the first error) after " +
+                 std::to_string(arrived) + " of " + std::to_string(params_.size()) +
+                 " gradients and " + std::to_string(launched) + " of " +
+                 std::to_string(buckets_.size()) +
+                 " buckets were exchanged, so the ranks may no longer agree on which "
+                 "collectives were issued. Restart from the last checkpoint";
+    }
+  }
+  if (!failure_.empty()) throw CommError(failure_);
+}
+
 void Reducer::prepare_for_backward() {
+  ensure_prior_iteration_finished();
   std::lock_guard<std::mutex> lock(mu_);
   if (order_recorded_ && !rebuilt_) rebuild_buckets();
   if (!order_recorded_) ready_order_.clear();  // a failed first iteration starts over
@@ -150,6 +197,15 @@ void Reducer::prepare_for_backward() {
 
 void Reducer::hook(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
+  const auto& grad = params_[index].grad();
+  if (grad.defined() && grad.layout() != at::kStrided) {
+    // Construction refuses the modules that make them (ddp.cpp); this is for
+    // any other source. Thrown before anything is counted for this gradient.
+    throw ConfigError("rank " + std::to_string(pg_->rank()) + ": parameter '" + names_[index] +
+                      "' got a " + c10::str(grad.layout()) +
+                      " gradient; DistributedDataParallel reduces dense gradients only (use a "
+                      "dense layer, e.g. Embedding without sparse(true))");
+  }
   used_since_sync_[index] = 1;
   if (!expect_hooks_) return;  // under no_sync: gradients only accumulate
   if (!finalize_queued_) {
@@ -255,6 +311,34 @@ void Reducer::finalize() {
   stats_.wait_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  order_recorded_ = true;
+}
+
+// Note [Join]: a rank that ran out of inputs (DdpCore::Join) issues, for each
+// synchronised iteration of the others, exactly the collectives an active
+// rank's backward would: the one-time bucket rebuild broadcast, one
+// all-reduce per bucket in bucket order (through the comm hook, so the
+// message sizes and dtypes match), and the used-parameter all-reduce of
+// find_unused_parameters. It contributes zeros, so the mean is over the
+// initial world size, as PyTorch's Join does by default. Its own .grad is
+// left alone (fresh zero buffers, not the buckets).
+void Reducer::shadow_iteration() {
+  ensure_prior_iteration_finished();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (order_recorded_ && !rebuilt_) rebuild_buckets();
+  std::vector<HookWork> works;
+  std::vector<at::Tensor> zeros;
+  for (auto& bucket : buckets_) {
+    zeros.push_back(at::zeros_like(bucket.contents));
+    works.push_back(options_.hook->run(*pg_, zeros.back()));
+  }
+  if (options_.find_unused_parameters) {
+    auto used = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt).to(pg_->device());
+    pg_->allreduce(used, ReduceKind::kMax);
+  }
+  for (size_t b = 0; b < works.size(); ++b) {
+    pg_->wait(works[b].work, "joined rank's shadow of gradient bucket " + std::to_string(b));
+  }
   order_recorded_ = true;
 }
 

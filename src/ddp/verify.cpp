@@ -2,8 +2,10 @@
 // the same model. Three small all-gathers, and every rank reaches the same
 // verdict from the same gathered data, so all of them throw or none does.
 //   1. the tensor count of each rank;
-//   2. a 64-bit FNV-1a hash of "name|dtype|shape" per tensor, padded to the
-//      largest count;
+//   2. a 64-bit FNV-1a hash of "name|dtype|shape|requires_grad" per tensor,
+//      padded to the largest count (requires_grad decides which parameters
+//      the Reducer buckets: a rank-dependent flag would give ranks different
+//      buckets, and Gloo would abort mid-collective);
 //   3. only on mismatch: each rank's description of the first differing index.
 #include <ATen/ATen.h>
 
@@ -28,7 +30,8 @@ int64_t fnv1a(const std::string& text) {
 std::string describe(const std::string& name, const at::Tensor& t) {
   std::string shape;
   for (auto d : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-  return "'" + name + "' " + std::string(c10::toString(t.scalar_type())) + " [" + shape + "]";
+  return "'" + name + "' " + std::string(c10::toString(t.scalar_type())) + " [" + shape + "]" +
+         (t.requires_grad() ? " requires_grad" : " without requires_grad");
 }
 
 constexpr int64_t kDescriptionBytes = 256;
@@ -78,7 +81,9 @@ void verify_same_tensors(ProcessGroup& pg, const std::vector<std::string>& names
       message += "; rank " + std::to_string(r) + " has " + read(r);
     }
   }
-  message += ". Every rank must construct the same model before DistributedDataParallel";
+  message +=
+      ". Every rank must construct the same model (names, dtypes, shapes and "
+      "requires_grad) before DistributedDataParallel";
   throw ConfigError(message);
 }
 

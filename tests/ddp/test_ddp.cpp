@@ -263,7 +263,7 @@ struct NormedImpl : torch::nn::Module {
 TORCH_MODULE(Normed);
 }  // namespace
 
-TEST_CASE("buffers are broadcast from rank 0 before each forward", "[ddp]") {
+TEST_CASE("buffers are broadcast from rank 0 before the first forward", "[ddp]") {
   const int n = 3;
   std::vector<Normed> models(n);
   for (bool broadcast : {true, false}) {

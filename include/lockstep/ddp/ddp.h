@@ -8,12 +8,21 @@
 //   { auto guard = ddp.no_sync(); ... backward ... } // local accumulation only
 //
 // Construction (collective: every rank must construct, in the same order):
-//   1. verifies that every rank holds the same parameters and buffers (names,
-//      shapes, dtypes); a mismatch throws ConfigError naming the rank and
-//      the first differing tensor, on every rank (no hang);
-//   2. broadcasts parameters and buffers from rank 0, coalesced;
-//   3. builds the Reducer (hooks, buckets) over the parameters that require
-//      grad. World size 1: steps 1-3 are skipped, nothing is communicated.
+//   1. lists parameters and buffers once each (a tied parameter, registered
+//      under two names, is reduced once, under its first name); refuses
+//      modules that make sparse gradients (Embedding/EmbeddingBag with
+//      sparse(true));
+//   2. verifies that every rank holds the same parameters and buffers (names,
+//      shapes, dtypes, requires_grad); a mismatch throws ConfigError naming
+//      the rank and the first differing tensor, on every rank (no hang);
+//   3. broadcasts parameters and buffers from rank 0, coalesced;
+//   4. builds the Reducer (hooks, buckets) over the parameters that require
+//      grad. World size 1: steps 2-4 are skipped, nothing is communicated.
+//
+// Each forward, as PyTorch's: buffers are broadcast from rank 0 when the
+// previous forward synchronised (grad mode on, not under no_sync; true
+// before the first), and the Reducer is armed only when this one will
+// (a forward under NoGradGuard or inside no_sync does not arm it).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -33,7 +42,7 @@ struct DdpOptions {
   double first_bucket_cap_mb = 1;  // the first bucket: small, so the exchange starts early
   bool gradient_as_bucket_view = true;
   bool find_unused_parameters = false;
-  bool broadcast_buffers = true;        // rank 0's buffers before every forward
+  bool broadcast_buffers = true;  // rank 0's buffers, before forwards that follow a synced one
   std::shared_ptr<CommHook> comm_hook;  // nullptr: plain SUM all-reduce
 };
 
@@ -60,6 +69,35 @@ class DdpCore {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool gradients_synchronised() const { return sync_; }
 
+  // Uneven inputs, as PyTorch's Join: ranks may run different numbers of
+  // iterations inside the scope.
+  //
+  //   auto join = ddp.join();
+  //   for (auto& batch : my_batches) { ...forward, backward, step... }
+  //   join.finish();   // collective: returns when every rank has finished
+  //
+  // While a Join is alive every forward tells the others this rank is still
+  // active (one small all-reduce). finish() makes this rank shadow the
+  // collectives of the ranks still training (zeros for its gradients, so
+  // gradients are averaged over the initial world size), then every rank
+  // takes the parameters and buffers of the rank that finished last. A Join
+  // destroyed without finish() (an exception) communicates nothing.
+  // Note [Join] (reducer.cpp).
+  class Join {
+   public:
+    explicit Join(DdpCore& ddp);
+    ~Join();
+    Join(const Join&) = delete;
+    Join& operator=(const Join&) = delete;
+    // Returns the number of iterations this rank shadowed.
+    int64_t finish();
+
+   private:
+    DdpCore& ddp_;
+    bool finished_ = false;
+  };
+  [[nodiscard]] Join join() { return Join(*this); }
+
   // Broadcasts buffers and arms the reducer; the typed forward() calls it.
   void pre_forward();
 
@@ -74,9 +112,15 @@ class DdpCore {
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DdpOptions options_;
+  void broadcast_buffers_if_due();
+
+  std::vector<at::Tensor> params_;  // once each, registration order
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
+  // PyTorch's require_forward_param_sync: the last forward synchronised.
+  bool last_forward_synced_ = true;
+  bool joining_ = false;  // a Join is alive
 };
 
 template <typename T>

@@ -64,8 +64,16 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Arms the hooks for the next backward. Called by DDP's forward when
-  // gradients are to be synchronised.
+  // gradients are to be synchronised (grad mode on, not under no_sync).
   void prepare_for_backward();
+  // Called by every DDP forward: resets an iteration that was armed but saw
+  // no gradient, and throws CommError, now and at every later call, when the
+  // last synchronised backward stopped half way. Note [Interrupted backward].
+  void ensure_prior_iteration_finished();
+  // On a rank that joined (ran out of inputs): the collectives one
+  // synchronised backward of the others issues, contributing zeros.
+  // Note [Join] (reducer.cpp).
+  void shadow_iteration();
 
   const std::vector<std::vector<size_t>>& bucket_indices() const { return bucket_indices_; }
   // Records each bucket's all-reduce (launch to completion) and the end of
@@ -120,6 +128,7 @@ class Reducer {
   std::vector<size_t> ready_order_;  // first synchronised iteration's arrival order
   bool order_recorded_ = false;
   bool rebuilt_ = false;
+  std::string failure_;  // Note [Interrupted backward]: set, every forward throws it
   ReducerStats stats_;
 };
 
