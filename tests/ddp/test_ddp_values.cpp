@@ -6,6 +6,8 @@
 // reducer that forgets to divide, drops accumulated gradients at the
 // rebuild, lets each rank keep its own bucket order or leaves its hooks
 // behind must fail here.
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn.h>
 #include <torch/optim.h>
 
@@ -249,11 +251,29 @@ TEST_CASE("after the DDP is destroyed the bare module trains locally, with no ho
   auto outcomes = run_ranks<std::vector<torch::Tensor>>(n, [&](ProcessGroup& pg) {
     auto& model = models[pg.rank()];
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    // Held here, the accumulators outlive the DDP: their hook lists must be
+    // as they were before it.
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+    for (const auto& p : model->parameters()) {
+      accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
+    }
+    auto hook_count = [&] {
+      size_t count = 0;
+      for (const auto& a : accumulators) count += a->post_hooks().size();
+      return count;
+    };
+    const size_t hooks_before = hook_count();
     {
       DistributedDataParallel ddp(model, pg.shared_from_this());
+      if (hook_count() != hooks_before + accumulators.size()) {
+        throw std::runtime_error("DDP did not hook every gradient accumulator");
+      }
       const auto rows = rows_of(0, pg.rank(), n, b);
       F::cross_entropy(ddp.forward(data.x.index({rows}), true), data.y.index({rows})).backward();
       opt.step();
+    }
+    if (hook_count() != hooks_before) {
+      throw std::runtime_error("hooks left on the gradient accumulators after DDP was destroyed");
     }
     for (int s = 1; s <= 2; ++s) {
       opt.zero_grad();
