@@ -217,8 +217,9 @@ const std::vector<Field>& fields() {
                  Type::kBool, ".grad lives in the bucket (no copy back)"),
       make_field("ddp", "find_unused_parameters", &C::ddp, &DdpConfig::find_unused_parameters,
                  Type::kBool, "reduce missing gradients as zeros instead of failing"),
-      make_field("ddp", "broadcast_buffers", &C::ddp, &DdpConfig::broadcast_buffers, Type::kBool,
-                 "broadcast rank 0's buffers before every forward"),
+      make_field(
+          "ddp", "broadcast_buffers", &C::ddp, &DdpConfig::broadcast_buffers, Type::kBool,
+          "broadcast rank 0's buffers before a forward that follows a synced one (PyTorch's rule)"),
       make_field("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, Type::kString,
                  "gradient exchange", -kInf, kInf, {"allreduce", "fp16", "bf16"}),
       make_field("check", "every", &C::check, &CheckConfig::every, Type::kInt,
