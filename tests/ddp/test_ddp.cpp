@@ -118,6 +118,21 @@ TEST_CASE("after K SGD steps on different data, weights are bit-identical across
   }
   CHECK_FALSE(bit_identical(outcomes[0].result, weights_of(*base)));  // it trained
   for (int r = 1; r < n; ++r) CHECK(bit_identical(outcomes[r].result, outcomes[0].result));
+  // And they are the weights of one process on the concatenated batches.
+  auto ref = clone_of(base);
+  torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int s = 0; s < steps; ++s) {
+    sgd.zero_grad();
+    const auto rows = torch::indexing::Slice(s * 8, (s + 1) * 8);
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < n; ++r) {
+      xs.push_back(data[r].x.index({rows}));
+      ys.push_back(data[r].y.index({rows}));
+    }
+    F::cross_entropy(ref->forward(torch::cat(xs)), torch::cat(ys)).backward();
+    sgd.step();
+  }
+  CHECK(relative_error(outcomes[0].result, weights_of(*ref)) < 1e-5);
 }
 
 TEST_CASE("no_sync on k-1 micro-batches then one synced equals one k-times larger batch", "[ddp]") {
@@ -389,13 +404,16 @@ TEST_CASE("zero_grad works with bucket views and the next step still synchronise
   auto base = make_mlp();
   const int n = 2;
   auto models = rank_models(base, n);
+  const auto x = torch::randn({3, n * 4, 12});  // [step, rows of all ranks]
+  const auto y = torch::randint(0, 5, {3, n * 4});
   auto outcomes = run_ranks<std::vector<torch::Tensor>>(n, [&](ProcessGroup& pg) {
     auto& model = models[pg.rank()];
     DistributedDataParallel ddp(model, pg.shared_from_this());
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    const auto rows = torch::indexing::Slice(pg.rank() * 4, (pg.rank() + 1) * 4);
     for (int s = 0; s < 3; ++s) {
       adam.zero_grad();
-      F::cross_entropy(ddp.forward(torch::randn({4, 12})), torch::randint(0, 5, {4})).backward();
+      F::cross_entropy(ddp.forward(x[s].index({rows})), y[s].index({rows})).backward();
       adam.step();
     }
     return weights_of(*model);
@@ -405,6 +423,14 @@ TEST_CASE("zero_grad works with bucket views and the next step still synchronise
     REQUIRE_FALSE(outcomes[r].error);
   }
   CHECK(bit_identical(outcomes[0].result, outcomes[1].result));
+  auto ref = clone_of(base);
+  torch::optim::Adam adam(ref->parameters(), torch::optim::AdamOptions(1e-2));
+  for (int s = 0; s < 3; ++s) {
+    adam.zero_grad();
+    F::cross_entropy(ref->forward(x[s]), y[s]).backward();
+    adam.step();
+  }
+  CHECK(relative_error(outcomes[0].result, weights_of(*ref)) < 1e-5);
 }
 
 TEST_CASE("destroying DDP removes its hooks - world size 1 communicates nothing", "[ddp]") {
@@ -459,6 +485,15 @@ TEST_CASE("buckets are rebuilt once in rank 0's observed gradient order", "[ddp]
   torch::manual_seed(37);
   const int n = 2;
   std::vector<Reversed> models(n);
+  Reversed ref;  // rank 0's initial weights, which DDP broadcasts
+  {
+    torch::NoGradGuard no_grad;
+    auto src = models[0]->parameters();
+    auto dst = ref->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  const auto x = torch::randn({4, n * 4, 12});  // [step, rows of all ranks]
+  const auto y = torch::randint(0, 5, {4, n * 4});
   struct Seen {
     std::vector<std::vector<size_t>> before, after;
     std::vector<torch::Tensor> weights;
@@ -474,8 +509,8 @@ TEST_CASE("buckets are rebuilt once in rank 0's observed gradient order", "[ddp]
     for (int step = 0; step < 4; ++step) {
       if (step == 1) seen.before = ddp.reducer()->bucket_indices();
       sgd.zero_grad();
-      F::cross_entropy(ddp.forward(torch::randn({4, 12}) + pg.rank()), torch::randint(0, 5, {4}))
-          .backward();
+      const auto rows = torch::indexing::Slice(pg.rank() * 4, (pg.rank() + 1) * 4);
+      F::cross_entropy(ddp.forward(x[step].index({rows})), y[step].index({rows})).backward();
       sgd.step();
     }
     seen.after = ddp.reducer()->bucket_indices();
@@ -493,4 +528,11 @@ TEST_CASE("buckets are rebuilt once in rank 0's observed gradient order", "[ddp]
     CHECK(outcomes[r].result.after == outcomes[0].result.after);  // one layout everywhere
   }
   CHECK(bit_identical(outcomes[0].result.weights, outcomes[1].result.weights));
+  torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 4; ++step) {
+    sgd.zero_grad();
+    F::cross_entropy(ref->forward(x[step]), y[step]).backward();
+    sgd.step();
+  }
+  CHECK(relative_error(outcomes[0].result.weights, weights_of(*ref)) < 1e-5);
 }
