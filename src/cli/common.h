@@ -1,6 +1,6 @@
-// Pieces every `lockstep` subcommand shares: the distributed options, the
-// lifecycle world -> logging -> rendezvous -> process group, and the mapping
-// from exceptions to exit codes (only main() turns exceptions into codes).
+// Pieces every `lockstep` subcommand shares: the distributed options and the
+// set-up from them (lockstep::init_distributed). The mapping from exceptions
+// to exit codes is the library's (util/exit_codes.h), used by main() only.
 #pragma once
 
 #include <cxxopts.hpp>
@@ -8,24 +8,22 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/dist/process_group.h"
-#include "lockstep/dist/world.h"
+#include "lockstep/dist/init.h"
+#include "lockstep/train/train_main.h"
+#include "lockstep/util/exit_codes.h"
 
 namespace lockstep::cli {
 
-// Exit codes, documented in README.md and docs/launcher.md.
-constexpr int kExitOk = 0;
-constexpr int kExitCheckFailed = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitCommFailed = 3;
-constexpr int kExitInternal = 4;
+using lockstep::kExitBadInput;
+using lockstep::kExitCheckFailed;
+using lockstep::kExitCommFailed;
+using lockstep::kExitInternal;
+using lockstep::kExitOk;
+using lockstep::run_guarded;
 
 void add_dist_options(cxxopts::Options& options);
 
-struct Dist {
-  WorldInfo world;
-  std::shared_ptr<ProcessGroup> pg;
-};
+using Dist = lockstep::Distributed;
 
 // Reads the world, sets up rank-tagged logging, meets the peers and creates
 // the process group, as the parsed options say.
@@ -35,13 +33,8 @@ Dist dist_setup(const cxxopts::ParseResult& args);
 Dist dist_setup(const std::string& backend, double timeout_s, double rdzv_timeout_s,
                 const std::string& log_level);
 
-// Runs `body`, turning lockstep's exceptions into a message on stderr and an
-// exit code.
-int run_guarded(const std::string& command, const std::function<int()>& body);
-
 int cmd_check(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
-int cmd_train(int argc, char** argv);
 int bench_allreduce(const cxxopts::ParseResult& args);
 
 }  // namespace lockstep::cli

@@ -133,8 +133,9 @@ const std::vector<Field>& fields() {
                  "seconds before a collective a peer misses fails", 0.001, 1e7),
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,
                  "seconds to reach the store and for every rank to arrive", 0.001, 1e7),
-      make_field("model", "name", &C::model, &ModelConfig::name, Type::kString, "architecture",
-                 -kInf, kInf, {"mlp", "cnn", "transformer"}),
+      make_field("model", "name", &C::model, &ModelConfig::name, Type::kString,
+                 "architecture: mlp, cnn, transformer, torchscript (model.path), or a name a "
+                 "program registered with lockstep::register_model"),
       make_field("model", "hidden", &C::model, &ModelConfig::hidden, Type::kInt,
                  "hidden width (mlp), channels (cnn), model width (transformer)", 1, 1 << 16),
       make_field("model", "layers", &C::model, &ModelConfig::layers, Type::kInt,
@@ -147,6 +148,8 @@ const std::vector<Field>& fields() {
                  "attention heads (transformer; must divide hidden)", 1, 256),
       make_field("model", "token_size", &C::model, &ModelConfig::token_size, Type::kInt,
                  "features per token (transformer; must divide the feature count)", 1, 1 << 16),
+      make_field("model", "path", &C::model, &ModelConfig::path, Type::kString,
+                 "torchscript: the module saved by torch.jit.script(model).save(path)"),
       make_field("model", "init_from", &C::model, &ModelConfig::init_from, Type::kString,
                  "state dict to start from (torch.save(model.state_dict()) or a lockstep "
                  "checkpoint's model.pt); empty: random init"),

@@ -1,5 +1,8 @@
 #include "lockstep/train/models.h"
 
+#include <algorithm>
+#include <map>
+
 #include <torch/nn.h>
 
 #include <cmath>
@@ -135,6 +138,29 @@ std::vector<int64_t> as_image(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+namespace {
+std::map<std::string, ModelFactory>& registry() {
+  static std::map<std::string, ModelFactory> models;
+  return models;
+}
+const std::vector<std::string> kBuiltIn{"mlp", "cnn", "transformer", "torchscript"};
+}  // namespace
+
+void register_model(const std::string& name, ModelFactory factory) {
+  if (name.empty() || !factory) throw ConfigError("register_model: empty name or factory");
+  if (std::find(kBuiltIn.begin(), kBuiltIn.end(), name) != kBuiltIn.end() ||
+      registry().count(name) != 0) {
+    throw ConfigError("register_model: a model named '" + name + "' is already registered");
+  }
+  registry().emplace(name, std::move(factory));
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names = kBuiltIn;
+  for (const auto& [name, factory] : registry()) names.push_back(name);
+  return names;
+}
+
 std::shared_ptr<Classifier> model_create(const ModelConfig& config,
                                          const std::vector<int64_t>& sample_shape,
                                          int64_t classes) {
@@ -152,8 +178,23 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
     }
     return std::make_shared<Transformer>(config, features, classes);
   }
-  throw ConfigError("model.name: unknown model '" + config.name +
-                    "' (valid: mlp, cnn, transformer)");
+  if (config.name == "torchscript") {
+    if (config.path.empty()) {
+      throw ConfigError(
+          "model.name=torchscript needs model.path: the file saved by "
+          "torch.jit.script(model).save(path)");
+    }
+    return torchscript_model(config.path, sample_shape, classes);
+  }
+  auto it = registry().find(config.name);
+  if (it != registry().end()) {
+    auto model = it->second(config, sample_shape, classes);
+    if (!model) throw ConfigError("model '" + config.name + "': its factory returned no model");
+    return model;
+  }
+  std::string valid;
+  for (const auto& name : model_names()) valid += (valid.empty() ? "" : ", ") + name;
+  throw ConfigError("model.name: unknown model '" + config.name + "' (valid: " + valid + ")");
 }
 
 }  // namespace lockstep

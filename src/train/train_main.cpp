@@ -1,15 +1,20 @@
-// `lockstep train --config FILE.yaml [--set section.key=value ...]`.
+// `lockstep train --config FILE.yaml [--set section.key=value ...]`, as a
+// library entry point (train_main.h).
+#include "lockstep/train/train_main.h"
+
 #include <spdlog/spdlog.h>
+#include <cxxopts.hpp>
 
 #include <cstdio>
 
-#include "common.h"
+#include "lockstep/dist/init.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/trainer.h"
+#include "lockstep/util/exit_codes.h"
 
-namespace lockstep::cli {
+namespace lockstep {
 
-int cmd_train(int argc, char** argv) {
+int train_main(int argc, char** argv) {
   return run_guarded("train", [&] {
     cxxopts::Options options("lockstep train", "A DDP training run from a YAML configuration.");
     // clang-format off
@@ -36,8 +41,13 @@ int cmd_train(int argc, char** argv) {
       std::fputs(config_to_yaml(config).c_str(), stdout);
       return kExitOk;
     }
-    auto dist = dist_setup(config.dist.backend, config.dist.timeout_s, config.dist.rdzv_timeout_s,
-                           config.log.level);
+    InitOptions init;
+    init.backend = backend_kind_parse(config.dist.backend);
+    init.timeout = timeout_from_seconds(config.dist.timeout_s, "dist.timeout_s");
+    init.rendezvous_timeout =
+        timeout_from_seconds(config.dist.rdzv_timeout_s, "dist.rdzv_timeout_s");
+    init.log_level = config.log.level;
+    auto dist = init_distributed(init);
     Trainer trainer(config, dist.world, dist.pg);
     const auto result = trainer.run();
     if (dist.world.rank == 0) {
@@ -45,8 +55,9 @@ int cmd_train(int argc, char** argv) {
                   static_cast<long long>(result.steps), result.val_accuracy, result.val_loss,
                   result.fingerprint.c_str(), result.run_dir.c_str());
     }
+    dist.shutdown();
     return kExitOk;
   });
 }
 
-}  // namespace lockstep::cli
+}  // namespace lockstep

@@ -1,5 +1,6 @@
 // Model registry (PyTorch state_dict names, shapes, errors) and the
 // learning-rate schedules.
+#include <torch/nn/modules/linear.h>
 #include <torch/optim.h>
 #include "support/catch.h"
 
@@ -110,4 +111,46 @@ TEST_CASE("optimizer state joins the fingerprint when asked", "[optim]") {
             before);
     }
   }
+}
+
+namespace {
+class Probe : public Classifier {
+ public:
+  Probe(int64_t features, int64_t classes) {
+    fc_ = register_module("fc", torch::nn::Linear(features, classes));
+  }
+  at::Tensor forward(at::Tensor x) override { return fc_->forward(x.flatten(1)); }
+
+ private:
+  torch::nn::Linear fc_{nullptr};
+};
+}  // namespace
+
+TEST_CASE("a registered model is created by name - names are unique", "[models]") {
+  std::vector<int64_t> seen_shape;
+  int64_t seen_classes = -1;
+  register_model("probe-model",
+                 [&](const ModelConfig&, const std::vector<int64_t>& shape, int64_t classes) {
+                   seen_shape = shape;
+                   seen_classes = classes;
+                   return std::make_shared<Probe>(shape[0] * shape[1], classes);
+                 });
+  ModelConfig c;
+  c.name = "probe-model";
+  auto model = model_create(c, {8, 8}, 7);
+  CHECK(seen_shape == std::vector<int64_t>{8, 8});
+  CHECK(seen_classes == 7);
+  CHECK(model->forward(torch::randn({3, 8, 8})).sizes() == at::IntArrayRef{3, 7});
+  CHECK(model->named_parameters().contains("fc.weight"));
+  CHECK_THROWS_WITH(
+      register_model("probe-model", [](const ModelConfig&, const std::vector<int64_t>&,
+                                       int64_t) { return std::shared_ptr<Classifier>(); }),
+      Contains("a model named 'probe-model' is already registered"));
+  CHECK_THROWS_WITH(register_model("mlp", [](const ModelConfig&, const std::vector<int64_t>&,
+                                             int64_t) { return std::shared_ptr<Classifier>(); }),
+                    Contains("a model named 'mlp' is already registered"));
+  c.name = "nope";
+  CHECK_THROWS_WITH(model_create(c, {64}, 10),
+                    Contains("unknown model 'nope' (valid: mlp, cnn, transformer, torchscript, "
+                             "probe-model)"));
 }

@@ -32,6 +32,7 @@ struct ModelConfig {
   bool batch_norm = false;
   int64_t heads = 4;
   int64_t token_size = 8;
+  std::string path;  // torchscript: the saved module
   std::string init_from;
 };
 

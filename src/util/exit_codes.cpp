@@ -1,0 +1,49 @@
+#include "lockstep/util/exit_codes.h"
+
+#include <spdlog/spdlog.h>
+#include <cxxopts.hpp>
+
+#include <cstdio>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+
+int run_guarded(const std::string& command, const std::function<int()>& body) {
+  auto report = [&](const char* kind, const std::string& what) {
+    if (spdlog::default_logger()->name() == "lockstep") {
+      spdlog::error("lockstep {}: {}{}", command, kind, what);
+    } else {
+      std::fprintf(stderr, "lockstep %s: %s%s\n", command.c_str(), kind, what.c_str());
+    }
+  };
+  try {
+    return body();
+  } catch (const cxxopts::exceptions::exception& e) {
+    report("bad option: ", e.what());
+    return kExitBadInput;
+  } catch (const ConfigError& e) {
+    report("", e.what());
+    return kExitBadInput;
+  } catch (const Interrupted& e) {
+    report("", e.what());
+    return 128 + e.signal;
+  } catch (const DataError& e) {
+    report("bad data: ", e.what());
+    return kExitBadInput;
+  } catch (const ConsistencyError& e) {
+    report("consistency check failed: ", e.what());
+    return kExitCheckFailed;
+  } catch (const EnvError& e) {
+    report("bad environment: ", e.what());
+    return kExitBadInput;
+  } catch (const CommError& e) {
+    report("communication failed: ", e.what());
+    return kExitCommFailed;
+  } catch (const std::exception& e) {
+    report("internal error: ", what_of(e));
+    return kExitInternal;
+  }
+}
+
+}  // namespace lockstep
