@@ -111,9 +111,12 @@ fi
 host_tools
 
 # The checkout as a new user would have it: the tracked and untracked files,
-# without this machine's build folders; mtimes kept so the build is incremental.
+# without this machine's build folders. Compared by content, and a file that
+# changed gets a new mtime (-t is left out on purpose): several checkouts (a
+# CI clone, a working tree) share the root's copy, and their mtimes would
+# make ninja keep objects built from another checkout's older headers.
 mkdir -p "$root$src"
-rsync -a --delete --exclude='/build/' --exclude='/build-*/' --exclude='/runs/' \
+rsync -rlpD --checksum --delete --exclude='/build/' --exclude='/build-*/' --exclude='/runs/' \
   "$here/" "$root$src/"
 enter_mounts "$root"
 
