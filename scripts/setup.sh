@@ -25,9 +25,12 @@ COMMON=(
   iproute2 procps       # pgrep and ip, used by the multi-process tests
 )
 case "$release" in
-  12) PACKAGES=("${COMMON[@]}" libtorch-dev) ;;  # LibTorch 1.13 (CPU, Gloo)
+  # clang with its sanitizer/libFuzzer runtime: tests/fuzz/run.sh.
+  12) PACKAGES=("${COMMON[@]}" libtorch-dev      # LibTorch 1.13 (CPU, Gloo)
+                clang libclang-rt-14-dev) ;;
   13) PACKAGES=("${COMMON[@]}" libtorch-dev      # LibTorch 2.6 (CPU, Gloo, MPI)
-                libopenmpi-dev openmpi-bin) ;;   # mpirun for dist.backend: mpi
+                libopenmpi-dev openmpi-bin       # mpirun for dist.backend: mpi
+                clang libclang-rt-19-dev) ;;
   *)
     echo "setup: Debian 12 or 13 expected, /etc/os-release says VERSION_ID='$release';" \
          "install the Debian 12 list by hand (scripts/setup.sh --packages) and rerun with LOCKSTEP_SKIP_INSTALL=1" >&2

@@ -30,6 +30,24 @@ namespace {
 const std::vector<std::string> kFiles{"model.pt", "optimizer.pt", "rng.pt", "state.yaml",
                                       "config.yaml"};
 
+// A state dict or tensor file: a regular file (not /dev/zero, not a folder),
+// read whole (its records are validated against its size).
+std::string read_regular_file(const std::string& path) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) {
+    throw DataError("cannot open '" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(info.st_mode)) throw DataError("'" + path + "' is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
+  std::string bytes(static_cast<size_t>(info.st_size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (in.gcount() != static_cast<std::streamsize>(bytes.size())) {
+    throw DataError("cannot read '" + path + "' whole (it changed while being read?)");
+  }
+  return bytes;
+}
+
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
@@ -151,25 +169,7 @@ void state_dict_save_file(const StateDict& state, const std::string& path) {
 }
 
 StateDict state_dict_load_file(const std::string& path) {
-  const std::string bytes = read_all(path);
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception&) {
-    value = c10::IValue();
-  }
-  // Python's torch.save(model.state_dict()) pickles an OrderedDict, which
-  // LibTorch's unpickler reads as None (or rejects): read those with our own
-  // reader, whose errors say what is wrong with the file.
-  if (!value.isGenericDict()) return state_dict_load_python(path);
-  StateDict out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString() || !item.value().isTensor()) {
-      throw DataError(path + ": holds an entry that is not name -> tensor");
-    }
-    out.emplace_back(item.key().toStringRef(), item.value().toTensor());
-  }
-  return out;
+  return state_dict_from_bytes(read_regular_file(path), path);
 }
 
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
@@ -263,18 +263,27 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
   verify(folder);
   Loaded loaded;
   loaded.folder = folder;
-  const YAML::Node state = YAML::LoadFile(folder + "/state.yaml");
-  loaded.state.step = state["step"].as<int64_t>();
-  loaded.state.epoch = state["epoch"].as<int64_t>();
-  loaded.state.batch_in_epoch = state["batch_in_epoch"].as<int64_t>();
-  loaded.state.world_size = state["world_size"].as<int64_t>();
-  loaded.state.model = state["model"].as<std::string>();
+  try {
+    const YAML::Node state = YAML::LoadFile(folder + "/state.yaml");
+    loaded.state.step = state["step"].as<int64_t>();
+    loaded.state.epoch = state["epoch"].as<int64_t>();
+    loaded.state.batch_in_epoch = state["batch_in_epoch"].as<int64_t>();
+    loaded.state.world_size = state["world_size"].as<int64_t>();
+    loaded.state.model = state["model"].as<std::string>();
+  } catch (const YAML::Exception& e) {
+    throw DataError(folder + "/state.yaml: " + e.what() +
+                    " (keys step, epoch, batch_in_epoch, world_size: integers; model: text)");
+  }
   loaded.model = state_dict_load_file(folder + "/model.pt");
-  const std::string rng = read_all(folder + "/rng.pt");
-  loaded.rng_states = torch::pickle_load(std::vector<char>(rng.begin(), rng.end())).toTensor();
-  torch::serialize::InputArchive archive;
-  archive.load_from(folder + "/optimizer.pt");
-  optimizer.load(archive);
+  loaded.rng_states = tensor_from_bytes(read_regular_file(folder + "/rng.pt"), folder + "/rng.pt");
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(folder + "/optimizer.pt");
+    optimizer.load(archive);
+  } catch (const std::exception& e) {
+    throw DataError(folder + "/optimizer.pt: not this optimizer's state (" +
+                    what_of(e).substr(0, 200) + ")");
+  }
   return loaded;
 }
 
