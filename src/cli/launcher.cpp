@@ -36,6 +36,9 @@
 namespace lockstep::launch {
 namespace {
 
+// The longest line relayed in one piece (Worker output without newlines).
+constexpr size_t kMaxLine = 64 * 1024;
+
 using Clock = std::chrono::steady_clock;
 
 volatile sig_atomic_t g_signal = 0;
@@ -223,6 +226,12 @@ class Attempt {
       relay_line(w, s, st.partial.substr(begin, nl - begin));
     }
     st.partial.erase(0, begin);
+    // Output without newlines is relayed in pieces of kMaxLine bytes: the
+    // launcher's memory stays bounded whatever a worker prints.
+    while (st.partial.size() >= kMaxLine) {
+      relay_line(w, s, st.partial.substr(0, kMaxLine));
+      st.partial.erase(0, kMaxLine);
+    }
   }
 
   void signal_running(int sig) {
@@ -402,7 +411,9 @@ void launch_validate(const LaunchOptions& o) {
         "not learn the port; pass the same --master-port to every node");
   }
   if (o.max_restarts < 0) bad("--max-restarts=" + std::to_string(o.max_restarts) + " must be >= 0");
-  if (!(o.grace_s >= 0)) bad("--grace-s must be >= 0");
+  if (!(o.grace_s >= 0 && o.grace_s <= 86400)) {
+    bad("--grace-s=" + std::to_string(o.grace_s) + " must be in [0, 86400] seconds");
+  }
   if (o.command.empty()) bad("no program given: lockstep-run [options] PROGRAM [ARGS...]");
 }
 

@@ -90,14 +90,19 @@ std::string folder_name(int64_t step) {
   return name;
 }
 
+// Folders named exactly as folder_name() names them: "step_" and 8 or more
+// digits. A user's step_best/ in the same place is not a checkpoint.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return found;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
-    if (name.rfind("step_", 0) == 0)
-      found.emplace_back(std::atoll(name.c_str() + 5), dir + "/" + name);
+    const std::string digits = name.size() > 5 ? name.substr(5) : "";
+    if (name.rfind("step_", 0) == 0 && digits.size() >= 8 && digits.size() <= 18 &&
+        digits.find_first_not_of("0123456789") == std::string::npos) {
+      found.emplace_back(std::atoll(digits.c_str()), dir + "/" + name);
+    }
   }
   closedir(d);
   std::sort(found.begin(), found.end());
@@ -218,9 +223,13 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
   }
   fsync_path(dir_, true);
 
+  // Rotation removes only what is ours: our folder names, with our MANIFEST.
   auto all = list_checkpoints(dir_);
   for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) {
-    remove_tree(all[i].second);
+    struct stat manifest {};
+    if (stat((all[i].second + "/MANIFEST").c_str(), &manifest) == 0 && S_ISREG(manifest.st_mode)) {
+      remove_tree(all[i].second);
+    }
   }
   return final_path;
 }

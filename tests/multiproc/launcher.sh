@@ -81,4 +81,25 @@ expect_grep "$WORK/err" "node-rank=2 must be in \[0, --nnodes=2\)" "node rank ou
 expect_eq "$?" 127 "a program that cannot be executed gives 127"
 expect_grep "$WORK/err" "cannot execute '/nonexistent/program'" "and says why"
 
+# Bad grace periods are refused up front (1e10 s used to overflow into an
+# immediate SIGKILL).
+"$LOCKSTEP_RUN" --nproc-per-node 1 --grace-s 1e10 true >"$WORK/out" 2>&1
+expect_eq "$?" 2 "--grace-s 1e10 exits 2"
+expect_grep "$WORK/out" "grace-s=10000000000.000000 must be in \[0, 86400\] seconds" "naming the range"
+# 64 MB without a newline: relayed in 64 KB pieces, every byte of it, with
+# the launcher's memory bounded (it used to hold the whole line: ~200 MB).
+"$LOCKSTEP_RUN" --nproc-per-node 1 --master-port 0 sh -c 'head -c 67108864 /dev/zero | tr "\\0" x' \
+  >"$WORK/out" 2>"$WORK/err" &
+relay=$!
+peak=0
+while kill -0 "$relay" 2>/dev/null; do
+  kb=$(awk '/VmRSS/ {print $2}' "/proc/$relay/status" 2>/dev/null || echo 0)
+  [ "${kb:-0}" -gt "$peak" ] && peak=$kb
+  sleep 0.05
+done
+wait "$relay"
+expect_eq "$?" 0 "a worker printing 64 MB without a newline exits 0"
+expect_eq "$(tr -d '\n' <"$WORK/out" | sed 's/\[rank0\]: //g' | wc -c)" 67108864 "every byte relayed"
+expect_eq "$(grep -c '' "$WORK/out")" 1024 "in 1024 pieces of 64 KB"
+expect_lt "$peak" 65536 "launcher's resident memory stays under 64 MB (peak ${peak} kB)"
 finish

@@ -149,4 +149,13 @@ expect_grep "$WORK/out" "resumed from .*at step $step " "from the newest checkpo
 sleep 0.3
 expect_eq "$(leftovers "$marker")" "" "no process left after the kill"
 
+# Rotation removes only our own checkpoints: a user's step_best_keep_me/ and
+# a step_-named folder without our MANIFEST survive keep=1.
+mkdir -p "$runs/rot/checkpoints/step_best_keep_me" "$runs/rot/checkpoints/step_00000001"
+echo mine >"$runs/rot/checkpoints/step_best_keep_me/notes.txt"
+train 2 --set run.name=rot --set train.max_steps=30 --set checkpoint.every=10 --set checkpoint.keep=1
+expect_eq "$?" 0 "a keep=1 run next to the user's folders exits 0"
+expect_eq "$(ls "$runs/rot/checkpoints" | tr '\n' ' ')" "step_00000001 step_00000030 step_best_keep_me " \
+  "rotation kept the newest checkpoint and every folder that is not ours"
+expect_eq "$(cat "$runs/rot/checkpoints/step_best_keep_me/notes.txt")" mine "the user's file is intact"
 finish
