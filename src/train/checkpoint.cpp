@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"
 
 namespace lockstep {
@@ -62,14 +63,6 @@ void fsync_path(const std::string& path, bool directory) {
   const int rc = fsync(fd);
   close(fd);
   if (rc != 0) throw DataError("fsync '" + path + "': " + std::strerror(errno));
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw DataError("cannot write '" + path + "': " + std::strerror(errno));
-  fsync_path(path, false);
 }
 
 // Best effort: a folder that cannot be removed is left behind, not fatal.
@@ -192,12 +185,40 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
   if (mkdir(tmp.c_str(), 0755) != 0) {
     throw DataError("cannot create '" + tmp + "': " + std::strerror(errno));
   }
+  try {
+    write_folder(tmp, state, model, optimizer, rng_states, config_yaml);
+  } catch (const std::exception& e) {
+    // Note [Failed checkpoint]: nothing half-written stays behind, and the
+    // previous checkpoint was never touched.
+    remove_tree(tmp);
+    throw DataError("checkpoint of step " + std::to_string(state.step) +
+                    " not written (the previous one is intact): " + what_of(e));
+  }
+
+  const std::string final_path = dir_ + "/" + name;
+  remove_tree(final_path);
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    remove_tree(tmp);
+    throw DataError("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(err));
+  }
+  fsync_path(dir_, true);
+  rotate();
+  return final_path;
+}
+
+void Checkpointer::write_folder(const std::string& tmp, const TrainerState& state,
+                                const StateDict& model, torch::optim::Optimizer& optimizer,
+                                const at::Tensor& rng_states, const std::string& config_yaml) {
   state_dict_save_file(model, tmp + "/model.pt");
   {
+    // Serialised in memory, written by write_file: LibTorch's own file
+    // writer aborts the process when the disk fills (its destructor throws).
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
-    archive.save_to(tmp + "/optimizer.pt");
-    fsync_path(tmp + "/optimizer.pt", false);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    write_file(tmp + "/optimizer.pt", bytes.str());
   }
   {
     const auto bytes = torch::pickle_save(c10::IValue(rng_states.contiguous()));
@@ -215,14 +236,9 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
     manifest += sha256_hex(read_all(tmp + "/" + file)) + "  " + file + "\n";
   write_file(tmp + "/MANIFEST", manifest);
   fsync_path(tmp, true);
+}
 
-  const std::string final_path = dir_ + "/" + name;
-  remove_tree(final_path);
-  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
-    throw DataError("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(errno));
-  }
-  fsync_path(dir_, true);
-
+void Checkpointer::rotate() {
   // Rotation removes only what is ours: our folder names, with our MANIFEST.
   auto all = list_checkpoints(dir_);
   for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) {
@@ -231,7 +247,6 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
       remove_tree(all[i].second);
     }
   }
-  return final_path;
 }
 
 std::optional<std::string> Checkpointer::newest() const {

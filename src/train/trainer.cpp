@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -136,6 +138,34 @@ struct Trainer::Impl {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   std::FILE* metrics = nullptr;
+  bool metrics_failed = false;
+
+  // One metrics.jsonl record, written whole or not at all: a failed write
+  // (a full disk) is cut back to the last complete record and reported once;
+  // training goes on, and later records are written when writes work again.
+  void metrics_printf(const char* format, ...) __attribute__((format(printf, 2, 3))) {
+    char record[1024];
+    va_list args;
+    va_start(args, format);
+    const int length = std::vsnprintf(record, sizeof record, format, args);
+    va_end(args);
+    if (length < 0 || static_cast<size_t>(length) >= sizeof record) return;
+    const long before = std::ftell(metrics);
+    if (std::fwrite(record, 1, static_cast<size_t>(length), metrics) ==
+        static_cast<size_t>(length)) {
+      return;
+    }
+    const int err = errno;
+    std::clearerr(metrics);
+    if (before >= 0) (void)ftruncate(fileno(metrics), before);
+    if (!metrics_failed) {
+      metrics_failed = true;
+      spdlog::warn(
+          "metrics.jsonl: a record could not be written ({}); records are dropped while "
+          "writes fail, and the file holds only complete records (reported once)",
+          std::strerror(err));
+    }
+  }
   std::shared_ptr<Tracer> tracer;  // log.trace
   std::optional<Fault> fault = fault_from_env();
   bool warned_comm_share = false;
@@ -177,7 +207,7 @@ struct Trainer::Impl {
         out.close();
         if (!out) throw ConfigError("run directory '" + run_dir + "' is not writable");
         std::remove(probe.c_str());
-        std::ofstream(run_dir + "/config.yaml") << config_yaml;
+        write_file(run_dir + "/config.yaml", config_yaml);
       } catch (const Error& e) {
         problem = e.what();
       }
@@ -193,6 +223,7 @@ struct Trainer::Impl {
       spdlog::info("run directory {}; resolved configuration:\n{}", run_dir, config_yaml);
       metrics = std::fopen((run_dir + "/metrics.jsonl").c_str(), "a");
       if (metrics == nullptr) throw ConfigError("cannot open " + run_dir + "/metrics.jsonl");
+      std::setvbuf(metrics, nullptr, _IONBF, 0);  // one write per record: see metrics_printf
     }
   }
 
@@ -390,15 +421,13 @@ struct Trainer::Impl {
           100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
     }
     if (world.rank == 0) {
-      std::fprintf(
-          metrics,
+      metrics_printf(
           "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
           "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
           "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
           static_cast<long long>(state.step), static_cast<long long>(state.epoch), loss, accuracy,
           lr, samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
           in.optimizer_ms / n, in.check_ms / n);
-      std::fflush(metrics);
       const bool bar =
           config.log.progress == "bar" || (config.log.progress == "auto" && isatty_stdout());
       if (bar) {
@@ -445,12 +474,10 @@ struct Trainer::Impl {
       spdlog::info("epoch {} validation: loss {:.5f} accuracy {:.4f} ({} examples)",
                    state.epoch + 1, result.val_loss, result.val_accuracy,
                    static_cast<int64_t>(count));
-      std::fprintf(
-          metrics,
+      metrics_printf(
           "{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f}\n",
           static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1),
           result.val_loss, result.val_accuracy);
-      std::fflush(metrics);
     }
   }
 

@@ -1,6 +1,8 @@
 #include "lockstep/util/fs.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -17,6 +19,28 @@ void make_directories(const std::string& path) {
         throw DataError("cannot create '" + prefix + "': " + std::strerror(errno));
       }
     }
+  }
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw DataError("cannot create '" + path + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      close(fd);
+      throw DataError("cannot write '" + path + "': " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int synced = fsync(fd);
+  const int sync_err = errno;
+  if (close(fd) != 0 || synced != 0) {
+    throw DataError("cannot write '" + path +
+                    "': " + std::strerror(synced != 0 ? sync_err : errno));
   }
 }
 

@@ -64,7 +64,10 @@ class Checkpointer {
  public:
   Checkpointer(std::string run_dir, int64_t keep);
 
-  // Rank 0 only. Returns the checkpoint folder.
+  // Rank 0 only. Returns the checkpoint folder. Written in a temporary
+  // folder, fsynced, renamed. Any failure (a full disk: ENOSPC) is a
+  // DataError naming the file and errno; the temporary folder is removed and
+  // the previous checkpoint is untouched (Note [Failed checkpoint]).
   std::string save(const TrainerState& state, const StateDict& model,
                    torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
                    const std::string& config_yaml);
@@ -84,6 +87,11 @@ class Checkpointer {
   static void verify(const std::string& folder);
 
  private:
+  void write_folder(const std::string& tmp, const TrainerState& state, const StateDict& model,
+                    torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
+                    const std::string& config_yaml);
+  void rotate();
+
   std::string dir_;
   int64_t keep_;
 };

@@ -9,4 +9,9 @@ namespace lockstep {
 // the component that could not be created and why.
 void make_directories(const std::string& path);
 
+// Writes `bytes` to `path` (created or truncated) and fsyncs it. Every byte
+// is checked: a full disk (ENOSPC), a quota or an I/O error is a DataError
+// naming the file and the errno, never a silently short file.
+void write_file(const std::string& path, const std::string& bytes);
+
 }  // namespace lockstep
