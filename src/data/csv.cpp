@@ -11,6 +11,7 @@
 
 #include "lockstep/data/dataset.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 
 namespace lockstep {
 namespace {
@@ -146,6 +147,14 @@ TensorDataset dataset_csv_text(const std::string& text, const std::string& sourc
                       (options.num_classes > 0 ? std::to_string(options.num_classes) : "inf") +
                       ")");
     }
+    if (options.num_classes == 0 && v >= static_cast<double>(options.max_classes)) {
+      // One label would size the model's head: refused before anything grows.
+      std::ostringstream shown;
+      shown << v;
+      throw DataError(source + ":" + std::to_string(label_lines[r]) + ": label " + shown.str() +
+                      " would make a model of more than " + std::to_string(options.max_classes) +
+                      " classes (data.max_classes; a typo, or a regression target?)");
+    }
     y.push_back(static_cast<int64_t>(v));
     largest = std::max(largest, y.back());
   }
@@ -155,12 +164,7 @@ TensorDataset dataset_csv_text(const std::string& text, const std::string& sourc
 }
 
 TensorDataset dataset_csv(const std::string& path, const CsvOptions& options) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (file.bad()) throw DataError("cannot read '" + path + "': " + std::strerror(errno));
-  return dataset_csv_text(text.str(), path, options);
+  return dataset_csv_text(read_regular_file(path), path, options);
 }
 
 }  // namespace lockstep

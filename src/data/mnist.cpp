@@ -10,19 +10,18 @@
 
 #include "lockstep/data/dataset.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 
 namespace lockstep {
 namespace {
 
 std::string read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw DataError("cannot open '" + path + "': " + std::strerror(errno) +
+  try {
+    return read_regular_file(path);
+  } catch (const DataError& e) {
+    throw DataError(std::string(e.what()) +
                     " (MNIST needs the four idx files, uncompressed, in one folder)");
   }
-  std::ostringstream bytes;
-  bytes << file.rdbuf();
-  return bytes.str();
 }
 
 uint32_t big_endian(const std::string& bytes, size_t offset) {
@@ -43,7 +42,11 @@ std::vector<int64_t> idx_header(const std::string& bytes, const std::string& pat
   int64_t total = 1;
   for (size_t d = 0; d < dims; ++d) {
     shape.push_back(big_endian(bytes, 4 + 4 * d));
-    total *= shape.back();
+    if (shape.back() == 0 || __builtin_mul_overflow(total, shape.back(), &total)) {
+      throw DataError(path + ": header dimension " + std::to_string(d) + " is " +
+                      std::to_string(shape.back()) +
+                      (shape.back() == 0 ? " (empty images or no examples)" : " (sizes overflow)"));
+    }
   }
   if (bytes.size() != header + static_cast<size_t>(total)) {
     throw DataError(path + ": holds " + std::to_string(bytes.size() - header) +

@@ -31,24 +31,6 @@ namespace {
 const std::vector<std::string> kFiles{"model.pt", "optimizer.pt", "rng.pt", "state.yaml",
                                       "config.yaml"};
 
-// A state dict or tensor file: a regular file (not /dev/zero, not a folder),
-// read whole (its records are validated against its size).
-std::string read_regular_file(const std::string& path) {
-  struct stat info {};
-  if (stat(path.c_str(), &info) != 0) {
-    throw DataError("cannot open '" + path + "': " + std::strerror(errno));
-  }
-  if (!S_ISREG(info.st_mode)) throw DataError("'" + path + "' is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
-  std::string bytes(static_cast<size_t>(info.st_size), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (in.gcount() != static_cast<std::streamsize>(bytes.size())) {
-    throw DataError("cannot read '" + path + "' whole (it changed while being read?)");
-  }
-  return bytes;
-}
-
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot open '" + path + "': " + std::strerror(errno));

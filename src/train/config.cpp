@@ -159,6 +159,8 @@ const std::vector<Field>& fields() {
                  "csv: the file; mnist: the folder of idx files"),
       make_field("data", "label_column", &C::data, &DataConfig::label_column, Type::kString,
                  "csv: label column, a header name or an index (-1: last)"),
+      make_field("data", "max_classes", &C::data, &DataConfig::max_classes, Type::kInt,
+                 "csv: a label at or above this is an error, not a model that large", 2, 1e9),
       make_field("data", "validation_fraction", &C::data, &DataConfig::validation_fraction,
                  Type::kDouble, "share held out for validation (mnist uses its test files)", 0,
                  0.9),

@@ -104,6 +104,7 @@ DatasetSplit dataset_from_config(const Config& config) {
   } else {
     CsvOptions csv;
     csv.label_column = d.label_column;
+    csv.max_classes = d.max_classes;
     all = dataset_csv(d.path, csv);
   }
   return dataset_split(all, d.validation_fraction, config.run.seed);

@@ -100,6 +100,17 @@ TEST_CASE("CSV errors name the file and the line", "[datasets]") {
   REQUIRE_THROWS_WITH(dataset_csv(word, named),
                       Contains("no column named 'target' (columns: x, y)"));
   REQUIRE_THROWS_AS(dataset_csv(empty), DataError);
+  // One label must not size the model (issue 16: a 10^7-class head).
+  const auto huge = dir.write("huge.csv", "1,0\n2,10000000\n");
+  REQUIRE_THROWS_WITH(dataset_csv(huge),
+                      Contains(huge + ":2: label 1e+07 would make a model of more than 100000 "
+                                      "classes (data.max_classes"));
+  CsvOptions roomy;
+  roomy.max_classes = 20000000;
+  CHECK(dataset_csv(huge, roomy).num_classes == 10000001);
+  // Not a regular file: refused before a byte is read.
+  REQUIRE_THROWS_WITH(dataset_csv("/dev/zero"), Contains("'/dev/zero' is not a regular file"));
+  REQUIRE_THROWS_WITH(dataset_csv(dir.path), Contains("is not a regular file"));
 }
 
 TEST_CASE("MNIST idx files: read, and bad files named", "[datasets]") {
@@ -124,6 +135,14 @@ TEST_CASE("MNIST idx files: read, and bad files named", "[datasets]") {
   dir.write("t10k-labels-idx1-ubyte", be32(2049) + be32(3) + std::string{1, 2});
   REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false),
                       Contains("holds 2 data bytes, its header promises 3"));
+  // Headers whose dimensions overflow, or are zero (zero-width images).
+  dir.write("t10k-labels-idx1-ubyte", labels);
+  dir.write("t10k-images-idx3-ubyte",
+            be32(2051) + be32(0xFFFFFFFF) + be32(0xFFFFFFFF) + be32(0xFFFFFFFF));
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("(sizes overflow)"));
+  dir.write("t10k-images-idx3-ubyte", be32(2051) + be32(2) + be32(0) + be32(28));
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false),
+                      Contains("header dimension 1 is 0 (empty images or no examples)"));
 }
 
 TEST_CASE("the embedded digits: 1,797 images of 64 pixels, 10 classes", "[datasets]") {

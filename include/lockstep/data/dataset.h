@@ -39,6 +39,9 @@ struct CsvOptions {
   // Classification: labels must be integers in [0, num_classes); 0 infers
   // num_classes as the largest label + 1.
   int64_t num_classes = 0;
+  // With num_classes inferred: a label at or above this is an error, not
+  // a model with millions of outputs.
+  int64_t max_classes = 100000;
   char delimiter = ',';
 };
 

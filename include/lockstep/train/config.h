@@ -40,6 +40,7 @@ struct DataConfig {
   std::string name = "digits";
   std::string path;
   std::string label_column = "-1";
+  int64_t max_classes = 100000;
   double validation_fraction = 0.2;
   int64_t batch_size = 32;
   bool shuffle = true;

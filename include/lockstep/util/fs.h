@@ -9,6 +9,11 @@ namespace lockstep {
 // the component that could not be created and why.
 void make_directories(const std::string& path);
 
+// Reads a whole regular file (not a folder, a device such as /dev/zero, or a
+// FIFO: those are refused before a byte is read). Throws DataError naming
+// the path and why.
+std::string read_regular_file(const std::string& path);
+
 // Writes `bytes` to `path` (created or truncated) and fsyncs it. Every byte
 // is checked: a full disk (ENOSPC), a quota or an I/O error is a DataError
 // naming the file and the errno, never a silently short file.
