@@ -5,6 +5,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <set>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <sstream>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 
 namespace lockstep {
 namespace {
@@ -316,20 +319,40 @@ std::string mark(const std::string& path, const YAML::Node& node) {
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
   Config config;
   if (!path.empty()) {
-    YAML::Node root;
+    std::string text;
     try {
-      root = YAML::LoadFile(path);
-    } catch (const YAML::BadFile&) {
-      throw ConfigError("cannot read config '" + path + "'");
+      text = read_regular_file(path);
+    } catch (const DataError& e) {
+      throw ConfigError("cannot read config '" + path + "': " + e.what());
+    }
+    std::vector<YAML::Node> documents;
+    try {
+      documents = YAML::LoadAll(text);
     } catch (const YAML::ParserException& e) {
       throw ConfigError("config " + path + ":" + std::to_string(e.mark.line + 1) + ":" +
                         std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
     }
-    if (!root.IsNull() && !root.IsMap()) {
+    if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
+      throw ConfigError("config " + path + " is empty (give at least one section, e.g. run:)");
+    }
+    if (documents.size() > 1) {
+      throw ConfigError("config " + path + " holds " + std::to_string(documents.size()) +
+                        " YAML documents (---); one is read, so give one");
+    }
+    const YAML::Node& root = documents[0];
+    if (!root.IsMap()) {
       throw ConfigError("config " + path + ": the top level must map sections to their keys");
     }
+    std::set<std::string> sections_seen;
     for (const auto& section : root) {
-      const std::string name = section.first.as<std::string>();
+      if (!section.first.IsScalar()) {
+        throw ConfigError(mark(path, section.first) + ": a section name must be plain text");
+      }
+      const std::string name = section.first.Scalar();
+      if (!sections_seen.insert(name).second) {
+        throw ConfigError(mark(path, section.first) + ": section '" + name +
+                          "' appears twice (merge them)");
+      }
       if (!section.second.IsMap()) {
         bool known = false;
         for (const auto& f : fields()) known = known || f.section == name;
@@ -337,9 +360,14 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
         throw ConfigError(mark(path, section.second) + ": section '" + name +
                           "' must be a mapping of keys to values");
       }
+      std::set<std::string> keys_seen;
       for (const auto& item : section.second) {
-        const std::string key = item.first.as<std::string>();
         const std::string where = mark(path, item.first);
+        if (!item.first.IsScalar()) throw ConfigError(where + ": a key must be plain text");
+        const std::string key = item.first.Scalar();
+        if (!keys_seen.insert(key).second) {
+          throw ConfigError(where + ": " + name + "." + key + " is set twice");
+        }
         const Field& f = find_field(name, key, where);
         if (!item.second.IsScalar()) {
           throw ConfigError(where + ": " + f.path() + " must be a single value");

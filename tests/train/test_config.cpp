@@ -63,6 +63,28 @@ TEST_CASE("config errors name the path, the value and the fix", "[config]") {
   REQUIRE_THROWS_AS(config_load("", {"optim.lr=-1"}), ConfigError);
 }
 
+TEST_CASE("careless config files are bad input, never internal errors", "[config]") {
+  REQUIRE_THROWS_WITH(config_load("/tmp"), Contains("cannot read config '/tmp': '/tmp' is not a "
+                                                    "regular file"));
+  REQUIRE_THROWS_WITH(config_load(write_config("empty", "")), Contains("empty.yaml is empty"));
+  REQUIRE_THROWS_WITH(config_load(write_config("comments", "# nothing\n")),
+                      Contains("comments.yaml is empty"));
+  REQUIRE_THROWS_WITH(config_load(write_config("two",
+                                               "optim:\n  lr: 0.1\n---\ndata:\n  "
+                                               "batch_size: 8\n")),
+                      Contains("two.yaml holds 2 YAML documents"));
+  REQUIRE_THROWS_WITH(config_load(write_config("dupsec",
+                                               "optim:\n  lr: 0.1\ndata:\n  batch_size: 8\noptim:\n"
+                                               "  lr: 0.2\n")),
+                      Contains("dupsec.yaml:5: section 'optim' appears twice"));
+  REQUIRE_THROWS_WITH(config_load(write_config("dupkey", "optim:\n  lr: 0.1\n  lr: 0.2\n")),
+                      Contains("dupkey.yaml:3: optim.lr is set twice"));
+  REQUIRE_THROWS_WITH(config_load(write_config("complex", "? [a, b]\n: 1\n")),
+                      Contains("a section name must be plain text"));
+  REQUIRE_THROWS_WITH(config_load(write_config("complexkey", "optim:\n  ? {a: 1}\n  : 2\n")),
+                      Contains("a key must be plain text"));
+}
+
 TEST_CASE("docs/config.md holds the reference generated from the field table", "[config]") {
   std::ifstream doc(LOCKSTEP_SOURCE_DIR "/docs/config.md");
   REQUIRE(doc);
