@@ -27,6 +27,7 @@ Distributed init_distributed(const InitOptions& options) {
   }
   if (options.init_logging) log_init(dist.world.rank, options.log_level);
   spdlog::info("lockstep: {}", dist.world.describe());
+  if (options.backend == BackendKind::kMpi) mpi_check_world(dist.world);
   RendezvousOptions rdzv;
   rdzv.timeout = options.rendezvous_timeout;
   dist.store = rendezvous_connect(dist.world, rdzv);

@@ -13,7 +13,7 @@ bool mpi_available() {
   return true;
 }
 
-Ptr<C10dBackend> mpi_backend_create(const WorldInfo& world) {
+void mpi_check_world(const WorldInfo& world) {
   if (world.source != WorldSource::kOpenMpi && world.world_size > 1) {
     throw ConfigError(
         "backend 'mpi' needs ranks started by mpirun (OMPI_COMM_WORLD_RANK is not set;"
@@ -22,6 +22,10 @@ Ptr<C10dBackend> mpi_backend_create(const WorldInfo& world) {
         "): run e.g. mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 "
         "lockstep ... --backend mpi, or use --backend gloo");
   }
+}
+
+Ptr<C10dBackend> mpi_backend_create(const WorldInfo& world) {
+  mpi_check_world(world);
   auto backend = c10d::ProcessGroupMPI::createProcessGroupMPI();
   if (backend->getRank() != world.rank || backend->getSize() != world.world_size) {
     throw EnvError("MPI says rank " + std::to_string(backend->getRank()) + " of " +

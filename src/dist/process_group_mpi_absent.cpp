@@ -12,6 +12,10 @@ bool mpi_available() {
   return false;
 }
 
+void mpi_check_world(const WorldInfo& world) {
+  mpi_backend_create(world);  // throws: not available
+}
+
 Ptr<C10dBackend> mpi_backend_create(const WorldInfo&) {
   throw ConfigError(
       "backend 'mpi' is not available: this lockstep was built against LibTorch " TORCH_VERSION

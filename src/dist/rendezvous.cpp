@@ -25,21 +25,29 @@ std::string arrival_key(int rank) {
 // missing keys tell exactly which ranks never arrived.
 void wait_for_all_ranks(C10dStore& store, const WorldInfo& world,
                         std::chrono::milliseconds timeout) {
-  store.set(arrival_key(world.rank), std::vector<uint8_t>{1});
-  std::vector<std::string> keys;
-  for (int r = 0; r < world.world_size; ++r) keys.push_back(arrival_key(r));
+  const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
   try {
-    store.wait(keys, timeout);
-  } catch (const std::exception& e) {
-    std::string missing;
-    for (int r = 0; r < world.world_size; ++r) {
-      if (!store.check({arrival_key(r)}))
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    store.set(arrival_key(world.rank), std::vector<uint8_t>{1});
+    std::vector<std::string> keys;
+    for (int r = 0; r < world.world_size; ++r) keys.push_back(arrival_key(r));
+    try {
+      store.wait(keys, timeout);
+    } catch (const std::exception& e) {
+      std::string missing;
+      for (int r = 0; r < world.world_size; ++r) {
+        if (!store.check({arrival_key(r)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw TimeoutError("rendezvous at " + where + ": rank(s) " + missing +
+                         " did not arrive within " + seconds(timeout) + " (world size " +
+                         std::to_string(world.world_size) + ")");
     }
-    throw TimeoutError("rendezvous at " + world.master_addr + ":" +
-                       std::to_string(world.master_port) + ": rank(s) " + missing +
-                       " did not arrive within " + seconds(timeout) + " (world size " +
-                       std::to_string(world.world_size) + ")");
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The store itself went away mid-rendezvous (rank 0 exited, say).
+    throw CommError("rendezvous at " + where + ": rank " + std::to_string(world.rank) +
+                    " lost the store (did the rank hosting it exit?): " + what_of(e));
   }
 }
 

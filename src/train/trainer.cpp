@@ -39,6 +39,26 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A dataset or model that the config makes larger than this machine's memory
+// is bad input (exit 2 naming the section), not an internal error: the
+// allocator's failure (std::bad_alloc, or c10's "can't allocate memory") is
+// turned into a ConfigError.
+template <typename Body>
+void within_memory(const std::string& what, Body&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    throw ConfigError(what + " does not fit in this machine's memory (make it smaller)");
+  } catch (const c10::Error& e) {
+    const std::string text = e.what_without_backtrace();
+    if (text.find("allocate") == std::string::npos && text.find("memory") == std::string::npos) {
+      throw;
+    }
+    throw ConfigError(what + " does not fit in this machine's memory (make it smaller): " +
+                      text.substr(0, text.find('\n')));
+  }
+}
+
 // checkpoint.on_signal: the handler only records the signal; the loop reacts
 // at the next step boundary, where it is safe to checkpoint.
 std::atomic<int> g_stop_signal{0};
@@ -549,8 +569,8 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   config_validate(s.config, s.world.world_size);
   s.agree_on_config();
   s.prepare_run_dir();
-  s.load_data();
-  s.build_model();
+  within_memory("the dataset (section data)", [&] { s.load_data(); });
+  within_memory("the model (section model)", [&] { s.build_model(); });
   s.build_optimizer();
   s.maybe_resume();
   DdpOptions ddp;

@@ -149,6 +149,12 @@ expect_grep "$WORK/out" "resumed from .*at step $step " "from the newest checkpo
 sleep 0.3
 expect_eq "$(leftovers "$marker")" "" "no process left after the kill"
 
+# A dataset larger than memory is bad input (exit 2), not an internal error.
+"$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" --set data.name=synthetic \
+  --set data.synthetic_size=1000000000 --set data.synthetic_features=1048576 >"$WORK/out" 2>&1
+expect_eq "$?" 2 "synthetic_size=1e9 x 2^20 features exits 2"
+expect_grep "$WORK/out" "the dataset \(section data\) does not fit in this machine's memory" "and says why"
+
 # Rotation removes only our own checkpoints: a user's step_best_keep_me/ and
 # a step_-named folder without our MANIFEST survive keep=1.
 mkdir -p "$runs/rot/checkpoints/step_best_keep_me" "$runs/rot/checkpoints/step_00000001"

@@ -132,5 +132,9 @@ bool nccl_available();
 // must be the one mpirun started (its rank and size are checked against MPI's).
 Ptr<C10dBackend> mpi_backend_create(const WorldInfo& world);
 bool mpi_available();
+// Throws ConfigError unless `world` can use MPI (a LibTorch with MPI, ranks
+// started by mpirun). init_distributed calls it before the rendezvous, so
+// that every rank fails alone, at once, instead of racing its peers.
+void mpi_check_world(const WorldInfo& world);
 
 }  // namespace lockstep
