@@ -101,10 +101,71 @@ struct Worker {
   int log_fd = -1;
 };
 
+// Note [Guardian]: workers get PDEATHSIG, but what they spawn does not, and
+// a SIGKILLed launcher runs no code of its own. So a small guardian process,
+// forked before any worker, holds the read end of a pipe on which the
+// launcher writes each worker's process group. When the launcher dies, for
+// whatever reason, the kernel closes the write end; the guardian reads EOF
+// and SIGKILLs every group it was told of, so the whole tree goes. On a
+// normal exit the launcher writes 0 first and the guardian leaves quietly.
+class Guardian {
+ public:
+  Guardian() {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid_ == 0) {
+      close(p[1]);
+      watch_loop(p[0]);
+    }
+    close(p[0]);
+    fd_ = p[1];
+  }
+  ~Guardian() { release(); }
+  Guardian(const Guardian&) = delete;
+  Guardian& operator=(const Guardian&) = delete;
+
+  void watch(pid_t group) { send(static_cast<int32_t>(group)); }
+
+  void release() {
+    if (fd_ < 0) return;
+    send(0);
+    close(fd_);
+    fd_ = -1;
+    waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  void send(int32_t value) {
+    if (fd_ >= 0) (void)!::write(fd_, &value, sizeof value);  // 4 bytes: atomic on a pipe
+  }
+
+  [[noreturn]] static void watch_loop(int fd) {
+    // Terminal signals are for the launcher, which forwards them.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) signal(sig, SIG_IGN);
+    std::vector<pid_t> groups;
+    int32_t value = 0;
+    while (true) {
+      const ssize_t n = ::read(fd, &value, sizeof value);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != sizeof value) break;  // EOF: the launcher is gone
+      if (value == 0) _exit(0);      // released
+      groups.push_back(value);
+    }
+    for (pid_t group : groups) kill(-group, SIGKILL);
+    _exit(0);
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 class Attempt {
  public:
-  Attempt(const LaunchOptions& options, int attempt, int master_port)
-      : options_(options), attempt_(attempt), master_port_(master_port) {}
+  Attempt(const LaunchOptions& options, int attempt, int master_port, Guardian& guardian)
+      : options_(options), attempt_(attempt), master_port_(master_port), guardian_(guardian) {}
 
   // Returns 0, or the exit code the launcher should end with.
   int run() {
@@ -154,6 +215,7 @@ class Attempt {
     sigprocmask(SIG_SETMASK, &previous, nullptr);
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
+    guardian_.watch(pid);
     w.pid = pid;
     w.running = true;
     for (int s = 0; s < 2; ++s) {
@@ -372,6 +434,7 @@ class Attempt {
   const LaunchOptions& options_;
   const int attempt_;
   const int master_port_;
+  Guardian& guardian_;
   Clock::time_point start_;
   std::vector<Worker> workers_;
   int first_failed_ = -1;
@@ -443,10 +506,11 @@ int launch_run(const LaunchOptions& options) {
         std::to_string(options.nproc_per_node) + " workers (set it to tune)");
   }
   int code = 0;
+  Guardian guardian;  // Note [Guardian]
   for (int attempt = 0; attempt <= options.max_restarts; ++attempt) {
     // A fresh port per attempt when auto-picked: the last one may linger.
     const int port = options.master_port == 0 ? launch_free_port() : options.master_port;
-    Attempt run(options, attempt, port);
+    Attempt run(options, attempt, port, guardian);
     code = run.run();
     if (code == 0 || run.interrupted()) return code;
     if (attempt < options.max_restarts) {

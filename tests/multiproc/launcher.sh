@@ -102,4 +102,24 @@ expect_eq "$?" 0 "a worker printing 64 MB without a newline exits 0"
 expect_eq "$(tr -d '\n' <"$WORK/out" | sed 's/\[rank0\]: //g' | wc -c)" 67108864 "every byte relayed"
 expect_eq "$(grep -c '' "$WORK/out")" 1024 "in 1024 pieces of 64 KB"
 expect_lt "$peak" 65536 "launcher's resident memory stays under 64 MB (peak ${peak} kB)"
+# SIGKILL of the launcher takes the whole worker tree along: the workers
+# (PDEATHSIG) and what they spawned (the guardian, Note [Guardian]). Each
+# process is found by its own argument (sleep's durations carry our pid).
+worker="^sleep 298\.$$\$"
+grandchild="^sleep 299\.$$\$"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c "sleep 299.$$ & exec sleep 298.$$" \
+  >"$WORK/out" 2>&1 &
+launcher=$!
+for _ in $(seq 50); do
+  [ "$(leftovers "$grandchild" | wc -l)" -ge 2 ] && [ "$(leftovers "$worker" | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
+expect_eq "$(leftovers "$grandchild" | wc -l)" 2 "each worker started a child of its own"
+expect_eq "$(leftovers "$worker" | wc -l)" 2 "both workers run"
+kill -9 "$launcher"
+wait "$launcher" 2>/dev/null
+for _ in $(seq 30); do [ -z "$(leftovers "$grandchild")$(leftovers "$worker")" ] && break; sleep 0.1; done
+expect_eq "$(leftovers "$worker")" "" "after kill -9 of lockstep-run no worker is left"
+expect_eq "$(leftovers "$grandchild")" "" "and no worker's child either"
+pkill -9 -f -- "$grandchild" 2>/dev/null
 finish
