@@ -248,6 +248,11 @@ const std::vector<Field>& fields() {
       make_field("checkpoint", "resume", &C::checkpoint, &CheckpointConfig::resume, Type::kString,
                  "empty: start fresh; auto: the newest checkpoint in the run directory, if any; or "
                  "a checkpoint folder"),
+      make_field("checkpoint", "on_error", &C::checkpoint, &CheckpointConfig::on_error,
+                 Type::kString,
+                 "a checkpoint that cannot be written (full disk): fail (exit 2) or warn and "
+                 "train on; either way the previous checkpoint is kept",
+                 -kInf, kInf, {"fail", "warn"}),
       make_field("checkpoint", "on_signal", &C::checkpoint, &CheckpointConfig::on_signal,
                  Type::kBool,
                  "on SIGINT/SIGTERM: finish the step, save a checkpoint on every rank's agreement, "

@@ -413,7 +413,9 @@ struct Trainer::Impl {
     auto ok = at::full({1}, problem.empty() ? 1 : 0, at::kInt).to(pg->device());
     pg->allreduce(ok, ReduceKind::kMin);
     if (ok.cpu().item<int>() == 0) {
-      throw DataError(problem.empty() ? "rank 0 failed to write a checkpoint" : problem);
+      const std::string why = problem.empty() ? "rank 0 failed to write a checkpoint" : problem;
+      if (config.checkpoint.on_error != "warn") throw DataError(why);
+      spdlog::warn("{}; training goes on (checkpoint.on_error: warn)", why);
     }
   }
 

@@ -96,6 +96,7 @@ struct CheckpointConfig {
   int64_t keep = 3;
   std::string resume;
   bool on_signal = false;
+  std::string on_error = "fail";  // fail | warn: a checkpoint that cannot be written
 };
 
 struct LogConfig {
