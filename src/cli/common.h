@@ -14,13 +14,6 @@
 
 namespace lockstep::cli {
 
-using lockstep::kExitBadInput;
-using lockstep::kExitCheckFailed;
-using lockstep::kExitCommFailed;
-using lockstep::kExitInternal;
-using lockstep::kExitOk;
-using lockstep::run_guarded;
-
 void add_dist_options(cxxopts::Options& options);
 
 using Dist = lockstep::Distributed;

@@ -50,6 +50,7 @@ Dist dist_setup(const cxxopts::ParseResult& args) {
 }  // namespace lockstep::cli
 
 int main(int argc, char** argv) {
+  using namespace lockstep;
   using namespace lockstep::cli;
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);

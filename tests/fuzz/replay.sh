@@ -29,8 +29,7 @@ for f in "$WORK"/corpus/*; do
          fail "$name: $out" ;;
   esac
 done
-expect_why() {  # expect_why FILE PATTERN
-  "$1" >/dev/null 2>&1
+expect_why() {  # expect_why REPLAY FILE PATTERN
   grep -qE "$3" <<<"$("$1" "$WORK/corpus/$2" 2>&1)" && pass "$2: says '$3'" || fail "$2 does not say '$3'"
 }
 expect_why "$1" binput_empty_stack.pt "memo of an empty stack"
