@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -249,8 +250,9 @@ class Attempt {
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts));
     set("TORCHELASTIC_RUN_ID", "none");
-    // Rank 0 hosts the store (no agent store here).
+    // Rank 0 hosts the store (no agent store here), and admits only the job.
     set("TORCHELASTIC_USE_AGENT_STORE", "False");
+    set("LOCKSTEP_STORE_SECRET", options_.store_secret);
     if (options_.nproc_per_node > 1) setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
     std::vector<char*> argv;
     for (const auto& arg : options_.command) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -477,7 +479,34 @@ void launch_validate(const LaunchOptions& o) {
   if (!(o.grace_s >= 0 && o.grace_s <= 86400)) {
     bad("--grace-s=" + std::to_string(o.grace_s) + " must be in [0, 86400] seconds");
   }
+  if (o.nnodes > 1 && o.store_secret.empty()) {
+    bad("--nnodes=" + std::to_string(o.nnodes) +
+        " needs LOCKSTEP_STORE_SECRET in the environment, the same on every node: rank 0's store "
+        "admits only the job's ranks (e.g. export LOCKSTEP_STORE_SECRET=$(openssl rand -hex 32) "
+        "and pass "
+        "it to each node)");
+  }
   if (o.command.empty()) bad("no program given: lockstep-run [options] PROGRAM [ARGS...]");
+}
+
+std::string launch_make_secret() {
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw std::runtime_error(std::string("cannot make the store secret: getrandom: ") +
+                               std::strerror(errno));
+    got += static_cast<std::size_t>(n);
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex.push_back(digits[b >> 4]);
+    hex.push_back(digits[b & 15]);
+  }
+  return hex;
 }
 
 int launch_free_port() {

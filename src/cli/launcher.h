@@ -18,6 +18,10 @@ struct LaunchOptions {
   std::string log_dir;      // when set: <log_dir>/attempt_<k>/rank_<r>.log
   double grace_s = 5;       // SIGTERM, then this long, then SIGKILL
   int tail_lines = 20;      // lines of the failed worker shown in the summary
+  // Given to every worker as LOCKSTEP_STORE_SECRET (Note [Job store]). From
+  // the launcher's environment; made fresh for a single-node job without one;
+  // required (the same on every node) for several nodes.
+  std::string store_secret;
   std::vector<std::string> command;
 };
 
@@ -29,6 +33,9 @@ void launch_validate(const LaunchOptions& options);
 // failed worker's exit code, or 128+signal when it was killed by a signal or
 // the launcher was interrupted.
 int launch_run(const LaunchOptions& options);
+
+// 32 random bytes from the kernel, as 64 hex digits.
+std::string launch_make_secret();
 
 // Binds port 0 on all interfaces and returns the port the kernel picked.
 int launch_free_port();

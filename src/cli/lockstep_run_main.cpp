@@ -7,6 +7,7 @@
 #include <cxxopts.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -79,6 +80,12 @@ int main(int argc, char** argv) {
     options.log_dir = args["log-dir"].as<std::string>();
     options.grace_s = args["grace-s"].as<double>();
     for (int i = static_cast<int>(program); i < argc; ++i) options.command.push_back(argv[i]);
+    // The workers check its form (16-256 printable characters).
+    if (const char* secret = std::getenv("LOCKSTEP_STORE_SECRET"); secret && *secret) {
+      options.store_secret = secret;
+    } else if (options.nnodes == 1) {
+      options.store_secret = lockstep::launch::launch_make_secret();
+    }
     return lockstep::launch::launch_run(options);
   } catch (const cxxopts::exceptions::exception& e) {
     std::fprintf(stderr, "lockstep-run: bad option: %s (see --help)\n", e.what());

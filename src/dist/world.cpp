@@ -1,5 +1,6 @@
 #include "lockstep/dist/world.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -90,6 +91,22 @@ void read_master(const Reader& r, WorldInfo& w) {
                           " > 1: where rank 0 hosts the rendezvous store";
   w.master_addr = r.required("MASTER_ADDR", why);
   w.master_port = r.required_int("MASTER_PORT", why, 1, 65535);
+}
+
+// The job's store secret: 16-256 printable ASCII characters. Errors never
+// echo the value.
+void read_secret(const Reader& r, WorldInfo& w) {
+  const auto secret = r.env("LOCKSTEP_STORE_SECRET");
+  if (!secret) return;
+  const bool printable =
+      std::all_of(secret->begin(), secret->end(), [](char c) { return c > ' ' && c < 127; });
+  if (secret->size() < 16 || secret->size() > 256 || !printable) {
+    throw EnvError(
+        "LOCKSTEP_STORE_SECRET must be 16 to 256 printable characters without spaces (it has " +
+        std::to_string(secret->size()) + (printable ? "" : ", some not printable") +
+        "); e.g. export LOCKSTEP_STORE_SECRET=$(openssl rand -hex 32)");
+  }
+  w.store_secret = *secret;
 }
 
 WorldInfo read_torchrun(const Reader& r) {
@@ -213,6 +230,7 @@ WorldInfo world_from_env(const EnvLookup& env) {
     validate(w, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK");
   }
   read_master(r, w);
+  read_secret(r, w);
   return w;
 }
 

@@ -30,7 +30,7 @@ LOCKSTEP_LOG_LEVEL=loud "$LOCKSTEP" check --comm 2>"$WORK/err"
 expect_grep "$WORK/err" "LOCKSTEP_LOG_LEVEL: unknown log level 'loud'" "bad log level named"
 
 # Nobody listens: the rank must give up within the rendezvous timeout.
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
+port=$(free_port)
 start=$(now)
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$LOCKSTEP" check --comm \
   --rdzv-timeout-s 3 2>"$WORK/err"

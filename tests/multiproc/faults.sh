@@ -7,14 +7,13 @@
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 runs="$WORK/runs"
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])'; }
 
 # Ranks started by hand (as on separate nodes, where no launcher stops the
 # survivors): each rank's stderr in $WORK/rank<r>.err.
 start_ranks() {  # start_ranks N FAULT ARGS...
   local n=$1 fault=$2 p
   shift 2
-  p=$(port)
+  p=$(free_port)
   pids=()
   for r in $(seq 0 $((n - 1))); do
     RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$p \

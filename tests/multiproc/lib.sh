@@ -41,3 +41,6 @@ finish() {
   echo "$PASSES passed, $FAILURES failed"
   [ "$FAILURES" -eq 0 ]
 }
+
+# A TCP port free right now (bind to 0, read it back, release it).
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])'; }

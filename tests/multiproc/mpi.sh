@@ -11,7 +11,6 @@
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 with_mpi=${3:-OFF}
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])'; }
 
 if [ "$with_mpi" != ON ]; then
   "$LOCKSTEP" check --comm --backend mpi >"$WORK/out" 2>&1
@@ -31,7 +30,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi() {  # mpi NP ARGS...: lockstep under mpirun; rendezvous store for lockstep's own keys
   local np=$1
   shift
-  timeout 240 mpirun -np "$np" --map-by :OVERSUBSCRIBE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(port)" -x OMP_NUM_THREADS=1 \
+  timeout 240 mpirun -np "$np" --map-by :OVERSUBSCRIBE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" -x OMP_NUM_THREADS=1 \
     "$LOCKSTEP" "$@"
 }
 

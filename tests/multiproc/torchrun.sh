@@ -10,7 +10,7 @@ if [ ! -x "$TORCHRUN" ]; then
   finish
   exit 1
 fi
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
+port=$(free_port)
 # Debian 13's torch 2.6 lacks libuv but its TCPStore asks for it: the stock
 # torchrun cannot start there. Then the same torchrun runs with the classic
 # store server (torchrun_classic_store.py says why); 1.13 needs nothing.

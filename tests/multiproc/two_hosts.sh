@@ -25,6 +25,14 @@ setup_network() {
 # A sandbox without network namespaces or veth pairs: skipped, not failed.
 setup_network 2>"$WORK/ip.err" || { echo "skipped: cannot build the two namespaces: $(cat "$WORK/ip.err")"; exit 77; }
 
+# Several nodes share one store secret (lockstep-run makes one only for a
+# single node); without it lockstep-run refuses to start.
+unset LOCKSTEP_STORE_SECRET
+"$LOCKSTEP_RUN" --nnodes 2 --node-rank 1 --master-addr 10.77.0.1 true 2>"$WORK/nosecret.err"
+expect_eq "$?" "2" "a 2-node launch without LOCKSTEP_STORE_SECRET exits 2"
+expect_grep "$WORK/nosecret.err" "needs LOCKSTEP_STORE_SECRET in the environment, the same on every node" "and says what to set"
+export LOCKSTEP_STORE_SECRET=two-hosts-test-secret-$$-0123456789
+
 node() {  # node NS IFACE RANK OUT ARGS...
   local ns=$1 iface=$2 rank=$3 out=$4
   shift 4
@@ -54,6 +62,10 @@ pa=$!
 node "$b" "$vb" 1 "$WORK/b2.out" --set train.epochs=1000 &
 pb=$!
 for _ in $(seq 100); do grep -q "step 20/" "$WORK/a2.out" 2>/dev/null && break; sleep 0.2; done
+# Rank 0's store listens on MASTER_ADDR only, not on every interface.
+ip netns exec "$a" ss -Hltn "sport = :29631" >"$WORK/listen"
+expect_grep "$WORK/listen" "10\.77\.0\.1:29631" "the store listens on MASTER_ADDR (10.77.0.1)"
+if grep -qE "(\*|0\.0\.0\.0|\[::\]):29631" "$WORK/listen"; then fail "the store also listens on every interface"; else pass "and on no other address"; fi
 ip -n "$a" link set "$va" down
 start=$(now)
 wait $pa; ca=$?

@@ -9,6 +9,7 @@
 //   3. Open MPI (mpirun): OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //      OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
 //   4. none of them: a single process, world size 1, no launcher needed.
+// With any source, LOCKSTEP_STORE_SECRET is the job's store secret.
 // Slurm and Open MPI do not say where rank 0 listens: MASTER_ADDR and
 // MASTER_PORT come from the environment for them too (docs/environment.md).
 #pragma once
@@ -36,6 +37,10 @@ struct WorldInfo {
   // prefixes its keys with /worker/attempt_<restart_count>.
   bool use_agent_store = false;
   int restart_count = 0;
+  // LOCKSTEP_STORE_SECRET: what a rank presents to rank 0's store before
+  // anything else (Note [Job store]); empty when the job has none. Never
+  // printed. Not used with torchrun's agent store.
+  std::string store_secret;
   WorldSource source = WorldSource::kSingle;
 
   bool is_single() const { return world_size == 1; }
