@@ -87,6 +87,10 @@ TensorDataset dataset_csv_text(const std::string& text, const std::string& sourc
   while (std::getline(in, line)) {
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find('\0') != std::string::npos) {
+      throw DataError(source + ":" + std::to_string(line_number) + ": a NUL byte at column " +
+                      std::to_string(line.find('\0') + 1) + " (a binary file, not CSV?)");
+    }
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     auto fields = split_fields(line, options.delimiter);
     if (first) {

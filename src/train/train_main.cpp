@@ -51,9 +51,13 @@ int train_main(int argc, char** argv) {
     Trainer trainer(config, dist.world, dist.pg);
     const auto result = trainer.run();
     if (dist.world.rank == 0) {
-      std::printf("trained %lld steps: validation accuracy %.4f, loss %.5f; weights %s; run %s\n",
-                  static_cast<long long>(result.steps), result.val_accuracy, result.val_loss,
-                  result.fingerprint.c_str(), result.run_dir.c_str());
+      char validation[96] = "no validation (empty split)";
+      if (result.val_examples > 0)
+        std::snprintf(validation, sizeof(validation), "validation accuracy %.4f, loss %.5f",
+                      result.val_accuracy, result.val_loss);
+      std::printf("trained %lld steps: %s; weights %s; run %s\n",
+                  static_cast<long long>(result.steps), validation, result.fingerprint.c_str(),
+                  result.run_dir.c_str());
     }
     dist.shutdown();
     return kExitOk;

@@ -276,6 +276,12 @@ struct Trainer::Impl {
         "accumulation; {} steps per epoch",
         d.name, train_data.size(), val_data.size(), d.batch_size * world.world_size * acc,
         d.batch_size, world.world_size, acc, steps_per_epoch);
+    if (val_data.size() == 0 && world.rank == 0) {
+      spdlog::warn(
+          "data: the validation split is empty ({} examples x data.validation_fraction={} "
+          "holds none): no validation is measured or reported",
+          train_data.size(), d.validation_fraction);
+    }
   }
 
   void build_model() {
@@ -471,6 +477,7 @@ struct Trainer::Impl {
   }
 
   void evaluate(TrainResult& result) {
+    if (val_data.size() == 0) return;  // the same on every rank: the split is deterministic
     model->eval();
     at::NoGradGuard no_grad;
     std::vector<int64_t> mine;  // unpadded shard: exact global counts
@@ -491,6 +498,7 @@ struct Trainer::Impl {
     const double count = std::max(1.0, sums[2].item<double>());
     result.val_loss = sums[0].item<double>() / count;
     result.val_accuracy = sums[1].item<double>() / count;
+    result.val_examples = static_cast<int64_t>(sums[2].item<double>());
     model->train();
     if (world.rank == 0) {
       if (isatty_stdout() && config.log.progress != "plain") std::printf("\n");
@@ -667,8 +675,13 @@ TrainResult Trainer::run() {
   result.fingerprint =
       to_hex(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));
   result.last_checkpoint = s.last_checkpoint;
-  spdlog::info("done: {} steps, validation accuracy {:.4f}, final weights {}", result.steps,
-               result.val_accuracy, result.fingerprint);
+  if (result.val_examples > 0) {
+    spdlog::info("done: {} steps, validation accuracy {:.4f}, final weights {}", result.steps,
+                 result.val_accuracy, result.fingerprint);
+  } else {
+    spdlog::info("done: {} steps, no validation (empty split), final weights {}", result.steps,
+                 result.fingerprint);
+  }
   return result;
 }
 

@@ -108,6 +108,9 @@ TEST_CASE("CSV errors name the file and the line", "[datasets]") {
   CsvOptions roomy;
   roomy.max_classes = 20000000;
   CHECK(dataset_csv(huge, roomy).num_classes == 10000001);
+  // A NUL byte in a field (a binary file) is not cut short into a number.
+  const auto nul = dir.write("nul.csv", std::string("1,0\n2\0\x01,1\n", 10));
+  REQUIRE_THROWS_WITH(dataset_csv(nul), Contains(nul + ":2: a NUL byte at column 2"));
   // Not a regular file: refused before a byte is read.
   REQUIRE_THROWS_WITH(dataset_csv("/dev/zero"), Contains("'/dev/zero' is not a regular file"));
   REQUIRE_THROWS_WITH(dataset_csv(dir.path), Contains("is not a regular file"));

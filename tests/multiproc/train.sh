@@ -155,6 +155,16 @@ expect_eq "$(leftovers "$marker")" "" "no process left after the kill"
 expect_eq "$?" 2 "synthetic_size=1e9 x 2^20 features exits 2"
 expect_grep "$WORK/out" "the dataset \(section data\) does not fit in this machine's memory" "and says why"
 
+# An empty validation split is said, not reported as "accuracy 0.0000".
+printf 'a,b,label\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n' >"$WORK/four.csv"
+"$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" --set data.name=csv \
+  --set data.path="$WORK/four.csv" --set data.validation_fraction=0.1 --set data.batch_size=2 \
+  --set train.max_steps=2 >"$WORK/out" 2>&1
+expect_eq "$?" 0 "a run whose validation split is empty trains"
+expect_grep "$WORK/out" "the validation split is empty \(4 examples x data.validation_fraction=0.1 holds none\)" "and warns that it is empty"
+expect_grep "$WORK/out" "trained 2 steps: no validation \(empty split\)" "and reports no validation"
+if grep -q "accuracy 0.0000" "$WORK/out"; then fail "an empty split still reports accuracy 0.0000"; else pass "no accuracy is made up"; fi
+
 # Rotation removes only our own checkpoints: a user's step_best_keep_me/ and
 # a step_-named folder without our MANIFEST survive keep=1.
 mkdir -p "$runs/rot/checkpoints/step_best_keep_me" "$runs/rot/checkpoints/step_00000001"

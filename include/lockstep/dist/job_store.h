@@ -44,7 +44,8 @@ class JobStore : public C10dStore {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
-  // A new connection to the same server (c10d 2.x asks stores for clone()).
+  // A second connection to the same server, for a thread that must not queue
+  // behind this one's requests (later c10d versions ask stores for clone()).
   Ptr<C10dStore> clone();
 
   const std::shared_ptr<StoreServer>& server() const { return server_; }

@@ -20,8 +20,9 @@ struct TrainResult {
   int64_t steps = 0;
   double last_loss = 0;  // global mean over the last logging interval
   double val_loss = 0;
-  double val_accuracy = 0;  // global, all-reduced counts
-  std::string fingerprint;  // final weights' digest (hex)
+  double val_accuracy = 0;   // global, all-reduced counts
+  int64_t val_examples = 0;  // 0: the validation split is empty, nothing was measured
+  std::string fingerprint;   // final weights' digest (hex)
   std::string run_dir;
   std::string last_checkpoint;
 };
