@@ -6,7 +6,7 @@
 #include <lockstep/check/fingerprint.h>
 #include <lockstep/data/sampler.h>
 #include <lockstep/ddp/ddp.h>
-#include <lockstep/dist/init.h>
+#include <lockstep/distributed/init.h>
 #include <torch/torch.h>
 
 #include <cstdio>

@@ -4,9 +4,9 @@
 //   lockstep-run --nproc-per-node 2 build/train_script DIR
 #include <lockstep/data/sampler.h>
 #include <lockstep/ddp/ddp.h>
-#include <lockstep/dist/init.h>
-#include <lockstep/train/checkpoint.h>
+#include <lockstep/distributed/init.h>
 #include <lockstep/train/models.h>
+#include <lockstep/train/state_dict.h>
 #include <torch/torch.h>
 
 #include <cstdio>

@@ -1,4 +1,5 @@
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/util/module_tensors.h"
 
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
@@ -7,7 +8,7 @@
 #include <cstring>
 #include <map>
 
-#include "lockstep/dist/coalesced.h"
+#include "lockstep/distributed/coalesced.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/sha256.h"
 #include "xxh3.h"
@@ -138,41 +139,25 @@ ConsistencyReport compare(ProcessGroup& pg, const std::vector<NamedTensor>& tens
 }  // namespace
 
 DigestMode digest_mode_parse(const std::string& name) {
-  if (name == "auto") return DigestMode::kAuto;
-  if (name == "xxh3") return DigestMode::kXxh3;
-  if (name == "checksum") return DigestMode::kChecksum;
-  if (name == "sha256") return DigestMode::kSha256;
-  throw ConfigError("unknown digest mode '" + name + "' (valid: auto, xxh3, checksum, sha256)");
+  if (auto mode = value_named(kDigestModeNames, name)) return *mode;
+  throw ConfigError("unknown digest mode '" + name + "' (valid: " + names_listed(kDigestModeNames) +
+                    ")");
 }
 
 const char* digest_mode_name(DigestMode mode) {
-  switch (mode) {
-    case DigestMode::kAuto:
-      return "auto";
-    case DigestMode::kXxh3:
-      return "xxh3";
-    case DigestMode::kChecksum:
-      return "checksum";
-    case DigestMode::kSha256:
-      return "sha256";
-  }
-  return "?";
+  return name_of(kDigestModeNames, mode);
 }
 
 CheckPolicy check_policy_parse(const std::string& name) {
-  if (name == "abort") return CheckPolicy::kAbort;
-  if (name == "warn") return CheckPolicy::kWarn;
-  if (name == "resync") return CheckPolicy::kResync;
-  throw ConfigError("unknown check policy '" + name + "' (valid: abort, warn, resync)");
+  if (auto policy = value_named(kCheckPolicyNames, name)) return *policy;
+  throw ConfigError("unknown check policy '" + name +
+                    "' (valid: " + names_listed(kCheckPolicyNames) + ")");
 }
 
 std::vector<NamedTensor> fingerprint_tensors(const torch::nn::Module& module, bool buffers) {
   std::vector<NamedTensor> out;
-  for (const auto& p : module.named_parameters(true)) out.push_back({p.key(), p.value()});
-  if (buffers) {
-    for (const auto& b : module.named_buffers(true))
-      out.push_back({"buffer " + b.key(), b.value()});
-  }
+  for (auto& [name, tensor] : module_tensors(module, buffers, "buffer "))
+    out.push_back({name, tensor});
   return out;
 }
 

@@ -1,6 +1,6 @@
 // `lockstep bench allreduce`: nccl-tests-style all-reduce figures for the
 // backend's all-reduce and for the ring all-reduce built from send/recv
-// (dist/ring_allreduce.h), with a correctness check of every size.
+// (distributed/ring_allreduce.h), with a correctness check of every size.
 //   algbw = bytes / time; busbw = algbw * 2(n-1)/n (nccl-tests' definition:
 //   what each rank's link carries in a bandwidth-optimal ring).
 #include <ATen/ATen.h>
@@ -10,7 +10,7 @@
 #include <cstdio>
 
 #include "common.h"
-#include "lockstep/dist/ring_allreduce.h"
+#include "lockstep/distributed/ring_allreduce.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep::cli {

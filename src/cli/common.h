@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/dist/init.h"
+#include "lockstep/distributed/init.h"
 #include "lockstep/train/train_main.h"
 #include "lockstep/util/exit_codes.h"
 

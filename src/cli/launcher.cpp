@@ -1,3 +1,5 @@
+// Size (over ~400 lines): one engine: the guardian, the workers' lifecycle,
+// the output relay and the failure summary act on the same worker table.
 // lockstep-run's engine. One attempt:
 //   1. fork one worker per local rank, each in its own process group (so that
 //      stopping it also stops what it spawned) and with PDEATHSIG (so that a
@@ -10,6 +12,7 @@
 // SIGINT/SIGTERM sent to the launcher are forwarded to every worker.
 #include "launcher.h"
 
+#include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 
 #include <arpa/inet.h>
@@ -113,10 +116,9 @@ class Guardian {
  public:
   Guardian() {
     int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0)
-      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    if (pipe2(p, O_CLOEXEC) != 0) throw SystemError(std::string("pipe: ") + std::strerror(errno));
     pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid_ < 0) throw SystemError(std::string("fork: ") + std::strerror(errno));
     if (pid_ == 0) {
       close(p[1]);
       watch_loop(p[0]);
@@ -190,15 +192,13 @@ class Attempt {
     w.rank = options_.node_rank * options_.nproc_per_node + local;
     int pipes[2][2];
     for (auto& p : pipes) {
-      if (pipe2(p, O_CLOEXEC) != 0)
-        throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+      if (pipe2(p, O_CLOEXEC) != 0) throw SystemError(std::string("pipe: ") + std::strerror(errno));
     }
     if (!options_.log_dir.empty()) {
       const std::string path = options_.log_dir + "/attempt_" + std::to_string(attempt_) +
                                "/rank_" + std::to_string(w.rank) + ".log";
       w.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (w.log_fd < 0)
-        throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+      if (w.log_fd < 0) throw SystemError("cannot open '" + path + "': " + std::strerror(errno));
     }
     const pid_t parent = getpid();
     // Signals stay blocked across fork until the child has dropped the
@@ -214,7 +214,7 @@ class Attempt {
       exec_worker(w, pipes, parent);  // never returns
     }
     sigprocmask(SIG_SETMASK, &previous, nullptr);
-    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid < 0) throw SystemError(std::string("fork: ") + std::strerror(errno));
     setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
     guardian_.watch(pid);
     w.pid = pid;
@@ -447,7 +447,7 @@ class Attempt {
 
 void install_signal_handlers() {
   if (pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    throw SystemError(std::string("pipe: ") + std::strerror(errno));
   }
   struct sigaction action {};
   action.sa_handler = on_signal;
@@ -460,7 +460,7 @@ void install_signal_handlers() {
 }  // namespace
 
 void launch_validate(const LaunchOptions& o) {
-  auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
+  auto bad = [](const std::string& what) { throw ConfigError(what); };
   if (o.nproc_per_node < 1)
     bad("--nproc-per-node=" + std::to_string(o.nproc_per_node) + " must be >= 1");
   if (o.nnodes < 1) bad("--nnodes=" + std::to_string(o.nnodes) + " must be >= 1");
@@ -496,8 +496,8 @@ std::string launch_make_secret() {
     const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw std::runtime_error(std::string("cannot make the store secret: getrandom: ") +
-                               std::strerror(errno));
+      throw SystemError(std::string("cannot make the store secret: getrandom: ") +
+                        std::strerror(errno));
     got += static_cast<std::size_t>(n);
   }
   static const char* digits = "0123456789abcdef";
@@ -511,7 +511,7 @@ std::string launch_make_secret() {
 
 int launch_free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  if (fd < 0) throw SystemError(std::string("socket: ") + std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -521,7 +521,7 @@ int launch_free_port() {
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const std::string why = std::strerror(errno);
     close(fd);
-    throw std::runtime_error("cannot pick a free port: " + why);
+    throw SystemError("cannot pick a free port: " + why);
   }
   close(fd);
   return ntohs(addr.sin_port);

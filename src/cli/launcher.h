@@ -25,7 +25,8 @@ struct LaunchOptions {
   std::vector<std::string> command;
 };
 
-// Throws std::invalid_argument naming the flag and value when inconsistent.
+// Throws ConfigError naming the flag and value when inconsistent; the
+// launcher's own system calls failing (fork, pipe) throw SystemError.
 void launch_validate(const LaunchOptions& options);
 
 // Runs the job (with restarts) and returns the launcher's exit code:

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common.h"
-#include "lockstep/dist/init.h"
+#include "lockstep/distributed/init.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep::cli {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "launcher.h"
+#include "lockstep/util/error.h"
 
 using lockstep::launch::LaunchOptions;
 
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
   } catch (const cxxopts::exceptions::exception& e) {
     std::fprintf(stderr, "lockstep-run: bad option: %s (see --help)\n", e.what());
     return 2;
-  } catch (const std::invalid_argument& e) {
+  } catch (const lockstep::ConfigError& e) {
     std::fprintf(stderr, "lockstep-run: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

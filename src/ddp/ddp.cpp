@@ -8,7 +8,7 @@
 
 #include <unordered_set>
 
-#include "lockstep/dist/coalesced.h"
+#include "lockstep/distributed/coalesced.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

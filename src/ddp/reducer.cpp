@@ -1,3 +1,5 @@
+// Size (~410 lines): the Reducer is one state machine over its buckets
+// (c10d's own reducer.cpp is several times larger).
 // Note [Pre-divided buckets]
 // Each gradient is multiplied by 1/world_size while it is copied into its
 // bucket (one fused pass, as PyTorch's Reducer does), so a SUM all-reduce
@@ -217,9 +219,9 @@ void Reducer::hook(size_t index) {
 
 void Reducer::mark_ready(size_t index, bool from_hook) {
   if (ready_[index]) {
-    throw CommError("rank " + std::to_string(pg_->rank()) + ": parameter '" + names_[index] +
-                    "' got two gradients in one synchronised backward (backward twice after one "
-                    "forward? run forward again, or use no_sync for accumulation)");
+    throw UsageError("rank " + std::to_string(pg_->rank()) + ": parameter '" + names_[index] +
+                     "' got two gradients in one synchronised backward (backward twice after one "
+                     "forward? run forward again, or use no_sync for accumulation)");
   }
   ready_[index] = 1;
   if (!order_recorded_ && from_hook) ready_order_.push_back(index);
@@ -284,11 +286,11 @@ void Reducer::finalize() {
       list += (k ? ", " : "") + ("'" + names_[missing[k]] + "'");
     }
     if (missing.size() > 10) list += ", ... (" + std::to_string(missing.size()) + " in all)";
-    throw CommError("rank " + std::to_string(pg_->rank()) + ": " + std::to_string(missing.size()) +
-                    " parameter(s) got no gradient in this backward: " + list +
-                    ". If parts of the model are unused in some iterations, construct "
-                    "DistributedDataParallel with find_unused_parameters = true; otherwise make "
-                    "the loss depend on every parameter");
+    throw UsageError("rank " + std::to_string(pg_->rank()) + ": " + std::to_string(missing.size()) +
+                     " parameter(s) got no gradient in this backward: " + list +
+                     ". If parts of the model are unused in some iterations, construct "
+                     "DistributedDataParallel with find_unused_parameters = true; otherwise make "
+                     "the loss depend on every parameter");
   }
   for (size_t i : missing) mark_ready(i, /*from_hook=*/false);
 

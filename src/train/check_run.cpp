@@ -1,7 +1,6 @@
 #include "lockstep/train/check_run.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/optim/optimizer.h>
 
 #include <spdlog/spdlog.h>
@@ -16,7 +15,7 @@
 #include "lockstep/data/sampler.h"
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
-#include "lockstep/train/trainer.h"
+#include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {
@@ -35,10 +34,7 @@ Phase run_phase(const Config& config, const WorldInfo& world,
                 bool synchronise, const CheckRunOptions& options) {
   const int fault_rank = options.fault_rank >= 0 ? options.fault_rank : world.world_size - 1;
   const bool faulty = synchronise && !options.fault.empty() && world.rank == fault_rank;
-  at::manual_seed(static_cast<uint64_t>(config.run.seed));
-  std::vector<int64_t> shape(data.train.features.sizes().begin() + 1,
-                             data.train.features.sizes().end());
-  auto model = model_create(config.model, shape, data.train.num_classes);
+  auto model = model_from_config(config, data.train);
   DdpOptions ddp_options = ddp_options_from_config(config.ddp);
   const bool with_buffers = config.check.buffers || options.fault == "no-buffer-broadcast";
   if (options.fault == "no-buffer-broadcast") {
@@ -50,7 +46,7 @@ Phase run_phase(const Config& config, const WorldInfo& world,
     ddp_options.broadcast_buffers = false;
   }
   DistributedDataParallel<std::shared_ptr<Classifier>> ddp(model, pg, ddp_options);
-  at::manual_seed(static_cast<uint64_t>(config.run.seed) + 1 + world.rank);
+  seed_rank_generator(config, world.rank);
   if (faulty && options.fault == "init") {
     // A layer re-initialised after wrapping, from an unseeded generator.
     at::NoGradGuard no_grad;
@@ -63,11 +59,8 @@ Phase run_phase(const Config& config, const WorldInfo& world,
   const double lr = config.optim.lr * (faulty && options.fault == "lr" ? 1.5 : 1.0);
   optimizer_set_lr(*optimizer, lr);
 
-  DistributedSampler sampler(
-      data.train.size(),
-      SamplerOptions{world.world_size, world.rank, config.data.shuffle,
-                     static_cast<uint64_t>(config.run.seed), config.data.drop_last});
-  const auto mode = digest_mode_parse(config.check.mode);
+  auto sampler = sampler_from_config(config, world, data.train.size());
+  const auto mode = config.check.mode;
   Phase phase;
   int64_t epoch = 0;
   while (static_cast<int64_t>(phase.steps.size()) < steps) {
@@ -82,9 +75,7 @@ Phase run_phase(const Config& config, const WorldInfo& world,
         std::optional<DdpCore::NoSyncGuard> guard;
         if (!synchronise) guard.emplace(ddp);
         const auto out = ddp.forward(batch->x);
-        (data.train.num_classes > 0 ? torch::nn::functional::cross_entropy(out, batch->y)
-                                    : torch::nn::functional::mse_loss(out, batch->y))
-            .backward();
+        loss_for(data.train, out, batch->y).backward();
       }
       optimizer->step();
       const int64_t step = static_cast<int64_t>(phase.steps.size()) + 1;
@@ -135,8 +126,9 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
   char line[512];
   std::snprintf(line, sizeof line,
                 "consistency check: model %s, data %s, %d rank(s), %lld steps, digest %s%s\n",
-                config.model.name.c_str(), config.data.name.c_str(), world.world_size,
-                static_cast<long long>(options.steps), config.check.mode.c_str(),
+                config.model.name.c_str(), name_of(kDatasetKindNames, config.data.name),
+                world.world_size, static_cast<long long>(options.steps),
+                digest_mode_name(config.check.mode),
                 options.fault.empty() ? "" : (", fault '" + options.fault + "' injected").c_str());
   out += line;
   out += "\n(b) weights digest per rank after each synchronised step:\nstep";

@@ -53,12 +53,6 @@ void remove_tree(const std::string& path) {
   std::filesystem::remove_all(path, ignored);
 }
 
-std::string shape_of(const at::Tensor& t) {
-  std::string s;
-  for (auto d : t.sizes()) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + s + "]";
-}
-
 std::string folder_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
@@ -85,72 +79,6 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 }
 
 }  // namespace
-
-StateDict state_dict_of(const torch::nn::Module& module) {
-  StateDict out;
-  for (const auto& p : module.named_parameters(true)) out.emplace_back(p.key(), p.value());
-  for (const auto& b : module.named_buffers(true)) out.emplace_back(b.key(), b.value());
-  return out;
-}
-
-void state_dict_load(torch::nn::Module& module, const StateDict& state, const std::string& source) {
-  std::map<std::string, at::Tensor> given(state.begin(), state.end());
-  const auto mine = state_dict_of(module);
-  at::NoGradGuard no_grad;
-  for (const auto& [name, tensor] : mine) {
-    auto it = given.find(name);
-    if (it == given.end()) {
-      throw DataError(source + ": has no tensor '" + name +
-                      "' (a state dict of a different model?)");
-    }
-    if (it->second.sizes() != tensor.sizes()) {
-      throw DataError(source + ": tensor '" + name + "' has shape " + shape_of(it->second) +
-                      " but the model's is " + shape_of(tensor) + " (a different model?)");
-    }
-    tensor.copy_(it->second);
-    given.erase(it);
-  }
-  if (!given.empty()) {
-    throw DataError(source + ": has tensor '" + given.begin()->first +
-                    "' that the model does not (a state dict of a different model?)");
-  }
-}
-
-// Note [Untagged pickles]: torch::pickle_save tags typed dicts and lists
-// with torch.jit._pickle.restore_type_tag, a global that torch.load's default
-// unpickler since PyTorch 2.6 (weights_only=True) refuses: a user's plain
-// `torch.load("model.pt")` would fail. This writes the same zip archive
-// (data.pkl + data/<n> records) without the tags, which every torch.load
-// (1.13 and 2.x, weights_only or not) and torch::pickle_load read.
-static std::string pickle_untagged(const c10::IValue& value) {
-  std::vector<char> pickled;
-  torch::jit::Pickler pickler(
-      [&](const char* data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
-      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  std::string archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
-  return archive;
-}
-
-void state_dict_save_file(const StateDict& state, const std::string& path) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : state) dict.insert(name, tensor.detach().cpu().contiguous());
-  write_file(path, pickle_untagged(c10::IValue(dict)));
-}
-
-StateDict state_dict_load_file(const std::string& path) {
-  return state_dict_from_bytes(read_regular_file(path), path);
-}
 
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
     : dir_(std::move(run_dir) + "/checkpoints"), keep_(keep) {}

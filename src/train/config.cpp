@@ -1,3 +1,5 @@
+// Size (over ~400 lines): most of it is the field table, one entry per
+// configuration field, kept in one place on purpose.
 // The field table: every configuration field, once, with its type, limits,
 // choices and meaning. Parsing, overrides, the YAML dump and the reference
 // documentation are all walks over this table.
@@ -120,6 +122,30 @@ Field make_field(const char* section, const char* key, S Config::*sec, T S::*mem
   return f;
 }
 
+// A field that holds an enum: its names come from the enum's one table.
+template <typename S, typename E, std::size_t N>
+Field make_choice(const char* section, const char* key, S Config::*sec, E S::*member,
+                  const NameTable<E, N>& table, std::string help) {
+  Field f{section,
+          key,
+          Type::kString,
+          std::move(help),
+          -std::numeric_limits<double>::infinity(),
+          std::numeric_limits<double>::infinity(),
+          names_of(table),
+          nullptr,
+          nullptr};
+  f.get = [sec, member, &table](const Config& c) -> std::string {
+    return name_of(table, c.*sec.*member);
+  };
+  f.set = [sec, member, &table](Config& c, const std::string& text, const std::string& where) {
+    const auto value = value_named(table, text);
+    if (!value) throw ConfigError(where + ": '" + text + "' is not one of " + names_listed(table));
+    c.*sec.*member = *value;
+  };
+  return f;
+}
+
 const std::vector<Field>& fields() {
   using C = Config;
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -130,8 +156,8 @@ const std::vector<Field>& fields() {
                  "parent of run directories"),
       make_field("run", "seed", &C::run, &RunConfig::seed, Type::kInt,
                  "seed of model init, shuffling, split and dropout", 0, 1e15),
-      make_field("dist", "backend", &C::dist, &DistConfig::backend, Type::kString,
-                 "process group backend", -kInf, kInf, {"gloo", "nccl", "mpi"}),
+      make_choice("dist", "backend", &C::dist, &DistConfig::backend, kBackendKindNames,
+                  "process group backend"),
       make_field("dist", "timeout_s", &C::dist, &DistConfig::timeout_s, Type::kDouble,
                  "seconds before a collective a peer misses fails", 0.001, 1e7),
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,
@@ -156,8 +182,7 @@ const std::vector<Field>& fields() {
       make_field("model", "init_from", &C::model, &ModelConfig::init_from, Type::kString,
                  "state dict to start from (torch.save(model.state_dict()) or a lockstep "
                  "checkpoint's model.pt); empty: random init"),
-      make_field("data", "name", &C::data, &DataConfig::name, Type::kString, "dataset", -kInf, kInf,
-                 {"digits", "synthetic", "csv", "mnist"}),
+      make_choice("data", "name", &C::data, &DataConfig::name, kDatasetKindNames, "dataset"),
       make_field("data", "path", &C::data, &DataConfig::path, Type::kString,
                  "csv: the file; mnist: the folder of idx files"),
       make_field("data", "label_column", &C::data, &DataConfig::label_column, Type::kString,
@@ -190,8 +215,7 @@ const std::vector<Field>& fields() {
                  1 << 20),
       make_field("train", "clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, Type::kDouble,
                  "clip gradients to this global norm after synchronisation (0: off)", 0, kInf),
-      make_field("optim", "name", &C::optim, &OptimConfig::name, Type::kString, "optimizer", -kInf,
-                 kInf, {"sgd", "adam", "adamw"}),
+      make_choice("optim", "name", &C::optim, &OptimConfig::name, kOptimizerKindNames, "optimizer"),
       make_field("optim", "lr", &C::optim, &OptimConfig::lr, Type::kDouble, "peak learning rate", 0,
                  1e6),
       make_field("optim", "momentum", &C::optim, &OptimConfig::momentum, Type::kDouble,
@@ -206,9 +230,8 @@ const std::vector<Field>& fields() {
                  "adam/adamw: second moment decay", 0, 0.999999),
       make_field("optim", "eps", &C::optim, &OptimConfig::eps, Type::kDouble,
                  "adam/adamw: denominator epsilon", 0, 1),
-      make_field("optim", "schedule", &C::optim, &OptimConfig::schedule, Type::kString,
-                 "learning-rate schedule after warmup", -kInf, kInf,
-                 {"constant", "step", "cosine"}),
+      make_choice("optim", "schedule", &C::optim, &OptimConfig::schedule, kScheduleNames,
+                  "learning-rate schedule after warmup"),
       make_field("optim", "warmup_steps", &C::optim, &OptimConfig::warmup_steps, Type::kInt,
                  "linear warmup from 0 over this many steps", 0, 1e15),
       make_field("optim", "step_size", &C::optim, &OptimConfig::step_size, Type::kInt,
@@ -228,14 +251,13 @@ const std::vector<Field>& fields() {
       make_field(
           "ddp", "broadcast_buffers", &C::ddp, &DdpConfig::broadcast_buffers, Type::kBool,
           "broadcast rank 0's buffers before a forward that follows a synced one (PyTorch's rule)"),
-      make_field("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, Type::kString,
-                 "gradient exchange", -kInf, kInf, {"allreduce", "fp16", "bf16"}),
+      make_choice("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, kCommHookKindNames,
+                  "gradient exchange"),
       make_field("check", "every", &C::check, &CheckConfig::every, Type::kInt,
                  "cross-rank weight fingerprint check every N optimizer steps (0: off)", 0, 1e15),
-      make_field("check", "mode", &C::check, &CheckConfig::mode, Type::kString, "digest", -kInf,
-                 kInf, {"auto", "xxh3", "checksum", "sha256"}),
-      make_field("check", "policy", &C::check, &CheckConfig::policy, Type::kString, "on mismatch",
-                 -kInf, kInf, {"abort", "warn", "resync"}),
+      make_choice("check", "mode", &C::check, &CheckConfig::mode, kDigestModeNames, "digest"),
+      make_choice("check", "policy", &C::check, &CheckConfig::policy, kCheckPolicyNames,
+                  "on mismatch"),
       make_field("check", "buffers", &C::check, &CheckConfig::buffers, Type::kBool,
                  "include buffers (e.g. BatchNorm statistics)"),
       make_field("check", "optimizer_state", &C::check, &CheckConfig::optimizer_state, Type::kBool,
@@ -248,11 +270,10 @@ const std::vector<Field>& fields() {
       make_field("checkpoint", "resume", &C::checkpoint, &CheckpointConfig::resume, Type::kString,
                  "empty: start fresh; auto: the newest checkpoint in the run directory, if any; or "
                  "a checkpoint folder"),
-      make_field("checkpoint", "on_error", &C::checkpoint, &CheckpointConfig::on_error,
-                 Type::kString,
-                 "a checkpoint that cannot be written (full disk): fail (exit 2) or warn and "
-                 "train on; either way the previous checkpoint is kept",
-                 -kInf, kInf, {"fail", "warn"}),
+      make_choice("checkpoint", "on_error", &C::checkpoint, &CheckpointConfig::on_error,
+                  kOnCheckpointErrorNames,
+                  "a checkpoint that cannot be written (full disk): fail (exit 2) or warn and "
+                  "train on; either way the previous checkpoint is kept"),
       make_field("checkpoint", "on_signal", &C::checkpoint, &CheckpointConfig::on_signal,
                  Type::kBool,
                  "on SIGINT/SIGTERM: finish the step, save a checkpoint on every rank's agreement, "
@@ -263,9 +284,8 @@ const std::vector<Field>& fields() {
                  "log and record metrics every N optimizer steps", 1, 1e15),
       make_field("log", "file", &C::log, &LogConfig::file, Type::kBool,
                  "also log to <run dir>/rank_<r>.log"),
-      make_field("log", "progress", &C::log, &LogConfig::progress, Type::kString,
-                 "rank 0's progress display (auto: a bar on a terminal)", -kInf, kInf,
-                 {"auto", "bar", "plain"}),
+      make_choice("log", "progress", &C::log, &LogConfig::progress, kProgressNames,
+                  "rank 0's progress display (auto: a bar on a terminal)"),
       make_field("log", "trace", &C::log, &LogConfig::trace, Type::kBool,
                  "write a Chrome trace per rank: <run dir>/trace_rank<r>.json (open in Perfetto)"),
   };
@@ -396,8 +416,10 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
 }
 
 void config_validate(const Config& c, int world_size) {
-  if ((c.data.name == "csv" || c.data.name == "mnist") && c.data.path.empty()) {
-    throw ConfigError("data.path must be set for data.name: " + c.data.name);
+  if ((c.data.name == DatasetKind::kCsv || c.data.name == DatasetKind::kMnist) &&
+      c.data.path.empty()) {
+    throw ConfigError(std::string("data.path must be set for data.name: ") +
+                      name_of(kDatasetKindNames, c.data.name));
   }
   if (c.model.name == "transformer" && c.model.hidden % c.model.heads != 0) {
     throw ConfigError("model.heads=" + std::to_string(c.model.heads) +

@@ -10,29 +10,28 @@ namespace lockstep {
 
 std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& c,
                                                           const std::vector<at::Tensor>& params) {
-  if (c.name == "sgd") {
-    if (c.nesterov && c.momentum <= 0) {
-      throw ConfigError("optim.nesterov needs optim.momentum > 0 (it is " +
-                        std::to_string(c.momentum) + ")");
-    }
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
-                                                           .momentum(c.momentum)
-                                                           .nesterov(c.nesterov)
-                                                           .weight_decay(c.weight_decay));
-  }
-  if (c.name == "adam") {
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
-                                                            .betas({c.beta1, c.beta2})
-                                                            .eps(c.eps)
-                                                            .weight_decay(c.weight_decay));
-  }
-  if (c.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
-                                                             .betas({c.beta1, c.beta2})
-                                                             .eps(c.eps)
+  switch (c.name) {
+    case OptimizerKind::kSgd:
+      if (c.nesterov && c.momentum <= 0) {
+        throw ConfigError("optim.nesterov needs optim.momentum > 0 (it is " +
+                          std::to_string(c.momentum) + ")");
+      }
+      return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
+                                                             .momentum(c.momentum)
+                                                             .nesterov(c.nesterov)
                                                              .weight_decay(c.weight_decay));
+    case OptimizerKind::kAdam:
+      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
+                                                              .betas({c.beta1, c.beta2})
+                                                              .eps(c.eps)
+                                                              .weight_decay(c.weight_decay));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
+                                                               .betas({c.beta1, c.beta2})
+                                                               .eps(c.eps)
+                                                               .weight_decay(c.weight_decay));
   }
-  throw ConfigError("optim.name: unknown optimizer '" + c.name + "' (valid: sgd, adam, adamw)");
+  throw std::logic_error("optimizer_create: an OptimizerKind outside its name table");
 }
 
 double lr_at(const OptimConfig& c, int64_t step, int64_t total_steps) {
@@ -40,10 +39,10 @@ double lr_at(const OptimConfig& c, int64_t step, int64_t total_steps) {
     return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
   }
   const int64_t after = step - c.warmup_steps;
-  if (c.schedule == "step") {
+  if (c.schedule == Schedule::kStep) {
     return c.lr * std::pow(c.gamma, static_cast<double>(after / c.step_size));
   }
-  if (c.schedule == "cosine") {
+  if (c.schedule == Schedule::kCosine) {
     const int64_t span = std::max<int64_t>(1, total_steps - c.warmup_steps);
     const double progress = std::min(1.0, static_cast<double>(after) / static_cast<double>(span));
     return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
@@ -58,7 +57,7 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 }  // namespace lockstep
 
 #include "lockstep/check/fingerprint.h"
-#include "lockstep/dist/torch_compat.h"
+#include "lockstep/distributed/torch_compat.h"
 
 namespace lockstep {
 

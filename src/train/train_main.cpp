@@ -7,7 +7,7 @@
 
 #include <cstdio>
 
-#include "lockstep/dist/init.h"
+#include "lockstep/distributed/init.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/exit_codes.h"
@@ -42,7 +42,7 @@ int train_main(int argc, char** argv) {
       return kExitOk;
     }
     InitOptions init;
-    init.backend = backend_kind_parse(config.dist.backend);
+    init.backend = config.dist.backend;
     init.timeout = timeout_from_seconds(config.dist.timeout_s, "dist.timeout_s");
     init.rendezvous_timeout =
         timeout_from_seconds(config.dist.rdzv_timeout_s, "dist.rdzv_timeout_s");

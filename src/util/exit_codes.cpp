@@ -37,9 +37,18 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const EnvError& e) {
     report("bad environment: ", e.what());
     return kExitBadInput;
+  } catch (const UsageError& e) {
+    report("usage error: ", e.what());
+    return kExitBadInput;
   } catch (const CommError& e) {
     report("communication failed: ", e.what());
     return kExitCommFailed;
+  } catch (const SystemError& e) {
+    report("system error: ", e.what());
+    return kExitInternal;
+  } catch (const InternalError& e) {
+    report("internal error: ", e.what());
+    return kExitInternal;
   } catch (const std::exception& e) {
     report("internal error: ", what_of(e));
     return kExitInternal;

@@ -20,7 +20,7 @@ if [ ! -f "$torch_inc/c10/cuda/impl/cuda_cmake_macros.h" ]; then
 fi
 if g++ -std=c++17 -fsyntax-only -DUSE_C10D_NCCL -DUSE_C10D_GLOO -I"$root/include" -I"$shim" \
   -I"$torch_inc" -I"$torch_inc/torch/csrc/api/include" -I"$cuda/include" \
-  "$root/src/dist/process_group_nccl.cpp"; then
+  "$root/src/distributed/process_group_nccl.cpp"; then
   echo "1 passed, 0 failed"
 else
   echo "0 passed, 1 failed"

@@ -2,6 +2,7 @@
 // the batch loader.
 #include <ATen/ATen.h>
 #include "support/catch.h"
+#include "support/temp_dir.h"
 
 #include <cstdio>
 #include <fstream>
@@ -12,21 +13,9 @@
 
 using namespace lockstep;
 using lockstep::testing::Contains;
+using lockstep::testing::TempDir;
 
 namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/lockstep-test-XXXXXX";
-    path = mkdtemp(pattern);
-  }
-  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
-  std::string write(const std::string& name, const std::string& content) const {
-    std::ofstream(path + "/" + name, std::ios::binary) << content;
-    return path + "/" + name;
-  }
-};
 
 std::string be32(uint32_t v) {
   return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),

@@ -208,6 +208,8 @@ TEST_CASE("a parameter with no gradient is an error naming it, unless find_unuse
       REQUIRE(outcomes[r].error);
       const auto what = error_text(outcomes[r].error);
       CHECK_THAT(what, Contains("rank " + std::to_string(r) + ": 2 parameter(s) got no gradient"));
+      // A model bug, not a network failure (exit 2, not 3).
+      CHECK_THROWS_AS(std::rethrow_exception(outcomes[r].error), UsageError);
       CHECK_THAT(what, Contains("'a.weight'"));
       CHECK_THAT(what, Contains("'a.bias'"));
       CHECK_THAT(what, Contains("find_unused_parameters"));

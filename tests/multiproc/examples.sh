@@ -22,10 +22,12 @@ prefix="$WORK/prefix"
 cmake --install "$build" --prefix "$prefix" >"$WORK/install.log" 2>&1
 expect_eq "$?" 0 "cmake --install into a temporary prefix"
 for f in lib/cmake/lockstep/lockstepConfig.cmake lib/cmake/lockstep/lockstepConfigVersion.cmake \
-  include/lockstep/ddp/ddp.h include/lockstep/dist/init.h bin/lockstep bin/lockstep-run; do
+  include/lockstep/ddp/ddp.h include/lockstep/distributed/init.h bin/lockstep bin/lockstep-run; do
   [ -e "$prefix/$f" ] && pass "installed $f" || fail "not installed: $f"
 done
-ls "$prefix"/lib*/liblockstep.a >/dev/null 2>&1 && pass "installed liblockstep.a" || fail "no liblockstep.a"
+for layer in util distributed data ddp check train; do
+  ls "$prefix"/lib*/liblockstep_$layer.a >/dev/null 2>&1 && pass "installed liblockstep_$layer.a" || fail "no liblockstep_$layer.a"
+done
 run="$prefix/bin/lockstep-run"
 
 # Both example projects, configured against the prefix only, built in one go.

@@ -6,7 +6,7 @@ LOCKSTEP_RUN=${2:?usage: $0 LOCKSTEP LOCKSTEP_RUN}
 # PyTorch >= 2.4 starts its TCPStore on libuv unless USE_LIBUV=0, and Debian
 # 13's python3-torch 2.6 is built without libuv (torchrun would refuse to
 # start). 1.13 ignores the variable. lockstep itself asks for the classic
-# store server (dist/torch_compat.h).
+# store server (distributed/torch_compat.h).
 export USE_LIBUV=0
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 
 namespace lockstep::testing {
 

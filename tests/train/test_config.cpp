@@ -21,12 +21,12 @@ std::string write_config(const std::string& name, const std::string& text) {
 TEST_CASE("defaults, then the file, then --set", "[config]") {
   const Config defaults = config_load("");
   CHECK(defaults.optim.lr == 0.1);
-  CHECK(defaults.data.name == "digits");
+  CHECK(defaults.data.name == DatasetKind::kDigits);
   const auto path =
       write_config("good", "optim:\n  lr: 0.5\n  name: adam\ndata:\n  batch_size: 8\n");
   const Config file = config_load(path);
   CHECK(file.optim.lr == 0.5);
-  CHECK(file.optim.name == "adam");
+  CHECK(file.optim.name == OptimizerKind::kAdam);
   CHECK(file.data.batch_size == 8);
   CHECK(file.model.hidden == defaults.model.hidden);
   const Config both = config_load(path, {"optim.lr=0.25", "ddp.gradient_as_bucket_view=false"});

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 
 namespace lockstep {
 

@@ -21,7 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
+#include "lockstep/util/names.h"
 
 namespace torch::nn {
 class Module;
@@ -30,6 +31,10 @@ class Module;
 namespace lockstep {
 
 enum class DigestMode { kAuto, kXxh3, kChecksum, kSha256 };
+inline constexpr NameTable<DigestMode, 4> kDigestModeNames{{{DigestMode::kAuto, "auto"},
+                                                            {DigestMode::kXxh3, "xxh3"},
+                                                            {DigestMode::kChecksum, "checksum"},
+                                                            {DigestMode::kSha256, "sha256"}}};
 DigestMode digest_mode_parse(const std::string& name);  // auto|xxh3|checksum|sha256
 const char* digest_mode_name(DigestMode mode);
 
@@ -50,6 +55,9 @@ std::vector<std::string> fingerprint_per_tensor(const std::vector<NamedTensor>& 
 std::string to_hex(const std::string& bytes);
 
 enum class CheckPolicy { kAbort, kWarn, kResync };
+inline constexpr NameTable<CheckPolicy, 3> kCheckPolicyNames{{{CheckPolicy::kAbort, "abort"},
+                                                              {CheckPolicy::kWarn, "warn"},
+                                                              {CheckPolicy::kResync, "resync"}}};
 CheckPolicy check_policy_parse(const std::string& name);  // abort|warn|resync
 
 struct ConsistencyReport {

@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 
 namespace lockstep {
 

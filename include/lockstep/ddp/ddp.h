@@ -33,7 +33,7 @@
 
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/ddp/reducer.h"
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 
 namespace lockstep {
 

@@ -27,7 +27,7 @@
 
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/comm_hooks.h"
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 #include "lockstep/util/trace.h"
 
 namespace torch::autograd {

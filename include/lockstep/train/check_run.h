@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 #include "lockstep/train/config.h"
 
 namespace lockstep {

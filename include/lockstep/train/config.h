@@ -10,7 +10,40 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/check/fingerprint.h"
+#include "lockstep/distributed/process_group.h"
+#include "lockstep/util/names.h"
+
 namespace lockstep {
+
+// The closed choices of the configuration, each with its one name table
+// (parsing, error messages, the YAML dump, docs/config.md). Models are not
+// here: model.name is open, since programs register their own models.
+enum class DatasetKind { kDigits, kSynthetic, kCsv, kMnist };
+inline constexpr NameTable<DatasetKind, 4> kDatasetKindNames{
+    {{DatasetKind::kDigits, "digits"},
+     {DatasetKind::kSynthetic, "synthetic"},
+     {DatasetKind::kCsv, "csv"},
+     {DatasetKind::kMnist, "mnist"}}};
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+inline constexpr NameTable<OptimizerKind, 3> kOptimizerKindNames{
+    {{OptimizerKind::kSgd, "sgd"},
+     {OptimizerKind::kAdam, "adam"},
+     {OptimizerKind::kAdamW, "adamw"}}};
+enum class Schedule { kConstant, kStep, kCosine };
+inline constexpr NameTable<Schedule, 3> kScheduleNames{
+    {{Schedule::kConstant, "constant"}, {Schedule::kStep, "step"}, {Schedule::kCosine, "cosine"}}};
+enum class CommHookKind { kAllreduce, kFp16, kBf16 };
+inline constexpr NameTable<CommHookKind, 3> kCommHookKindNames{
+    {{CommHookKind::kAllreduce, "allreduce"},
+     {CommHookKind::kFp16, "fp16"},
+     {CommHookKind::kBf16, "bf16"}}};
+enum class OnCheckpointError { kFail, kWarn };
+inline constexpr NameTable<OnCheckpointError, 2> kOnCheckpointErrorNames{
+    {{OnCheckpointError::kFail, "fail"}, {OnCheckpointError::kWarn, "warn"}}};
+enum class Progress { kAuto, kBar, kPlain };
+inline constexpr NameTable<Progress, 3> kProgressNames{
+    {{Progress::kAuto, "auto"}, {Progress::kBar, "bar"}, {Progress::kPlain, "plain"}}};
 
 struct RunConfig {
   std::string name = "run";
@@ -19,7 +52,7 @@ struct RunConfig {
 };
 
 struct DistConfig {
-  std::string backend = "gloo";
+  BackendKind backend = BackendKind::kGloo;
   double timeout_s = 300;
   double rdzv_timeout_s = 300;
 };
@@ -37,7 +70,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "digits";
+  DatasetKind name = DatasetKind::kDigits;
   std::string path;
   std::string label_column = "-1";
   int64_t max_classes = 100000;
@@ -59,7 +92,7 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";
+  OptimizerKind name = OptimizerKind::kSgd;
   double lr = 0.1;
   double momentum = 0.9;
   bool nesterov = false;
@@ -67,7 +100,7 @@ struct OptimConfig {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  std::string schedule = "constant";
+  Schedule schedule = Schedule::kConstant;
   int64_t warmup_steps = 0;
   int64_t step_size = 100;
   double gamma = 0.1;
@@ -80,13 +113,13 @@ struct DdpConfig {
   bool gradient_as_bucket_view = true;
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
-  std::string comm_hook = "allreduce";
+  CommHookKind comm_hook = CommHookKind::kAllreduce;
 };
 
 struct CheckConfig {
   int64_t every = 1;
-  std::string mode = "auto";
-  std::string policy = "abort";
+  DigestMode mode = DigestMode::kAuto;
+  CheckPolicy policy = CheckPolicy::kAbort;
   bool buffers = false;
   bool optimizer_state = false;
 };
@@ -96,14 +129,14 @@ struct CheckpointConfig {
   int64_t keep = 3;
   std::string resume;
   bool on_signal = false;
-  std::string on_error = "fail";  // fail | warn: a checkpoint that cannot be written
+  OnCheckpointError on_error = OnCheckpointError::kFail;  // a checkpoint that cannot be written
 };
 
 struct LogConfig {
   std::string level = "info";
   int64_t every = 10;
   bool file = false;
-  std::string progress = "auto";
+  Progress progress = Progress::kAuto;
   bool trace = false;
 };
 

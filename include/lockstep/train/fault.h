@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "lockstep/dist/world.h"
+#include "lockstep/distributed/world.h"
 
 namespace lockstep {
 

@@ -1,6 +1,9 @@
 // Trainer: a configured DDP training run. The constructor reads as the
-// lifecycle: config checked across ranks -> run directory -> data -> model
-// (init_from) -> DDP -> optimizer -> checkpoint resume. run() is the loop:
+// lifecycle: config validated and compared across ranks -> run directory ->
+// data -> model (init_from) -> optimizer -> checkpoint resume -> DDP (built on
+// the resumed weights) -> each rank's generator seeded (fresh runs). What a
+// config makes comes from the recipe (train/recipe.h), reports go through
+// src/train/metrics.h, signals through src/train/stop_signals.h. run() is the loop:
 // epochs of sharded micro-batches, accumulation with no_sync, clipping after
 // synchronisation, optimizer step, per-step consistency check, metrics,
 // checkpoints, evaluation each epoch.
@@ -11,7 +14,7 @@
 
 #include "lockstep/data/dataset.h"
 #include "lockstep/ddp/ddp.h"
-#include "lockstep/dist/process_group.h"
+#include "lockstep/distributed/process_group.h"
 #include "lockstep/train/config.h"
 
 namespace lockstep {
@@ -26,11 +29,6 @@ struct TrainResult {
   std::string run_dir;
   std::string last_checkpoint;
 };
-
-// The configured dataset, split into train and validation (MNIST: its train
-// and test files).
-DatasetSplit dataset_from_config(const Config& config);
-DdpOptions ddp_options_from_config(const DdpConfig& config);
 
 class Trainer {
  public:

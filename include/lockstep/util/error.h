@@ -46,6 +46,29 @@ class Interrupted : public Error {
   int signal;
 };
 
+// The program uses lockstep in a way that cannot work: a model bug, not a
+// failure of the network (two gradients for one parameter in one backward,
+// a parameter that got no gradient, a sparse gradient). Exit 2, like other
+// bad input: the model and the program are the user's input.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operating-system call failed for reasons outside lockstep (fork, pipe,
+// socket, getrandom): resources, limits, permissions.
+class SystemError : public Error {
+ public:
+  using Error::Error;
+};
+
+// One of lockstep's own invariants does not hold: a bug in lockstep. The
+// message carries the values that broke it. Exit 4.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective or rendezvous failed (peer gone, mismatch, unsupported op).
 class CommError : public Error {
  public:

@@ -1,0 +1,143 @@
+// lockstep::ProcessGroup: a c10d backend (Gloo or NCCL) plus the things every
+// caller needs around it: the device its tensors live on, AVG where the
+// backend lacks it, early return at world size 1, and errors that name the
+// rank, the operation and its sequence number.
+//
+// Threads: like c10d backends, one thread issues collectives, in the same
+// order on every rank. Async work may complete on backend threads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/distributed/torch_compat.h"
+#include "lockstep/distributed/world.h"
+#include "lockstep/util/names.h"
+
+namespace lockstep {
+
+enum class BackendKind { kGloo, kNccl, kMpi };
+inline constexpr NameTable<BackendKind, 3> kBackendKindNames{
+    {{BackendKind::kGloo, "gloo"}, {BackendKind::kNccl, "nccl"}, {BackendKind::kMpi, "mpi"}}};
+const char* backend_kind_name(BackendKind kind);
+// "gloo" | "nccl" | "mpi"; throws ConfigError listing the valid names.
+BackendKind backend_kind_parse(const std::string& name);
+
+enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
+const char* reduce_kind_name(ReduceKind kind);
+
+struct ProcessGroupOptions {
+  BackendKind backend = BackendKind::kGloo;
+  // Per collective: a peer that does not take part within this time makes
+  // the collective fail instead of hanging.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // The backend's keys live under lockstep/pg/<name>/ in the store. Every
+  // rank must use the same name; two groups on one store need two names.
+  std::string name = "default";
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  // Creates the backend over `store` (its keys under a private prefix).
+  // Gloo honours GLOO_SOCKET_IFNAME (comma-separated interfaces). NCCL needs
+  // a CUDA build of LibTorch, MPI one built with MPI and a start by mpirun;
+  // elsewhere they throw ConfigError saying so. MPI wires its own ranks; the
+  // store still serves the roll call and lockstep's own agreement keys.
+  static std::shared_ptr<ProcessGroup> create(const Ptr<C10dStore>& store, const WorldInfo& world,
+                                              const ProcessGroupOptions& options);
+
+  ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank, int size, int local_rank);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  BackendKind kind() const { return kind_; }
+  // Where this backend's tensors live: CPU for Gloo and MPI, cuda:<local rank> for NCCL.
+  at::Device device() const;
+  C10dBackend& backend() { return *backend_; }
+
+  // Blocking collectives; each returns when the result is in place.
+  void allreduce(at::Tensor& tensor, ReduceKind op);
+  void broadcast(at::Tensor& tensor, int root);
+  std::vector<at::Tensor> allgather(const at::Tensor& tensor);
+  void barrier();
+
+  // Starts an all-reduce; the result is in `tensor` after wait(). AVG is only
+  // accepted where the backend has it natively (NCCL); pre-divide otherwise.
+  // Returns nullptr at world size 1 (nothing to wait for).
+  Ptr<C10dWork> allreduce_async(at::Tensor& tensor, ReduceKind op);
+  // Starts an all-gather; after wait(work, ...) `outputs[r]` holds rank r's
+  // tensor. At world size 1 work is nullptr and outputs[0] a copy.
+  struct Gathering {
+    Ptr<C10dWork> work;
+    std::vector<at::Tensor> outputs;
+    uint64_t sequence = 0;
+  };
+  Gathering allgather_async(const at::Tensor& tensor);
+
+  // Point to point (Gloo and NCCL both have them); `tag` tells concurrent
+  // messages between the same pair apart.
+  Ptr<C10dWork> send_async(at::Tensor& tensor, int dst, int tag);
+  Ptr<C10dWork> recv_async(at::Tensor& tensor, int src, int tag);
+
+  // Waits for `work` (no-op for nullptr); failures become CommError naming
+  // this rank, `what` and the sequence number.
+  void wait(const Ptr<C10dWork>& work, const std::string& what);
+
+  // Number of collectives issued so far (the next one's sequence number).
+  uint64_t sequence() const { return sequence_; }
+
+  // Note [Roll call]: when a collective fails, the surviving ranks tell dead
+  // from alive through the store: each sets rollcall/<rank> and waits up to
+  // `grace` for the others. The ranks that never answer are named in the
+  // error (dead, hung or cut off). Done once per process: later failures
+  // repeat the first answer. create() enables it; without a store it is off.
+  void enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseconds grace);
+
+  // Note [Collective check]: a debug mode (LOCKSTEP_DEBUG_COLLECTIVES=1, read
+  // by create(); like PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL). Before each
+  // collective every rank publishes its signature (op, dtype, shape, root)
+  // under desync/<sequence>/<rank> and compares with all others': a
+  // mismatch, or a rank that never issues the collective within the
+  // timeout, is a CommError naming the ranks and what each issued, instead
+  // of a hang or garbage. Costs store round trips per collective.
+  void enable_collective_check(Ptr<C10dStore> store, std::chrono::milliseconds timeout);
+
+ private:
+  std::string describe(const std::string& what) const;
+  std::string roll_call();
+  void check_collective(uint64_t sequence, const std::string& signature);
+
+  Ptr<C10dBackend> backend_;
+  BackendKind kind_;
+  int rank_;
+  int size_;
+  int local_rank_;
+  uint64_t sequence_ = 0;
+  Ptr<C10dStore> roll_call_store_;
+  std::chrono::milliseconds roll_call_grace_{0};
+  std::string roll_call_answer_;
+  Ptr<C10dStore> check_store_;
+  std::chrono::milliseconds check_timeout_{0};
+};
+
+// Implemented by process_group_nccl.cpp (CUDA LibTorch) or
+// process_group_nccl_absent.cpp (CPU LibTorch): CMake picks one.
+Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>& store, int rank, int size,
+                                     std::chrono::milliseconds timeout);
+bool nccl_available();
+
+// Implemented by process_group_mpi.cpp (LibTorch built with MPI, e.g.
+// Debian 13's) or process_group_mpi_absent.cpp: CMake picks one. The world
+// must be the one mpirun started (its rank and size are checked against MPI's).
+Ptr<C10dBackend> mpi_backend_create(const WorldInfo& world);
+bool mpi_available();
+// Throws ConfigError unless `world` can use MPI (a LibTorch with MPI, ranks
+// started by mpirun). init_distributed calls it before the rendezvous, so
+// that every rank fails alone, at once, instead of racing its peers.
+void mpi_check_world(const WorldInfo& world);
+
+}  // namespace lockstep

@@ -1,0 +1,25 @@
+// A module's tensors with their dotted names, in registration order:
+// parameters, then (on request) buffers. The one place that walks a module
+// for state dicts, fingerprints and optimizer-state lookups.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace lockstep {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Parameters, then buffers when `buffers` (each buffer's name prefixed with
+// `buffer_prefix`, e.g. "buffer " where parameters and buffers share a list).
+NamedTensors module_tensors(const torch::nn::Module& module, bool buffers,
+                            const std::string& buffer_prefix = "");
+
+}  // namespace lockstep

@@ -1,0 +1,55 @@
+// One name table per enum: the single source for parsing a name, printing a
+// value, and listing the valid names (config errors, the YAML dump,
+// docs/config.md). An enum's owner defines its table next to the enum:
+//   inline constexpr NameTable<DigestMode, 4> kDigestModeNames{{
+//       {DigestMode::kAuto, "auto"}, {DigestMode::kXxh3, "xxh3"}, ...}};
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lockstep {
+
+template <typename E>
+struct Named {
+  E value;
+  const char* name;
+};
+
+template <typename E, std::size_t N>
+using NameTable = std::array<Named<E>, N>;
+
+template <typename E, std::size_t N>
+constexpr const char* name_of(const NameTable<E, N>& table, E value) {
+  for (const auto& entry : table)
+    if (entry.value == value) return entry.name;
+  return "?";
+}
+
+template <typename E, std::size_t N>
+std::optional<E> value_named(const NameTable<E, N>& table, std::string_view name) {
+  for (const auto& entry : table)
+    if (name == entry.name) return entry.value;
+  return std::nullopt;
+}
+
+template <typename E, std::size_t N>
+std::vector<std::string> names_of(const NameTable<E, N>& table) {
+  std::vector<std::string> out;
+  for (const auto& entry : table) out.emplace_back(entry.name);
+  return out;
+}
+
+// "a, b, c": for messages that list what is valid.
+template <typename E, std::size_t N>
+std::string names_listed(const NameTable<E, N>& table) {
+  std::string out;
+  for (const auto& entry : table) out += (out.empty() ? "" : ", ") + std::string(entry.name);
+  return out;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,249 @@
+// ProcessGroup's collectives: thin, but each one early-returns at world size
+// 1, counts its sequence number and turns backend failures into CommError.
+#include <ATen/ATen.h>
+
+#include <future>
+#include <thread>
+
+#include "lockstep/distributed/process_group.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceKind::kAvg:
+      return c10d::ReduceOp::AVG;
+    case ReduceKind::kMin:
+      return c10d::ReduceOp::MIN;
+    case ReduceKind::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceKind::kProduct:
+      return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string signature_of(const std::string& op, const at::Tensor& t) {
+  std::string shape;
+  for (auto d : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  return op + " " + std::string(c10::toString(t.scalar_type())) + "[" + shape + "]";
+}
+
+}  // namespace
+
+void ProcessGroup::enable_collective_check(Ptr<C10dStore> store,
+                                           std::chrono::milliseconds timeout) {
+  check_store_ = std::move(store);
+  check_timeout_ = timeout;
+}
+
+// Note [Collective check] (process_group.h).
+void ProcessGroup::check_collective(uint64_t sequence, const std::string& signature) {
+  if (!check_store_ || size_ == 1) return;
+  auto key = [](uint64_t seq, int r) {
+    return "desync/" + std::to_string(seq) + "/" + std::to_string(r);
+  };
+  // Every rank has compared sequence - 2 once it published sequence - 1:
+  // this rank's older key can go.
+  if (sequence >= 2) check_store_->deleteKey(key(sequence - 2, rank_));
+  check_store_->set(key(sequence, rank_), std::vector<uint8_t>(signature.begin(), signature.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(key(sequence, r));
+  try {
+    check_store_->wait(keys, check_timeout_);
+  } catch (const std::exception&) {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (!check_store_->check({keys[r]}))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw CommError(describe("collective #" + std::to_string(sequence) + " (" + signature + ")") +
+                    ": rank(s) " + missing + " did not issue it within " +
+                    std::to_string(check_timeout_.count() / 1000.0).substr(0, 5) +
+                    " s: they issued fewer collectives, or are stuck");
+  }
+  std::string mismatch;
+  for (int r = 0; r < size_; ++r) {
+    const auto bytes = check_store_->get(keys[r]);
+    const std::string theirs(bytes.begin(), bytes.end());
+    if (theirs != signature) mismatch += "; rank " + std::to_string(r) + " issues " + theirs;
+  }
+  if (!mismatch.empty()) {
+    throw CommError("collective #" + std::to_string(sequence) + " differs across ranks: rank " +
+                    std::to_string(rank_) + " issues " + signature + mismatch);
+  }
+}
+
+std::string ProcessGroup::describe(const std::string& what) const {
+  return "rank " + std::to_string(rank_) + ": " + what + " (" + backend_kind_name(kind_) +
+         ", world size " + std::to_string(size_) + ")";
+}
+
+void ProcessGroup::wait(const Ptr<C10dWork>& work, const std::string& what) {
+  if (!work) return;
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw CommError(describe(what) + " failed: " + what_of(e) + roll_call());
+  }
+}
+
+void ProcessGroup::enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseconds grace) {
+  roll_call_store_ = std::move(store);
+  roll_call_grace_ = grace;
+}
+
+// Note [Roll call] (process_group.h). Runs on a helper thread so that a hung
+// store host (rank 0 stopped) cannot hang this rank's error path: after
+// grace + 2 s without an answer, the store itself is reported silent.
+std::string ProcessGroup::roll_call() {
+  if (!roll_call_store_ || size_ == 1) return "";
+  if (!roll_call_answer_.empty()) return roll_call_answer_;
+  auto promise = std::make_shared<std::promise<std::string>>();
+  auto answer = promise->get_future();
+  std::thread([store = roll_call_store_, rank = rank_, size = size_, grace = roll_call_grace_,
+               promise] {
+    try {
+      const auto key = [](int r) { return "rollcall/" + std::to_string(r); };
+      store->set(key(rank), std::vector<uint8_t>{1});
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      std::vector<int> missing;
+      do {
+        missing.clear();
+        for (int r = 0; r < size; ++r) {
+          if (!store->check({key(r)})) missing.push_back(r);
+        }
+        if (missing.empty()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } while (std::chrono::steady_clock::now() < deadline);
+      std::string text;
+      for (int r : missing) text += (text.empty() ? "" : ", ") + std::to_string(r);
+      const std::string seconds = std::to_string(grace.count() / 1000.0).substr(0, 4);
+      promise->set_value(missing.empty()
+                             ? "; every rank answered the roll call, so none is dead or hung"
+                             : "; rank(s) " + text + " did not answer the roll call within " +
+                                   seconds + " s: dead, hung or cut off");
+    } catch (const std::exception& e) {
+      promise->set_value("; the rendezvous store is unreachable too (" + what_of(e).substr(0, 120) +
+                         "): rank 0, which hosts it, is probably dead or cut off");
+    }
+  }).detach();
+  if (answer.wait_for(roll_call_grace_ + std::chrono::seconds(2)) == std::future_status::ready) {
+    roll_call_answer_ = answer.get();
+  } else {
+    roll_call_answer_ =
+        "; the rendezvous store did not answer the roll call: rank 0, which hosts "
+        "it, is probably hung or cut off";
+  }
+  return roll_call_answer_;
+}
+
+Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
+  if (op == ReduceKind::kAvg && kind_ != BackendKind::kNccl) {
+    throw CommError(describe("allreduce_async") +
+                    ": AVG is not native to this backend; pre-divide and use SUM");
+  }
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return {};
+  check_collective(seq,
+                   signature_of(std::string("allreduce(") + reduce_kind_name(op) + ")", tensor));
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  try {
+    return backend_->allreduce(tensors, options);
+  } catch (const std::exception& e) {
+    throw CommError(describe("allreduce #" + std::to_string(seq)) +
+                    " could not start: " + what_of(e));
+  }
+}
+
+void ProcessGroup::allreduce(at::Tensor& tensor, ReduceKind op) {
+  // Gloo has no AVG: SUM, then divide (truncating for integers, as NCCL does).
+  const bool emulate_avg = op == ReduceKind::kAvg && kind_ != BackendKind::kNccl;
+  const uint64_t seq = sequence_;
+  wait(allreduce_async(tensor, emulate_avg ? ReduceKind::kSum : op),
+       std::string("allreduce(") + reduce_kind_name(op) + ") #" + std::to_string(seq));
+  if (emulate_avg && size_ > 1) {
+    if (at::isIntegralType(tensor.scalar_type(), /*includeBool=*/true)) {
+      tensor.div_(size_, "trunc");
+    } else {
+      tensor.div_(size_);
+    }
+  }
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  if (root < 0 || root >= size_) {
+    throw CommError(describe("broadcast") + ": root " + std::to_string(root) + " is outside [0, " +
+                    std::to_string(size_) + ")");
+  }
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return;
+  check_collective(seq, signature_of("broadcast(root " + std::to_string(root) + ")", tensor));
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  wait(backend_->broadcast(tensors, options),
+       "broadcast(root " + std::to_string(root) + ") #" + std::to_string(seq));
+}
+
+ProcessGroup::Gathering ProcessGroup::allgather_async(const at::Tensor& tensor) {
+  Gathering g;
+  g.sequence = sequence_++;
+  if (size_ == 1) {
+    g.outputs = {tensor.clone()};
+    return g;
+  }
+  check_collective(g.sequence, signature_of("allgather", tensor));
+  std::vector<at::Tensor> inputs{tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+  try {
+    g.work = backend_->allgather(outputs, inputs);
+  } catch (const std::exception& e) {
+    throw CommError(describe("allgather #" + std::to_string(g.sequence)) +
+                    " could not start: " + what_of(e));
+  }
+  g.outputs = outputs[0];
+  return g;
+}
+
+std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
+  auto g = allgather_async(tensor);
+  wait(g.work, "allgather #" + std::to_string(g.sequence));
+  return g.outputs;
+}
+
+Ptr<C10dWork> ProcessGroup::send_async(at::Tensor& tensor, int dst, int tag) {
+  std::vector<at::Tensor> tensors{tensor};
+  try {
+    return backend_->send(tensors, dst, tag);
+  } catch (const std::exception& e) {
+    throw CommError(describe("send to rank " + std::to_string(dst)) +
+                    " could not start: " + what_of(e));
+  }
+}
+
+Ptr<C10dWork> ProcessGroup::recv_async(at::Tensor& tensor, int src, int tag) {
+  std::vector<at::Tensor> tensors{tensor};
+  try {
+    return backend_->recv(tensors, src, tag);
+  } catch (const std::exception& e) {
+    throw CommError(describe("recv from rank " + std::to_string(src)) +
+                    " could not start: " + what_of(e));
+  }
+}
+
+void ProcessGroup::barrier() {
+  const uint64_t seq = sequence_++;
+  if (size_ == 1) return;
+  check_collective(seq, "barrier");
+  wait(backend_->barrier(), "barrier #" + std::to_string(seq));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,313 @@
+#include "lockstep/distributed/job_store.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "lockstep/util/error.h"
+#include "store_wire.h"
+
+namespace lockstep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace wire = store_wire;
+
+// Milliseconds left until `deadline` for poll(); -1 for no deadline.
+int poll_ms(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return -1;
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+}
+
+// Waits for `events` on fd; false when the deadline passed first.
+bool ready(int fd, short events, Clock::time_point deadline) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    const int rc = ::poll(&p, 1, poll_ms(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+// One non-blocking connect to one address, bounded by `deadline`.
+int connect_one(const addrinfo& a, Clock::time_point deadline, std::string& error) {
+  const int fd = ::socket(a.ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    error = std::strerror(errno);
+    return -1;
+  }
+  int rc = ::connect(fd, a.ai_addr, a.ai_addrlen);
+  if (rc != 0 && errno == EINPROGRESS) {
+    if (!ready(fd, POLLOUT, deadline)) {
+      error = "connect timed out";
+      ::close(fd);
+      return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  if (rc != 0) {
+    error = std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace
+
+JobStore::JobStore(JobStoreOptions options, std::shared_ptr<StoreServer> server)
+    : C10dStore(options.timeout), options_(std::move(options)), server_(std::move(server)) {
+  connect();
+}
+
+JobStore::~JobStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string JobStore::where() const {
+  const bool v6 = options_.host.find(':') != std::string::npos;
+  return (v6 ? "[" + options_.host + "]" : options_.host) + ":" + std::to_string(options_.port);
+}
+
+void JobStore::lost(const std::string& what) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  throw CommError("store at " + where() + ": " + what);
+}
+
+void JobStore::connect() {
+  const auto start = Clock::now();
+  const auto deadline = start + options_.connect_timeout;
+  std::string error = "no address";
+  auto pause = std::chrono::milliseconds(50);
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    const std::string service = std::to_string(options_.port);
+    const int rc = getaddrinfo(options_.host.c_str(), service.c_str(), &hints, &found);
+    if (rc != 0) {
+      error = std::string("cannot resolve the host: ") + gai_strerror(rc);
+    } else {
+      for (const addrinfo* a = found; a && fd_ < 0; a = a->ai_next)
+        fd_ = connect_one(*a, deadline, error);
+      freeaddrinfo(found);
+    }
+    if (fd_ >= 0) break;
+    if (Clock::now() + pause >= deadline) {
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      throw TimeoutError("store at " + where() + " not reachable after " +
+                         std::to_string(waited).substr(0, 5) + " s: " + error);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+  }
+
+  const std::string hello = wire::hello(options_.secret);
+  const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(30));
+  if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size()))
+    lost("could not send the hello: " + std::string(std::strerror(errno)));
+  char answer = 0;
+  if (!ready(fd_, POLLIN, hello_deadline)) lost("no answer to the hello within 30 s");
+  if (::recv(fd_, &answer, 1, 0) != 1)
+    lost("closed the connection during the hello (is it lockstep's store?)");
+  if (answer == wire::kHelloRefused) {
+    ::close(fd_);
+    fd_ = -1;
+    throw ConfigError(
+        "store at " + where() + " refused this process: " +
+        (options_.secret.empty()
+             ? std::string("the job requires LOCKSTEP_STORE_SECRET and this process has none")
+             : std::string("LOCKSTEP_STORE_SECRET differs from rank 0's")));
+  }
+  if (answer != wire::kHelloAccepted) lost("answered the hello with an unknown byte");
+}
+
+std::string JobStore::round_trip(const std::string& frame, std::chrono::milliseconds limit) {
+  const auto deadline = limit.count() <= 0 ? Clock::time_point::max() : Clock::now() + limit;
+  if (fd_ < 0) throw CommError("store at " + where() + ": the connection was lost earlier");
+  std::size_t sent = 0;
+  while (sent < frame.size()) {
+    if (!ready(fd_, POLLOUT, deadline)) lost("timed out sending a request");
+    const ssize_t n =
+        ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0)
+      lost("connection lost (did rank 0, which hosts the store, exit?): " +
+           std::string(std::strerror(errno)));
+    sent += static_cast<std::size_t>(n);
+  }
+  auto read_exact = [&](char* out, std::size_t size) {
+    std::size_t got = 0;
+    while (got < size) {
+      if (!ready(fd_, POLLIN, deadline))
+        lost("no answer within " + std::to_string(limit.count() / 1000.0).substr(0, 5) + " s");
+      const ssize_t n = ::recv(fd_, out + got, size - got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) lost("connection lost (did rank 0, which hosts the store, exit?)");
+      got += static_cast<std::size_t>(n);
+    }
+  };
+  char header[4];
+  read_exact(header, 4);
+  const std::uint32_t length = wire::read_u32(header);
+  // Replies are at most one value plus a few bytes; the server bounds values.
+  if (length == 0 || length > (std::size_t{1} << 30)) lost("sent a malformed reply");
+  std::string body(length, '\0');
+  read_exact(body.data(), length);
+  return body;
+}
+
+namespace {
+
+wire::Status status_of(wire::Reader& in, const std::string& where) {
+  const auto status = static_cast<wire::Status>(in.u8());
+  if (status == wire::Status::kError)
+    throw CommError("store at " + where + " refused a request: " + in.bytes(1 << 16));
+  return status;
+}
+
+std::string key_list(const std::vector<std::string>& keys) {
+  std::string out;
+  for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += (i ? ", " : "") + keys[i];
+  if (keys.size() > 4) out += ", ... (" + std::to_string(keys.size()) + " keys)";
+  return out;
+}
+
+}  // namespace
+
+void JobStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kSet));
+  w.bytes(key);
+  w.bytes(std::string_view(reinterpret_cast<const char*>(value.data()), value.size()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  status_of(in, where());
+}
+
+std::vector<uint8_t> JobStore::compareSet(const std::string& key,
+                                          const std::vector<uint8_t>& expected,
+                                          const std::vector<uint8_t>& desired) {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kCompareSet));
+  w.bytes(key);
+  w.bytes(std::string_view(reinterpret_cast<const char*>(expected.data()), expected.size()));
+  w.bytes(std::string_view(reinterpret_cast<const char*>(desired.data()), desired.size()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  status_of(in, where());
+  const std::string value = in.bytes(body.size());
+  return std::vector<uint8_t>(value.begin(), value.end());
+}
+
+std::vector<uint8_t> JobStore::get(const std::string& key) {
+  wait({key}, timeout_);
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kGet));
+  w.bytes(key);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  if (status_of(in, where()) == wire::Status::kMissing)
+    throw CommError("store at " + where() + ": key '" + key + "' was deleted while being read");
+  const std::string value = in.bytes(body.size());
+  return std::vector<uint8_t>(value.begin(), value.end());
+}
+
+int64_t JobStore::add(const std::string& key, int64_t value) {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kAdd));
+  w.bytes(key);
+  w.i64(value);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  status_of(in, where());
+  return in.i64();
+}
+
+bool JobStore::deleteKey(const std::string& key) {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kDelete));
+  w.bytes(key);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  status_of(in, where());
+  return in.u8() != 0;
+}
+
+bool JobStore::check(const std::vector<std::string>& keys) {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kCheck));
+  w.u32(static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) w.bytes(k);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  status_of(in, where());
+  return in.u8() != 0;
+}
+
+int64_t JobStore::getNumKeys() {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kNumKeys));
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string body = round_trip(w.frame(), timeout_);
+  wire::Reader in(body);
+  status_of(in, where());
+  return in.i64();
+}
+
+void JobStore::wait(const std::vector<std::string>& keys) {
+  wait(keys, timeout_);
+}
+
+void JobStore::wait(const std::vector<std::string>& keys,
+                    const std::chrono::milliseconds& timeout) {
+  wire::Writer w;
+  w.u8(static_cast<std::uint8_t>(wire::Op::kWait));
+  w.u32(static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) w.bytes(k);
+  w.i64(timeout.count());
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The server answers when the keys appear or the timeout passes; allow it
+  // some slack before calling the store itself silent.
+  const auto limit = timeout.count() <= 0 ? timeout : timeout + std::chrono::seconds(30);
+  const std::string body = round_trip(w.frame(), limit);
+  wire::Reader in(body);
+  if (status_of(in, where()) == wire::Status::kTimeout)
+    throw TimeoutError("store at " + where() + ": waited " +
+                       std::to_string(timeout.count() / 1000.0).substr(0, 5) + " s for " +
+                       key_list(keys));
+}
+
+Ptr<C10dStore> JobStore::clone() {
+  auto copy = c10::make_intrusive<JobStore>(options_, server_);
+  copy->setTimeout(timeout_);
+  return copy;
+}
+
+}  // namespace lockstep

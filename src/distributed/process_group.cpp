@@ -1,0 +1,123 @@
+// ProcessGroup construction: the backend factory (Gloo here, NCCL and MPI in
+// files of their own) and the name tables. The collectives themselves are in collectives.cpp.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "lockstep/distributed/process_group.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+Ptr<C10dBackend> gloo_backend_create(const Ptr<C10dStore>& store, const WorldInfo& world,
+                                     std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->timeout = timeout;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') {
+    std::stringstream names(ifname);
+    std::string name;
+    while (std::getline(names, name, ',')) {
+      try {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+      } catch (const std::exception& e) {
+        throw ConfigError("GLOO_SOCKET_IFNAME='" + std::string(ifname) + "': interface '" + name +
+                          "' cannot be used: " + what_of(e));
+      }
+    }
+  } else if (is_loopback(world.master_addr)) {
+    // Every rank is on this host: loopback needs no hostname resolution.
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size, options);
+}
+
+}  // namespace
+
+const char* backend_kind_name(BackendKind kind) { return name_of(kBackendKindNames, kind); }
+
+BackendKind backend_kind_parse(const std::string& name) {
+  if (auto kind = value_named(kBackendKindNames, name)) return *kind;
+  throw ConfigError("unknown backend '" + name + "' (valid: " + names_listed(kBackendKindNames) + ")");
+}
+
+const char* reduce_kind_name(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kAvg:
+      return "avg";
+    case ReduceKind::kMin:
+      return "min";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kProduct:
+      return "product";
+  }
+  return "?";
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
+                                                   const WorldInfo& world,
+                                                   const ProcessGroupOptions& options) {
+  // A private prefix keeps the backend's keys apart from rendezvous keys and
+  // from any other group created on the same store.
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/pg/" + options.name, store);
+  Ptr<C10dBackend> backend;
+  try {
+    switch (options.backend) {
+      case BackendKind::kGloo:
+        backend = gloo_backend_create(prefixed, world, options.timeout);
+        break;
+      case BackendKind::kNccl:
+        backend = nccl_backend_create(prefixed, world.rank, world.world_size, options.timeout);
+        break;
+      case BackendKind::kMpi:
+        backend = mpi_backend_create(world);
+        break;
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError("rank " + std::to_string(world.rank) + ": creating the " +
+                    backend_kind_name(options.backend) + " process group (world size " +
+                    std::to_string(world.world_size) + ") failed: " + what_of(e));
+  }
+  spdlog::debug("process group: {} over {} ranks, timeout {} ms",
+                backend_kind_name(options.backend), world.world_size, options.timeout.count());
+  auto pg = std::make_shared<ProcessGroup>(backend, options.backend, world.rank, world.world_size,
+                                           world.local_rank);
+  pg->enable_roll_call(
+      prefixed, std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(5)));
+  const char* debug = std::getenv("LOCKSTEP_DEBUG_COLLECTIVES");
+  if (debug != nullptr && std::string(debug) == "1") {
+    pg->enable_collective_check(prefixed, options.timeout);
+    spdlog::warn("LOCKSTEP_DEBUG_COLLECTIVES=1: every collective is checked across ranks (slow)");
+  }
+  return pg;
+}
+
+ProcessGroup::ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank, int size,
+                           int local_rank)
+    : backend_(std::move(backend)),
+      kind_(kind),
+      rank_(rank),
+      size_(size),
+      local_rank_(local_rank) {}
+
+at::Device ProcessGroup::device() const {
+  return kind_ == BackendKind::kNccl ? at::Device(at::kCUDA, local_rank_) : at::Device(at::kCPU);
+}
+
+}  // namespace lockstep

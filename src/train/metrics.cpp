@@ -1,0 +1,115 @@
+#include "metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "lockstep/distributed/agree.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+
+Metrics::Metrics(const LogConfig& log, ProcessGroup& pg, const std::string& run_dir)
+    : log_(log), pg_(pg) {
+  if (pg_.rank() != 0) return;
+  const std::string path = run_dir + "/metrics.jsonl";
+  file_ = std::fopen(path.c_str(), "a");
+  if (file_ == nullptr) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
+  std::setvbuf(file_, nullptr, _IONBF, 0);  // one write per record: see record()
+}
+
+Metrics::~Metrics() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void Metrics::record(const char* format, ...) {
+  if (file_ == nullptr) return;
+  char line[1024];
+  va_list args;
+  va_start(args, format);
+  const int length = std::vsnprintf(line, sizeof line, format, args);
+  va_end(args);
+  if (length < 0 || static_cast<size_t>(length) >= sizeof line) return;
+  const long before = std::ftell(file_);
+  if (std::fwrite(line, 1, static_cast<size_t>(length), file_) == static_cast<size_t>(length))
+    return;
+  const int err = errno;
+  std::clearerr(file_);
+  if (before >= 0) (void)ftruncate(fileno(file_), before);
+  if (!failed_) {
+    failed_ = true;
+    spdlog::warn(
+        "metrics.jsonl: a record could not be written ({}); records are dropped while "
+        "writes fail, and the file holds only complete records (reported once)",
+        std::strerror(err));
+  }
+}
+
+bool Metrics::bar() const {
+  return log_.progress == Progress::kBar ||
+         (log_.progress == Progress::kAuto && isatty(STDOUT_FILENO) != 0);
+}
+
+double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t total_steps,
+                             double lr) {
+  const auto sums =
+      sum_over_ranks(pg_, {in.loss_sum.defined() ? in.loss_sum.item<double>() : 0.0,
+                           in.correct.defined() ? in.correct.item<double>() : 0.0, in.samples});
+  const double samples = sums[2];
+  const double loss = sums[0] / samples;
+  const double accuracy = sums[1] / samples;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - in.start).count();
+  const double n = std::max<int64_t>(in.steps, 1);
+  const double step_ms =
+      in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+  if (!warned_comm_share_ && step_ms > 0 && in.comm_ms / step_ms > 0.2) {
+    warned_comm_share_ = true;
+    spdlog::warn(
+        "communication is {:.0f}% of step time ({:.2f} of {:.2f} ms per step waiting for "
+        "gradients): consider a larger per-rank batch, gradient accumulation "
+        "(train.accumulation_steps), ddp.comm_hook: fp16, or other bucket sizes (this warning "
+        "is shown once)",
+        100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
+  }
+  if (pg_.rank() == 0) {
+    record(
+        "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
+        "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
+        "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
+        static_cast<long long>(state.step), static_cast<long long>(state.epoch), loss, accuracy, lr,
+        samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
+        in.optimizer_ms / n, in.check_ms / n);
+    if (bar()) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * state.step / std::max<int64_t>(total_steps, 1));
+      std::printf("\r[%s%s] step %lld/%lld epoch %lld loss %.4f acc %.3f %.0f samples/s",
+                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                  static_cast<long long>(state.step), static_cast<long long>(total_steps),
+                  static_cast<long long>(state.epoch + 1), loss, accuracy, samples / seconds);
+      std::fflush(stdout);
+    } else {
+      spdlog::info("step {}/{} epoch {} loss {:.5f} acc {:.4f} lr {:.4g} {:.0f} samples/s",
+                   state.step, total_steps, state.epoch + 1, loss, accuracy, lr, samples / seconds);
+    }
+  }
+  in = Interval{};
+  return loss;
+}
+
+void Metrics::validation(const TrainerState& state, double loss, double accuracy,
+                         int64_t examples) {
+  if (pg_.rank() != 0) return;
+  if (bar()) std::printf("\n");
+  spdlog::info("epoch {} validation: loss {:.5f} accuracy {:.4f} ({} examples)", state.epoch + 1,
+               loss, accuracy, examples);
+  record("{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f}\n",
+         static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
+         accuracy);
+}
+
+}  // namespace lockstep

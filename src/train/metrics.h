@@ -1,0 +1,57 @@
+// What training reports: statistics per logging interval (all-reduced over
+// ranks), metrics.jsonl (rank 0; whole records only), the progress line or
+// bar, the one-time warning when communication dominates the step, and the
+// validation record.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "lockstep/distributed/process_group.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/config.h"
+
+namespace lockstep {
+
+// One logging interval of one rank. Loss and correct counts stay tensors on
+// the model's device until the interval ends: no host sync per micro-batch.
+struct Interval {
+  at::Tensor loss_sum, correct;
+  double samples = 0;
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+  int64_t steps = 0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+class Metrics {
+ public:
+  // Rank 0 appends to <run_dir>/metrics.jsonl; the other ranks write nothing.
+  Metrics(const LogConfig& log, ProcessGroup& pg, const std::string& run_dir);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Ends `in` (every rank: one all-reduce) and reports it; returns the global
+  // mean loss. `in` is reset for the next interval.
+  double end_interval(Interval& in, const TrainerState& state, int64_t total_steps, double lr);
+  // The validation result of an epoch (rank 0 reports; no collective).
+  void validation(const TrainerState& state, double loss, double accuracy, int64_t examples);
+
+ private:
+  // One metrics.jsonl record, written whole or not at all: a failed write (a
+  // full disk) is cut back to the last complete record and reported once;
+  // training goes on, and later records are written when writes work again.
+  void record(const char* format, ...) __attribute__((format(printf, 2, 3)));
+  bool bar() const;
+
+  LogConfig log_;
+  ProcessGroup& pg_;
+  std::FILE* file_ = nullptr;
+  bool failed_ = false;
+  bool warned_comm_share_ = false;
+};
+
+}  // namespace lockstep

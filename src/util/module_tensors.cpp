@@ -1,0 +1,19 @@
+#include "lockstep/util/module_tensors.h"
+
+#include <torch/nn/module.h>
+
+namespace lockstep {
+
+NamedTensors module_tensors(const torch::nn::Module& module, bool buffers,
+                            const std::string& buffer_prefix) {
+  NamedTensors out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(p.key(), p.value());
+  if (buffers) {
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+      out.emplace_back(buffer_prefix + b.key(), b.value());
+  }
+  return out;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,131 @@
+// Collectives on 1-4 ranks (threads over a HashStore): AVG emulation, bad
+// roots, collective timeouts, the desync debugging mode.
+#include <ATen/ATen.h>
+#include "support/catch.h"
+
+#include <chrono>
+#include <thread>
+
+#include "lockstep/distributed/process_group.h"
+#include "lockstep/util/error.h"
+#include "support/thread_world.h"
+
+using namespace lockstep;
+using lockstep::testing::error_text;
+using lockstep::testing::run_ranks;
+
+TEST_CASE("AVG is emulated on Gloo, truncating integers", "[collectives]") {
+  auto outcomes = run_ranks<std::vector<double>>(2, [](ProcessGroup& pg) {
+    auto f = at::full({3}, pg.rank() == 0 ? 1.0 : 2.0, at::kDouble);
+    pg.allreduce(f, ReduceKind::kAvg);
+    auto i = at::full({3}, pg.rank() == 0 ? 1 : 2, at::kLong);
+    pg.allreduce(i, ReduceKind::kAvg);
+    return std::vector<double>{f[0].item<double>(), static_cast<double>(i[0].item<int64_t>())};
+  });
+  for (const auto& o : outcomes) {
+    REQUIRE_FALSE(o.error);
+    CHECK(o.result == std::vector<double>{1.5, 1.0});
+  }
+}
+
+TEST_CASE("async AVG on Gloo and bad broadcast roots are errors, not hangs", "[collectives]") {
+  auto outcomes = run_ranks<std::string>(2, [](ProcessGroup& pg) {
+    std::string errors;
+    auto t = at::ones({4});
+    try {
+      pg.allreduce_async(t, ReduceKind::kAvg);
+    } catch (const CommError& e) {
+      errors += std::string(e.what()) + "\n";
+    }
+    try {
+      pg.broadcast(t, 2);
+    } catch (const CommError& e) {
+      errors += e.what();
+    }
+    return errors;
+  });
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK_THAT(outcomes[r].result, lockstep::testing::Contains("AVG is not native"));
+    CHECK_THAT(outcomes[r].result, lockstep::testing::Contains("root 2 is outside [0, 2)"));
+    CHECK_THAT(outcomes[r].result, lockstep::testing::Contains("rank " + std::to_string(r)));
+  }
+}
+
+TEST_CASE("a collective that a peer misses fails after the timeout, naming op and rank",
+          "[collectives]") {
+  auto outcomes = run_ranks<double>(
+      2,
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          // Alive but absent: never joins the all-reduce.
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return 0.0;
+        }
+        auto t = at::ones({16});
+        pg.allreduce(t, ReduceKind::kSum);
+        return -1.0;  // not reached when the timeout works
+      },
+      std::chrono::milliseconds(1000));
+  REQUIRE(outcomes[0].error);
+  const std::string what = error_text(outcomes[0].error);
+  CHECK_THAT(what, lockstep::testing::Contains("rank 0: allreduce(sum) #0"));
+  CHECK_THAT(what, lockstep::testing::Contains("failed"));
+}
+
+namespace {
+struct DebugCollectives {
+  DebugCollectives() { setenv("LOCKSTEP_DEBUG_COLLECTIVES", "1", 1); }
+  ~DebugCollectives() { unsetenv("LOCKSTEP_DEBUG_COLLECTIVES"); }
+};
+}  // namespace
+
+TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of hanging",
+          "[collectives][desync]") {
+  DebugCollectives debug;
+  SECTION("same collectives: no error") {
+    auto outcomes = run_ranks<double>(3, [](ProcessGroup& pg) {
+      auto t = at::ones({4});
+      for (int i = 0; i < 3; ++i) pg.allreduce(t, ReduceKind::kSum);
+      pg.broadcast(t, 1);
+      pg.barrier();
+      return t[0].item<double>();
+    });
+    for (const auto& o : outcomes) {
+      REQUIRE_FALSE(o.error);
+      CHECK(o.result == 27.0);
+    }
+  }
+  SECTION("different shapes and ops are named, on every rank") {
+    auto outcomes = run_ranks<int>(2, [](ProcessGroup& pg) {
+      auto t = at::ones({pg.rank() == 0 ? 4 : 5});
+      pg.allreduce(t, ReduceKind::kSum);
+      return 0;
+    });
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(outcomes[r].error);
+      CHECK_THAT(error_text(outcomes[r].error),
+                 lockstep::testing::Contains("collective #0 differs across ranks"));
+      CHECK_THAT(error_text(outcomes[r].error),
+                 lockstep::testing::Contains("allreduce(sum) Float[4]"));
+      CHECK_THAT(error_text(outcomes[r].error),
+                 lockstep::testing::Contains("allreduce(sum) Float[5]"));
+    }
+  }
+  SECTION("a rank that skips a collective is named after the timeout") {
+    auto outcomes = run_ranks<int>(
+        2,
+        [](ProcessGroup& pg) {
+          auto t = at::ones({2});
+          if (pg.rank() == 0) pg.allreduce(t, ReduceKind::kSum);
+          return 0;
+        },
+        std::chrono::milliseconds(1000));
+    REQUIRE(outcomes[0].error);
+    CHECK_THAT(error_text(outcomes[0].error),
+               lockstep::testing::Contains("rank 0: collective #0 (allreduce(sum) Float[2])"));
+    CHECK_THAT(error_text(outcomes[0].error),
+               lockstep::testing::Contains("rank(s) 1 did not issue it within 1.000 s"));
+    CHECK_FALSE(outcomes[1].error);
+  }
+}

@@ -1,0 +1,390 @@
+// lockstep's rendezvous store (Note [Job store]): c10d's Store semantics,
+// checked against c10d's own HashStore; the address it listens on; the
+// secret; and what a stray or hostile connection can (not) do to it.
+#include "support/catch.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/distributed/job_store.h"
+#include "lockstep/distributed/rendezvous.h"
+#include "lockstep/util/error.h"
+
+using namespace lockstep;
+using lockstep::testing::Contains;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kSecret = "0123456789abcdef0123456789abcdef";
+
+std::vector<uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string text(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
+
+JobStoreOptions client_of(const StoreServer& server, const std::string& secret = kSecret) {
+  JobStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.secret = secret;
+  o.timeout = std::chrono::seconds(5);
+  o.connect_timeout = std::chrono::seconds(5);
+  return o;
+}
+
+StoreServerOptions serve(std::string secret = kSecret) {
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.secret = std::move(secret);
+  return o;
+}
+
+// A raw TCP connection to the server, for the stray and hostile clients.
+int raw_connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
+// True when the server closed fd within `ms` (recv returns 0 or an error).
+bool closed_within(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < deadline) {
+    if (poll(&p, 1, 50) > 0) {
+      char c;
+      const ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+      if (n <= 0) return true;
+    }
+  }
+  return false;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The same sequence of operations, answers recorded as text.
+std::vector<std::string> exercise(C10dStore& s) {
+  std::vector<std::string> out;
+  s.set("a", bytes("alpha"));
+  out.push_back(text(s.get("a")));
+  out.push_back(std::to_string(s.add("n", 3)));
+  out.push_back(std::to_string(s.add("n", 5)));
+  out.push_back(std::to_string(s.add("n", -10)));
+  out.push_back(text(s.get("n")));
+  out.push_back(text(s.compareSet("c", bytes(""), bytes("first"))));  // missing, empty expected
+  out.push_back(text(s.compareSet("c", bytes("wrong"), bytes("second"))));  // mismatch: current
+  out.push_back(text(s.compareSet("c", bytes("first"), bytes("third"))));   // match: desired
+  out.push_back(text(s.compareSet("m", bytes("x"), bytes("y"))));           // missing, non-empty
+  out.push_back(s.check({"a", "n"}) ? "both" : "not both");
+  out.push_back(s.check({"a", "nope"}) ? "both" : "not both");
+  out.push_back(std::to_string(s.getNumKeys()));
+  out.push_back(s.deleteKey("a") ? "deleted" : "absent");
+  out.push_back(s.deleteKey("a") ? "deleted" : "absent");
+  out.push_back(std::to_string(s.getNumKeys()));
+  s.set("a", bytes(std::string("\0\xff", 2)));
+  out.push_back(text(s.get("a")));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("job store: every operation answers as c10d's HashStore does", "[store]") {
+  StoreServer server(serve());
+  auto client = c10::make_intrusive<JobStore>(client_of(server));
+  auto reference = c10::make_intrusive<c10d::HashStore>();
+  const auto ours = exercise(*client);
+  const auto theirs = exercise(*reference);
+  CHECK(ours == theirs);
+  CHECK(ours.at(2) == "8");
+  CHECK(ours.at(4) == "-2");
+  CHECK(ours.at(7) == "third");
+  CHECK(ours.at(8) == "x");
+  CHECK(server.stats().accepted == 1);
+  CHECK(server.stats().refused == 0);
+}
+
+TEST_CASE("job store: a wait returns when another client sets the key, and times out naming it",
+          "[store]") {
+  StoreServer server(serve());
+  auto waiter = c10::make_intrusive<JobStore>(client_of(server));
+  auto setter = c10::make_intrusive<JobStore>(client_of(server));
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    setter->set("ready", bytes("1"));
+  });
+  auto start = Clock::now();
+  waiter->wait({"ready"}, std::chrono::seconds(5));
+  const double waited = seconds_since(start);
+  later.join();
+  CHECK(waited >= 0.15);
+  CHECK(waited < 3);
+  // get() waits too, as c10d's stores do.
+  std::thread later2([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    setter->set("value", bytes("v"));
+  });
+  CHECK(text(waiter->get("value")) == "v");
+  later2.join();
+
+  start = Clock::now();
+  try {
+    waiter->wait({"never", "ready"}, std::chrono::milliseconds(300));
+    FAIL("a wait for a key nobody sets returned");
+  } catch (const TimeoutError& e) {
+    CHECK_THAT(e.what(), Contains("never"));
+  }
+  CHECK(seconds_since(start) >= 0.25);
+  CHECK(seconds_since(start) < 3);
+  // The connection is still in step after a timed-out wait.
+  CHECK(text(waiter->get("ready")) == "1");
+  // A clone is a second connection to the same data.
+  auto copy = waiter->clone();
+  CHECK(text(copy->get("value")) == "v");
+}
+
+TEST_CASE("job store: refuses a client without the job's secret and serves the job", "[store]") {
+  StoreServer server(serve());
+  try {
+    JobStore wrong(client_of(server, "ffffffffffffffffffffffffffffffff"));
+    FAIL("a wrong secret was admitted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("LOCKSTEP_STORE_SECRET differs"));
+  }
+  try {
+    JobStore none(client_of(server, ""));
+    FAIL("no secret was admitted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("has none"));
+  }
+  // A secret that shares a prefix with the job's is no better.
+  CHECK_THROWS_AS(JobStore(client_of(server, kSecret.substr(0, 31))), ConfigError);
+  CHECK_THROWS_AS(JobStore(client_of(server, kSecret + "0")), ConfigError);
+  CHECK(server.stats().refused == 4);
+  JobStore good(client_of(server));
+  good.set("k", bytes("v"));
+  CHECK(text(good.get("k")) == "v");
+  CHECK(server.stats().accepted == 1);
+}
+
+TEST_CASE("job store: a stray that announces a huge value and stalls costs bytes and blocks nobody",
+          "[store]") {
+  auto options = serve();
+  options.hello_timeout = std::chrono::milliseconds(500);
+  StoreServer server(options);
+
+  // 1. Not our protocol: a 512 MiB length prefix, as if to c10d's TCPStore.
+  const int stray = raw_connect(server.port());
+  const uint32_t huge = 512u << 20;
+  REQUIRE(send(stray, &huge, 4, 0) == 4);
+  CHECK(closed_within(stray, 2000));
+  close(stray);
+
+  // 2. Our magic, a secret length over the limit.
+  const int too_long = raw_connect(server.port());
+  const std::string hello = std::string("LKSTORE1") + "\xff\xff";
+  REQUIRE(send(too_long, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+  CHECK(closed_within(too_long, 2000));
+  close(too_long);
+
+  // 3. A hello begun and never finished: the job is served meanwhile, and the
+  //    stray is cut off after hello_timeout.
+  const int stalled = raw_connect(server.port());
+  const std::string part = std::string("LKSTORE1") + std::string("\x20\x00", 2) + "0123";
+  REQUIRE(send(stalled, part.data(), part.size(), 0) == static_cast<ssize_t>(part.size()));
+  const auto start = Clock::now();
+  JobStore good(client_of(server));
+  good.set("k", std::vector<uint8_t>(1 << 20, 7));
+  CHECK(good.get("k").size() == (1u << 20));
+  CHECK(seconds_since(start) < 0.4);  // before the stray's hello timeout
+  CHECK(closed_within(stalled, 3000));
+  close(stalled);
+
+  // 4. Connections still in their hello are bounded: the oldest go first.
+  std::vector<int> crowd;
+  for (int i = 0; i < 100; ++i) crowd.push_back(raw_connect(server.port()));
+  JobStore second(client_of(server));
+  CHECK(text(second.get("k")).size() == (1u << 20));
+  for (int fd : crowd) close(fd);
+
+  // What the strays made the server hold: the job's own 1 MiB and its
+  // buffers, nothing in proportion to what they announced.
+  CHECK(server.stats().peak_buffered_bytes < (std::size_t{8} << 20));
+  CHECK(server.stats().refused >= 3 + 36);
+}
+
+TEST_CASE("job store: an oversized request is refused without being held, and the client goes on",
+          "[store]") {
+  auto options = serve();
+  options.max_frame_bytes = 4096;
+  options.max_total_bytes = 10000;
+  StoreServer server(options);
+  JobStore good(client_of(server));
+
+  // A request announced at 1 GiB whose bytes keep coming: answered with an
+  // error at once, its bytes discarded as they arrive.
+  const int fd = raw_connect(server.port());
+  const std::string hello = std::string("LKSTORE1") + char(kSecret.size()) + '\0' + kSecret;
+  REQUIRE(send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+  char answer = 0;
+  REQUIRE(recv(fd, &answer, 1, 0) == 1);
+  CHECK(answer == 'K');
+  const uint32_t big = 1u << 30;
+  REQUIRE(send(fd, &big, 4, 0) == 4);
+  const std::string chunk(1 << 20, 'z');
+  for (int i = 0; i < 16; ++i)
+    REQUIRE(send(fd, chunk.data(), chunk.size(), 0) == static_cast<ssize_t>(chunk.size()));
+  char reply[5];
+  REQUIRE(recv(fd, reply, 5, MSG_WAITALL) == 5);
+  CHECK(reply[4] == 3);  // Status::kError
+  close(fd);
+  CHECK(server.stats().oversized == 1);
+  CHECK(server.stats().peak_buffered_bytes < (std::size_t{2} << 20));
+
+  // Through the client: the server's reason, and the connection still works.
+  try {
+    good.set("big", std::vector<uint8_t>(5000, 1));
+    FAIL("a value over the frame limit was stored");
+  } catch (const CommError& e) {
+    CHECK_THAT(e.what(), Contains("over the store's limit of 4096"));
+  }
+  CHECK_FALSE(good.check({"big"}));
+  // The store's total is bounded too.
+  good.set("a", std::vector<uint8_t>(3000, 1));
+  good.set("b", std::vector<uint8_t>(3000, 1));
+  good.set("c", std::vector<uint8_t>(3000, 1));
+  try {
+    good.set("d", std::vector<uint8_t>(3000, 1));
+    FAIL("the store took more than its limit");
+  } catch (const CommError& e) {
+    CHECK_THAT(e.what(), Contains("full"));
+  }
+  good.set("a", std::vector<uint8_t>(10, 1));  // replacing frees room
+  good.set("d", std::vector<uint8_t>(2000, 1));
+  CHECK(server.stats().stored_bytes == 4 + 10 + 3000 + 3000 + 2000);  // keys a-d and values
+  good.set("text", bytes("x"));
+  try {
+    good.add("text", 1);
+    FAIL("add on a non-integer succeeded");
+  } catch (const CommError& e) {
+    CHECK_THAT(e.what(), Contains("does not hold an integer"));
+  }
+}
+
+TEST_CASE("job store: a client whose server is gone fails at once, naming the store", "[store]") {
+  auto server = std::make_unique<StoreServer>(serve());
+  JobStore client(client_of(*server));
+  client.set("k", bytes("v"));
+  server.reset();
+  const auto start = Clock::now();
+  try {
+    client.get("k");
+    FAIL("a store without a server answered");
+  } catch (const CommError& e) {
+    CHECK_THAT(e.what(), Contains("store at 127.0.0.1:"));
+  }
+  CHECK(seconds_since(start) < 2);
+}
+
+TEST_CASE("job store: listens on the one address given, loopback for a one-host job", "[store]") {
+  StoreServer server(serve());
+  CHECK_THAT(server.listen_address(), Contains("127.0.0.1:"));
+
+  // Another address of this machine does not reach it (when there is one).
+  ifaddrs* list = nullptr;
+  REQUIRE(getifaddrs(&list) == 0);
+  std::string other;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    const auto a = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if ((ntohl(a.s_addr) >> 24) == 127) continue;
+    char buf[INET_ADDRSTRLEN];
+    other = inet_ntop(AF_INET, &a, buf, sizeof(buf));
+    break;
+  }
+  freeifaddrs(list);
+  if (!other.empty()) {
+    auto options = client_of(server);
+    options.host = other;
+    options.connect_timeout = std::chrono::milliseconds(500);
+    CHECK_THROWS_AS(JobStore(options), TimeoutError);
+  } else {
+    WARN("no non-loopback IPv4 address here: the cross-address check is skipped");
+  }
+
+  WorldInfo w;
+  w.world_size = 4;
+  w.local_world_size = 4;
+  w.master_addr = "127.0.0.1";
+  CHECK(store_listen_host(w) == "127.0.0.1");
+  w.master_addr = "127.0.0.2";
+  CHECK(store_listen_host(w) == "127.0.0.2");
+  w.master_addr = "192.0.2.7";  // a configured address is used as given
+  CHECK(store_listen_host(w) == "192.0.2.7");
+  w.local_world_size = 2;  // two hosts: loopback cannot be reached from the other
+  w.master_addr = "127.0.0.1";
+  try {
+    store_listen_host(w);
+    FAIL("a loopback MASTER_ADDR was accepted for a job on two hosts");
+  } catch (const EnvError& e) {
+    CHECK_THAT(e.what(), Contains("MASTER_ADDR='127.0.0.1' is a loopback address"));
+  }
+  w.master_addr = "no-such-host.invalid";
+  CHECK_THROWS_AS(store_listen_host(w), EnvError);
+}
+
+TEST_CASE("job store: the rendezvous admits ranks with the job's secret only",
+          "[store][rendezvous]") {
+  int port = 0;
+  {
+    StoreServer probe(serve());  // a free port, released at once
+    port = probe.port();
+  }
+  auto world = [&](int rank, const std::string& secret) {
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 2;
+    w.local_world_size = 2;
+    w.local_rank = rank;
+    w.master_addr = "127.0.0.1";
+    w.master_port = port;
+    w.store_secret = secret;
+    w.source = WorldSource::kTorchrun;
+    return w;
+  };
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(20);
+  Ptr<C10dStore> host;
+  std::thread rank0([&] { host = rendezvous_connect(world(0, kSecret), options); });
+  try {
+    rendezvous_connect(world(1, "not-the-secret-of-this-job"), options);
+    FAIL("rank 1 with another secret joined");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("LOCKSTEP_STORE_SECRET differs"));
+  }
+  auto joined = rendezvous_connect(world(1, kSecret), options);
+  rank0.join();
+  REQUIRE(host);
+  host->set("from0", bytes("hello"));
+  CHECK(text(joined->get("from0")) == "hello");
+}
