@@ -89,7 +89,7 @@ int exit_code_of(int status) {
 struct Stream {
   int fd = -1;
   int to = STDOUT_FILENO;  // where the launcher relays it
-  std::string partial;
+  LineSplitter lines{kMaxLine};
 };
 
 struct Worker {
@@ -233,26 +233,9 @@ class Attempt {
     if (getppid() != parent) _exit(127);  // the launcher died before prctl
     dup2(pipes[0][1], STDOUT_FILENO);
     dup2(pipes[1][1], STDERR_FILENO);
-    const int world = options_.nnodes * options_.nproc_per_node;
-    auto set = [](const char* name, const std::string& value) { setenv(name, value.c_str(), 1); };
-    // torchrun's worker contract (torch.distributed.elastic.agent).
-    set("RANK", std::to_string(w.rank));
-    set("WORLD_SIZE", std::to_string(world));
-    set("LOCAL_RANK", std::to_string(w.local_rank));
-    set("LOCAL_WORLD_SIZE", std::to_string(options_.nproc_per_node));
-    set("GROUP_RANK", std::to_string(options_.node_rank));
-    set("GROUP_WORLD_SIZE", std::to_string(options_.nnodes));
-    set("ROLE_RANK", std::to_string(w.rank));
-    set("ROLE_WORLD_SIZE", std::to_string(world));
-    set("ROLE_NAME", "default");
-    set("MASTER_ADDR", options_.master_addr);
-    set("MASTER_PORT", std::to_string(master_port_));
-    set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_));
-    set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts));
-    set("TORCHELASTIC_RUN_ID", "none");
-    // Rank 0 hosts the store (no agent store here), and admits only the job.
-    set("TORCHELASTIC_USE_AGENT_STORE", "False");
-    set("LOCKSTEP_STORE_SECRET", options_.store_secret);
+    for (const auto& [name, value] :
+         worker_environment(options_, w.rank, w.local_rank, master_port_, attempt_))
+      setenv(name.c_str(), value.c_str(), 1);
     if (options_.nproc_per_node > 1) setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
     std::vector<char*> argv;
     for (const auto& arg : options_.command) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -278,24 +261,12 @@ class Attempt {
     const ssize_t n = read(st.fd, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n <= 0) {
-      if (!st.partial.empty()) relay_line(w, s, st.partial);
-      st.partial.clear();
+      for (const auto& line : st.lines.finish()) relay_line(w, s, line);
       close(st.fd);
       st.fd = -1;
       return;
     }
-    st.partial.append(buf, static_cast<size_t>(n));
-    size_t begin = 0;
-    for (size_t nl; (nl = st.partial.find('\n', begin)) != std::string::npos; begin = nl + 1) {
-      relay_line(w, s, st.partial.substr(begin, nl - begin));
-    }
-    st.partial.erase(0, begin);
-    // Output without newlines is relayed in pieces of kMaxLine bytes: the
-    // launcher's memory stays bounded whatever a worker prints.
-    while (st.partial.size() >= kMaxLine) {
-      relay_line(w, s, st.partial.substr(0, kMaxLine));
-      st.partial.erase(0, kMaxLine);
-    }
+    for (const auto& line : st.lines.feed(buf, static_cast<size_t>(n))) relay_line(w, s, line);
   }
 
   void signal_running(int sig) {
@@ -507,6 +478,54 @@ std::string launch_make_secret() {
     hex.push_back(digits[b & 15]);
   }
   return hex;
+}
+
+std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchOptions& options,
+                                                                    int rank, int local_rank,
+                                                                    int master_port, int attempt) {
+  const int world = options.nnodes * options.nproc_per_node;
+  std::vector<std::pair<std::string, std::string>> env;
+  auto set = [&env](const char* name, const std::string& value) { env.emplace_back(name, value); };
+  // torchrun's worker contract (torch.distributed.elastic.agent).
+  set("RANK", std::to_string(rank));
+  set("WORLD_SIZE", std::to_string(world));
+  set("LOCAL_RANK", std::to_string(local_rank));
+  set("LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node));
+  set("GROUP_RANK", std::to_string(options.node_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(options.nnodes));
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_WORLD_SIZE", std::to_string(world));
+  set("ROLE_NAME", "default");
+  set("MASTER_ADDR", options.master_addr);
+  set("MASTER_PORT", std::to_string(master_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts));
+  set("TORCHELASTIC_RUN_ID", "none");
+  // Rank 0 hosts the store (no agent store here), and admits only the job.
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  set("LOCKSTEP_STORE_SECRET", options.store_secret);
+  return env;
+}
+
+std::vector<std::string> LineSplitter::feed(const char* data, std::size_t size) {
+  std::vector<std::string> lines;
+  partial_.append(data, size);
+  std::size_t begin = 0;
+  for (std::size_t nl; (nl = partial_.find('\n', begin)) != std::string::npos; begin = nl + 1)
+    lines.push_back(partial_.substr(begin, nl - begin));
+  partial_.erase(0, begin);
+  while (partial_.size() >= max_line_) {
+    lines.push_back(partial_.substr(0, max_line_));
+    partial_.erase(0, max_line_);
+  }
+  return lines;
+}
+
+std::vector<std::string> LineSplitter::finish() {
+  std::vector<std::string> lines;
+  if (!partial_.empty()) lines.push_back(std::move(partial_));
+  partial_.clear();
+  return lines;
 }
 
 int launch_free_port() {

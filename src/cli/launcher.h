@@ -3,7 +3,9 @@
 // fails stop the others and say who failed first. No LibTorch in here.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lockstep::launch {
@@ -37,6 +39,29 @@ int launch_run(const LaunchOptions& options);
 
 // 32 random bytes from the kernel, as 64 hex digits.
 std::string launch_make_secret();
+
+// The pure parts of the engine, for tests.
+
+// A worker's environment beyond the launcher's own: torchrun's contract
+// (RANK, WORLD_SIZE, LOCAL_RANK, ..., MASTER_ADDR/PORT, TORCHELASTIC_*) and
+// LOCKSTEP_STORE_SECRET, in the order they are set.
+std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchOptions& options,
+                                                                    int rank, int local_rank,
+                                                                    int master_port, int attempt);
+
+// Splits a worker's output into lines; output without a newline comes out in
+// pieces of at most `max_line` bytes, so memory stays bounded.
+class LineSplitter {
+ public:
+  explicit LineSplitter(std::size_t max_line) : max_line_(max_line) {}
+  std::vector<std::string> feed(const char* data, std::size_t size);  // complete lines
+  std::vector<std::string> finish();                                  // what is left at EOF
+  std::size_t held() const { return partial_.size(); }
+
+ private:
+  std::size_t max_line_;
+  std::string partial_;
+};
 
 // Binds port 0 on all interfaces and returns the port the kernel picked.
 int launch_free_port();
