@@ -1,5 +1,6 @@
-// `lockstep bench allreduce`: nccl-tests-style all-reduce figures for the
-// backend's all-reduce and for the ring all-reduce built from send/recv
+// `lockstep bench allreduce`: nccl-tests-style all-reduce figures for each
+// backend named by --backends (default: gloo and shm on one host), side by
+// side, and for the ring all-reduce built from Gloo's send/recv
 // (distributed/ring_allreduce.h), with a correctness check of every size.
 //   algbw = bytes / time; busbw = algbw * 2(n-1)/n (nccl-tests' definition:
 //   what each rank's link carries in a bandwidth-optimal ring).
@@ -10,6 +11,8 @@
 #include <cstdio>
 
 #include "common.h"
+#include "lockstep/distributed/agree.h"
+#include "lockstep/distributed/init.h"
 #include "lockstep/distributed/ring_allreduce.h"
 #include "lockstep/util/error.h"
 
@@ -54,6 +57,21 @@ double memcpy_gbps(int64_t bytes) {
   return static_cast<double>(bytes) / s / 1e9;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const auto comma = text.find(',', start);
+    const auto item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (out.empty()) throw ConfigError("--backends: name at least one backend");
+  return out;
+}
+
 }  // namespace
 
 int bench_allreduce(const cxxopts::ParseResult& args) {
@@ -66,44 +84,74 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
     throw ConfigError("--min-bytes and --max-bytes must satisfy 1 <= min <= max");
   }
   auto dist = dist_setup(args);
+  // The contenders, each a process group of its own on the job's store;
+  // every size is timed on each in turn (alternating the order per size).
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  std::string names = args["backends"].as<std::string>();
+  if (names == "auto")
+    names = dist.pg->kind() == BackendKind::kShm ? "gloo,shm" : backend_kind_name(dist.pg->kind());
+  std::shared_ptr<ProcessGroup> gloo;
+  for (const auto& name : split_list(names)) {
+    ProcessGroupOptions options;
+    options.backend = backend_kind_parse(name);
+    options.timeout = timeout_from_seconds(args["timeout-s"].as<double>(), "timeout");
+    options.name = "bench-" + name;
+    groups.push_back(ProcessGroup::create(dist.store, dist.world, options));
+    if (groups.back()->kind() == BackendKind::kGloo) gloo = groups.back();
+  }
   ProcessGroup& pg = *dist.pg;
   const int n = pg.size();
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   const int64_t element = at::elementSize(dtype);
   if (dist.world.rank == 0) {
-    std::printf("all-reduce SUM, %s, %d ranks, %s; time in us (slowest rank), bandwidth in GB/s\n",
-                args["dtype"].as<std::string>().c_str(), n, backend_kind_name(pg.kind()));
-    std::printf("%12s %11s | %11s %8s %8s | %11s %8s %8s | %s\n", "bytes", "elements", "backend us",
-                "algbw", "busbw", "ring us", "algbw", "busbw", "check");
+    std::printf(
+        "all-reduce SUM, %s, %d ranks; time in us (slowest rank), bus bandwidth in GB/s%s\n",
+        args["dtype"].as<std::string>().c_str(), n, gloo ? "; ring: from Gloo's send/recv" : "");
+    std::printf("%12s %11s", "bytes", "elements");
+    for (const auto& g : groups)
+      std::printf(" | %9s us %8s", backend_kind_name(g->kind()), "busbw");
+    if (gloo) std::printf(" | %9s us %8s", "ring", "busbw");
+    std::printf(" | check\n");
   }
   int failures = 0;
-  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+  int round = 0;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2, ++round) {
     const int64_t numel = std::max<int64_t>(1, bytes / element);
     const int64_t real_bytes = numel * element;
     // Big messages take long: fewer iterations, same warm-up rule.
     const int it = real_bytes >= (16 << 20) ? std::max(3, iters / 4) : iters;
     auto zeros = at::zeros({numel}, at::TensorOptions(dtype).device(pg.device()));
-    const double backend_us =
-        time_us(pg, warmup, it, [&] { pg.allreduce(zeros, ReduceKind::kSum); });
-    auto ring_buf = zeros.clone();
-    const double ring_us = time_us(pg, warmup, it, [&] { ring_allreduce(pg, ring_buf); });
+    std::vector<double> us(groups.size() + 1, 0);
+    for (std::size_t k = 0; k < groups.size() + (gloo ? 1 : 0); ++k) {
+      const std::size_t c = round % 2 == 0 ? k : groups.size() + (gloo ? 1 : 0) - 1 - k;
+      if (c < groups.size()) {
+        ProcessGroup& g = *groups[c];
+        us[c] = time_us(g, warmup, it, [&] { g.allreduce(zeros, ReduceKind::kSum); });
+      } else {
+        us[c] = time_us(*gloo, warmup, it, [&] { ring_allreduce(*gloo, zeros); });
+      }
+    }
     // Correctness: small integers, exact in every dtype, against the closed form.
     const auto i = at::arange(numel, at::TensorOptions(at::kLong).device(pg.device())).remainder(7);
-    auto a = ((pg.rank() + 1) + i).to(dtype);
-    auto b = a.clone();
-    pg.allreduce(a, ReduceKind::kSum);
-    ring_allreduce(pg, b);
     const auto want = (static_cast<int64_t>(n) * (n + 1) / 2 + n * i).to(dtype);
-    auto ok = at::tensor({at::equal(a, want) && at::equal(b, want) ? 1 : 0}, at::kInt);
-    pg.allreduce(ok, ReduceKind::kMin);
-    const bool passed = ok.item<int>() == 1;
+    bool all_ok = true;
+    for (std::size_t c = 0; c < groups.size() + (gloo ? 1 : 0); ++c) {
+      auto a = ((pg.rank() + 1) + i).to(dtype);
+      if (c < groups.size()) {
+        groups[c]->allreduce(a, ReduceKind::kSum);
+      } else {
+        ring_allreduce(*gloo, a);
+      }
+      all_ok = all_ok && at::equal(a, want);
+    }
+    const bool passed = min_over_ranks(pg, all_ok ? 1 : 0) == 1;
     failures += passed ? 0 : 1;
     if (dist.world.rank == 0) {
-      const double alg = real_bytes / backend_us / 1e3, ring_alg = real_bytes / ring_us / 1e3;
-      std::printf("%12lld %11lld | %11.1f %8.3f %8.3f | %11.1f %8.3f %8.3f | %s\n",
-                  static_cast<long long>(real_bytes), static_cast<long long>(numel), backend_us,
-                  alg, alg * bus_factor, ring_us, ring_alg, ring_alg * bus_factor,
-                  passed ? "ok" : "FAIL");
+      std::printf("%12lld %11lld", static_cast<long long>(real_bytes),
+                  static_cast<long long>(numel));
+      for (std::size_t c = 0; c < groups.size() + (gloo ? 1 : 0); ++c)
+        std::printf(" | %12.1f %8.3f", us[c], real_bytes / us[c] / 1e3 * bus_factor);
+      std::printf(" | %s\n", passed ? "ok" : "FAIL");
       std::fflush(stdout);
     }
   }

@@ -181,6 +181,7 @@ int cmd_bench(int argc, char** argv) {
         ("min-bytes", "allreduce: smallest message", cxxopts::value<int64_t>()->default_value("8"))
         ("max-bytes", "allreduce: largest message (powers of two up to it)", cxxopts::value<int64_t>()->default_value("268435456"))
         ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
+        ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
         ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))

@@ -33,6 +33,7 @@ Distributed init_distributed(const InitOptions& options) {
   dist.store = rendezvous_connect(dist.world, rdzv);
   ProcessGroupOptions pg_options;
   pg_options.backend = options.backend;
+  pg_options.shm_chunk_bytes = options.shm_chunk_bytes;
   pg_options.timeout = options.timeout;
   dist.pg = ProcessGroup::create(dist.store, dist.world, pg_options);
   return dist;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lockstep/distributed/process_group.h"
+#include "lockstep/distributed/shm_backend.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {
@@ -45,11 +46,14 @@ Ptr<C10dBackend> gloo_backend_create(const Ptr<C10dStore>& store, const WorldInf
 
 }  // namespace
 
-const char* backend_kind_name(BackendKind kind) { return name_of(kBackendKindNames, kind); }
+const char* backend_kind_name(BackendKind kind) {
+  return name_of(kBackendKindNames, kind);
+}
 
 BackendKind backend_kind_parse(const std::string& name) {
   if (auto kind = value_named(kBackendKindNames, name)) return *kind;
-  throw ConfigError("unknown backend '" + name + "' (valid: " + names_listed(kBackendKindNames) + ")");
+  throw ConfigError("unknown backend '" + name + "' (valid: " + names_listed(kBackendKindNames) +
+                    ")");
 }
 
 const char* reduce_kind_name(ReduceKind kind) {
@@ -75,8 +79,28 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
   // from any other group created on the same store.
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lockstep/pg/" + options.name, store);
   Ptr<C10dBackend> backend;
+  BackendKind kind = options.backend;
   try {
-    switch (options.backend) {
+    if (kind == BackendKind::kAuto) {
+      kind = world.world_size > 1 && all_ranks_on_one_host(*prefixed, world, options.timeout)
+                 ? BackendKind::kShm
+                 : BackendKind::kGloo;
+      if (world.rank == 0 && world.world_size > 1) {
+        spdlog::info("process group: auto chose {} ({} ranks, {})", backend_kind_name(kind),
+                     world.world_size,
+                     kind == BackendKind::kShm ? "all on this host" : "on several hosts");
+      }
+    }
+    switch (kind) {
+      case BackendKind::kAuto:
+        break;  // resolved above
+      case BackendKind::kShm: {
+        ShmOptions shm;
+        shm.chunk_bytes = options.shm_chunk_bytes;
+        shm.timeout = options.timeout;
+        backend = shm_backend_create(prefixed, world, shm);
+        break;
+      }
       case BackendKind::kGloo:
         backend = gloo_backend_create(prefixed, world, options.timeout);
         break;
@@ -91,13 +115,13 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
     throw;
   } catch (const std::exception& e) {
     throw CommError("rank " + std::to_string(world.rank) + ": creating the " +
-                    backend_kind_name(options.backend) + " process group (world size " +
+                    backend_kind_name(kind) + " process group (world size " +
                     std::to_string(world.world_size) + ") failed: " + what_of(e));
   }
-  spdlog::debug("process group: {} over {} ranks, timeout {} ms",
-                backend_kind_name(options.backend), world.world_size, options.timeout.count());
-  auto pg = std::make_shared<ProcessGroup>(backend, options.backend, world.rank, world.world_size,
-                                           world.local_rank);
+  spdlog::debug("process group: {} over {} ranks, timeout {} ms", backend_kind_name(kind),
+                world.world_size, options.timeout.count());
+  auto pg =
+      std::make_shared<ProcessGroup>(backend, kind, world.rank, world.world_size, world.local_rank);
   pg->enable_roll_call(
       prefixed, std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(5)));
   const char* debug = std::getenv("LOCKSTEP_DEBUG_COLLECTIVES");

@@ -157,7 +157,11 @@ const std::vector<Field>& fields() {
       make_field("run", "seed", &C::run, &RunConfig::seed, Type::kInt,
                  "seed of model init, shuffling, split and dropout", 0, 1e15),
       make_choice("dist", "backend", &C::dist, &DistConfig::backend, kBackendKindNames,
-                  "process group backend"),
+                  "process group backend (auto: shm when every rank is on one host, else gloo)"),
+      make_field("dist", "shm_chunk_mb", &C::dist, &DistConfig::shm_chunk_mb, Type::kDouble,
+                 "shm backend: MiB per step through each rank's slot; /dev/shm holds 2 x (ranks + "
+                 "1) of them",
+                 0.0625, 1024),
       make_field("dist", "timeout_s", &C::dist, &DistConfig::timeout_s, Type::kDouble,
                  "seconds before a collective a peer misses fails", 0.001, 1e7),
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,

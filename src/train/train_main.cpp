@@ -43,6 +43,7 @@ int train_main(int argc, char** argv) {
     }
     InitOptions init;
     init.backend = config.dist.backend;
+    init.shm_chunk_bytes = static_cast<std::size_t>(config.dist.shm_chunk_mb * (1 << 20)) / 64 * 64;
     init.timeout = timeout_from_seconds(config.dist.timeout_s, "dist.timeout_s");
     init.rendezvous_timeout =
         timeout_from_seconds(config.dist.rdzv_timeout_s, "dist.rdzv_timeout_s");

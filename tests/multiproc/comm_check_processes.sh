@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# `lockstep check --comm` as real processes meeting through rank 0's TCPStore,
-# on 2, 3 and 4 ranks; a corrupted rank fails the check on every rank.
+# `lockstep check --comm` as real processes meeting through rank 0's store,
+# on 2, 3 and 4 ranks (shm, the default on one host) and 2 (gloo); a corrupted rank fails the check on every rank.
 source "$(dirname "$0")/lib.sh"
 
-for n in 2 3 4; do
-  "$LOCKSTEP_RUN" --nproc-per-node $n --master-port 0 "$LOCKSTEP" check --comm \
+# The default (auto) is the shm backend on one host; gloo once more by name.
+for run in "2 auto shm" "3 auto shm" "4 auto shm" "2 gloo gloo"; do
+  read -r n backend kind <<<"$run"
+  "$LOCKSTEP_RUN" --nproc-per-node $n --master-port 0 "$LOCKSTEP" check --comm --backend $backend \
     >"$WORK/out" 2>"$WORK/err"
-  expect_eq "$?" 0 "comm check on $n ranks exits 0"
-  expect_grep "$WORK/out" "^\[rank0\]: comm check \(gloo, $n ranks\): 55 passed, 0 failed\$" "table summary on $n ranks"
+  expect_eq "$?" 0 "comm check on $n ranks ($backend) exits 0"
+  expect_grep "$WORK/out" "^\[rank0\]: comm check \($kind, $n ranks\): 55 passed, 0 failed\$" "table summary on $n ranks ($kind)"
   expect_grep "$WORK/out" "^\[rank0\]: allreduce product +int64 +1048576 +[0-9.]+ +ok\$" "several-MB row present on $n ranks"
   passed=$(grep -c "comm check passed: 55 cases on $n ranks" "$WORK/err")
   expect_eq "$passed" "$n" "every one of the $n ranks reports the pass"

@@ -84,7 +84,7 @@ c1=$?
 wait "$r0"
 c0=$?
 expect_eq "$c0:$c1" "0:0" "the job with the right secret runs past the strays"
-expect_grep "$WORK/r0.out" "comm check \(gloo, 2 ranks\): 55 passed, 0 failed" "and its comm check passes"
+expect_grep "$WORK/r0.out" "comm check \(shm, 2 ranks\): 55 passed, 0 failed" "and its comm check passes"
 wait "$strays"
 cat "$WORK/strays"
 expect_grep "$WORK/strays" "announcer cut off after 0\.[0-9]+ s, [0-9] MiB accepted" "a 512 MiB announcement is cut off at once"

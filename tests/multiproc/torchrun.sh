@@ -24,7 +24,7 @@ OMP_NUM_THREADS=1 $TORCHRUN --nproc_per_node 2 --master_port "$port" -r 0:1 -t 0
   --log_dir "$WORK/torchrun-logs" --no_python "$LOCKSTEP" check --comm --sizes 1,1001,262144 \
   >"$WORK/out" 2>&1
 expect_eq "$?" 0 "torchrun --no-python lockstep check --comm on 2 ranks exits 0"
-expect_grep "$WORK/out" "comm check \(gloo, 2 ranks\): 55 passed, 0 failed" "rank 0's table"
+expect_grep "$WORK/out" "comm check \(shm, 2 ranks\): 55 passed, 0 failed" "rank 0's table"
 expect_grep "$WORK/out" "agent store, attempt 0" "lockstep joined torchrun's agent store"
 
 finish

@@ -68,6 +68,14 @@ expect_grep "$WORK/out" "resumed from .*step_00000025 at step 25" "the second ha
 resumed=$(weights)
 [ -n "$straight" ] && expect_eq "$resumed" "$straight" "resumed run ends bit-identical to the uninterrupted one"
 
+# 2b. The shm backend (auto's choice on one host) and Gloo train the same
+#     bits: two ranks' sums do not depend on the order.
+train 2 "${common[@]}" --set run.name=on-gloo --set train.max_steps=40 --set dist.backend=gloo
+on_gloo=$(weights)
+train 2 "${common[@]}" --set run.name=on-shm --set train.max_steps=40 --set dist.backend=shm
+on_shm=$(weights)
+[ -n "$on_gloo" ] && expect_eq "$on_shm" "$on_gloo" "40 steps on shm end bit-identical to 40 on gloo"
+
 # 3. Accumulation: 2 x 16 with no_sync equals one batch of 32.
 train 2 --set run.name=acc1 --set train.max_steps=20 --set data.batch_size=32 --set optim.schedule=constant
 train 2 --set run.name=acc2 --set train.max_steps=20 --set data.batch_size=16 \

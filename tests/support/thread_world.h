@@ -5,6 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <thread>
@@ -20,10 +21,19 @@ struct RankOutcome {
   std::exception_ptr error;
 };
 
+// The backend the tests run on: LOCKSTEP_TEST_BACKEND (auto, gloo, shm),
+// auto when unset (shm: the threads share one host). CTest runs the
+// collective and DDP tests once more with gloo forced.
+inline BackendKind test_backend() {
+  const char* name = std::getenv("LOCKSTEP_TEST_BACKEND");
+  return name == nullptr ? BackendKind::kAuto : backend_kind_parse(name);
+}
+
 template <typename Result>
 std::vector<RankOutcome<Result>> run_ranks(
     int world_size, const std::function<Result(ProcessGroup&)>& body,
-    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+    BackendKind backend = test_backend()) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankOutcome<Result>> outcomes(world_size);
   std::vector<std::thread> threads;
@@ -38,6 +48,8 @@ std::vector<RankOutcome<Result>> run_ranks(
         world.master_addr = "127.0.0.1";
         ProcessGroupOptions options;
         options.timeout = timeout;
+        options.backend = backend;
+        options.shm_chunk_bytes = 64 * 1024;  // small: tensors of the tests span several chunks
         auto pg = ProcessGroup::create(store, world, options);
         outcomes[rank].result = body(*pg);
       } catch (...) {

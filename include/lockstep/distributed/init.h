@@ -25,7 +25,9 @@
 namespace lockstep {
 
 struct InitOptions {
-  BackendKind backend = BackendKind::kGloo;
+  BackendKind backend = BackendKind::kAuto;
+  // shm backend: bytes per step through each rank's slot.
+  std::size_t shm_chunk_bytes = std::size_t{1} << 20;
   // Per collective: a peer that misses one makes it fail after this long.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // To reach the store and for every rank to arrive.

@@ -20,18 +20,25 @@
 
 namespace lockstep {
 
-enum class BackendKind { kGloo, kNccl, kMpi };
-inline constexpr NameTable<BackendKind, 3> kBackendKindNames{
-    {{BackendKind::kGloo, "gloo"}, {BackendKind::kNccl, "nccl"}, {BackendKind::kMpi, "mpi"}}};
+// kAuto: shm when every rank shares one host, Gloo otherwise (CPU tensors;
+// NCCL is chosen by name). ProcessGroup::kind() tells what auto became.
+enum class BackendKind { kAuto, kGloo, kShm, kNccl, kMpi };
+inline constexpr NameTable<BackendKind, 5> kBackendKindNames{{{BackendKind::kAuto, "auto"},
+                                                              {BackendKind::kGloo, "gloo"},
+                                                              {BackendKind::kShm, "shm"},
+                                                              {BackendKind::kNccl, "nccl"},
+                                                              {BackendKind::kMpi, "mpi"}}};
 const char* backend_kind_name(BackendKind kind);
-// "gloo" | "nccl" | "mpi"; throws ConfigError listing the valid names.
+// "auto" | "gloo" | "shm" | "nccl" | "mpi"; throws ConfigError listing the valid names.
 BackendKind backend_kind_parse(const std::string& name);
 
 enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
 const char* reduce_kind_name(ReduceKind kind);
 
 struct ProcessGroupOptions {
-  BackendKind backend = BackendKind::kGloo;
+  BackendKind backend = BackendKind::kAuto;
+  // shm: bytes per step through each rank's slot (dist.shm_chunk_mb).
+  std::size_t shm_chunk_bytes = std::size_t{1} << 20;
   // Per collective: a peer that does not take part within this time makes
   // the collective fail instead of hanging.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};

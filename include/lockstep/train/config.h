@@ -52,7 +52,8 @@ struct RunConfig {
 };
 
 struct DistConfig {
-  BackendKind backend = BackendKind::kGloo;
+  BackendKind backend = BackendKind::kAuto;
+  double shm_chunk_mb = 1;
   double timeout_s = 300;
   double rdzv_timeout_s = 300;
 };

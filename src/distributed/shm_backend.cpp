@@ -1,0 +1,355 @@
+#include "lockstep/distributed/shm_backend.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "lockstep/util/error.h"
+#include "shm_reduce.h"
+#include "shm_segment.h"
+
+// Note [Shared-memory backend]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Ranks on one host share a segment: a slot per rank and a result area,
+// each `chunk` bytes, twice (buffer sets 0 and 1), plus one arrival flag per
+// rank. A collective moves its tensor through the slots chunk by chunk;
+// chunk k uses set k % 2, which is what lets a rank write chunk k + 2 while a
+// slow peer still reads chunk k: it cannot pass chunk k + 1's barrier first.
+//   all-reduce: copy my chunk into my slot; barrier; reduce my 1/world of the
+//     chunk over all slots, in rank order, into the result area; barrier;
+//     copy the whole result out. Every rank copies the same bits.
+//   broadcast: the root copies into its slot; barrier; the others copy out.
+//   all-gather: copy into my slot; barrier; copy every slot out.
+//   barrier: a barrier.
+// A barrier is a generation number every rank publishes in its flag (a futex
+// word): waiters spin ~4,000 pauses, then sleep on the futex in 5 ms slices,
+// checking the deadline (the process group's timeout) and whether the
+// waited-for rank's process is still alive, so a dead rank fails the
+// collective at once and a hung one after the timeout, never a spin forever.
+// After a failure the backend is broken: later collectives fail at once.
+// Collectives run in issue order on one worker thread per backend, as
+// asynchronous works with futures (the Reducer overlaps them with backward).
+// The segment is named /dev/shm/lockstep-<random>-<creator pid>, created
+// O_EXCL by rank 0, and unlinked as soon as every rank has mapped it: no exit
+// path, SIGKILL included, leaves it behind after that. A SIGKILL inside that
+// window leaves a name whose creator is dead; the next job removes it
+// (ShmSegment::remove_orphans).
+
+namespace lockstep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ShmOp shm_op(const c10d::ReduceOp& op) {
+  if (op == c10d::ReduceOp::SUM) return ShmOp::kSum;
+  if (op == c10d::ReduceOp::AVG) return ShmOp::kAvg;
+  if (op == c10d::ReduceOp::MIN) return ShmOp::kMin;
+  if (op == c10d::ReduceOp::MAX) return ShmOp::kMax;
+  if (op == c10d::ReduceOp::PRODUCT) return ShmOp::kProduct;
+  throw CommError("shm backend: unsupported reduce operation");
+}
+
+class ShmWork : public C10dWork {
+ public:
+  explicit ShmWork(std::vector<at::Tensor> outputs)
+      : outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+  void complete(std::exception_ptr error) {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    finish(error);
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+void check_tensor(const at::Tensor& t, const char* what) {
+  if (!t.device().is_cpu() || t.is_sparse())
+    throw CommError(std::string("shm backend: ") + what + " needs a dense CPU tensor");
+}
+
+class ShmBackend : public C10dBackend {
+ public:
+  ShmBackend(ShmSegment segment, int rank, int size, std::chrono::milliseconds timeout)
+      : C10dBackend(rank, size),
+        segment_(std::move(segment)),
+        me_(rank),
+        world_(size),
+        timeout_(timeout) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ~ShmBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  const std::string getBackendName() const override { return "shm"; }
+
+  Ptr<C10dWork> allreduce(std::vector<at::Tensor>& tensors,
+                          const c10d::AllreduceOptions& options) override {
+    if (tensors.size() != 1) throw CommError("shm backend: one tensor per all-reduce");
+    check_tensor(tensors[0], "all-reduce");
+    const ShmOp op = shm_op(options.reduceOp);
+    at::Tensor t = tensors[0];
+    return enqueue({t}, [this, t, op]() mutable { do_allreduce(t, op); });
+  }
+
+  Ptr<C10dWork> broadcast(std::vector<at::Tensor>& tensors,
+                          const c10d::BroadcastOptions& options) override {
+    if (tensors.size() != 1) throw CommError("shm backend: one tensor per broadcast");
+    check_tensor(tensors[0], "broadcast");
+    at::Tensor t = tensors[0];
+    const int root = static_cast<int>(options.rootRank);
+    return enqueue({t}, [this, t, root]() mutable { do_broadcast(t, root); });
+  }
+
+  Ptr<C10dWork> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                          std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) override {
+    if (inputs.size() != 1 || outputs.size() != 1 || static_cast<int>(outputs[0].size()) != world_)
+      throw CommError("shm backend: all-gather takes one input and one output per rank");
+    check_tensor(inputs[0], "all-gather");
+    for (const auto& o : outputs[0]) {
+      if (o.numel() != inputs[0].numel() || o.scalar_type() != inputs[0].scalar_type())
+        throw CommError("shm backend: all-gather outputs must match the input");
+    }
+    at::Tensor in = inputs[0];
+    std::vector<at::Tensor> outs = outputs[0];
+    return enqueue(outs, [this, in, outs]() mutable { do_allgather(in, outs); });
+  }
+
+  Ptr<C10dWork> barrier(const c10d::BarrierOptions&) override {
+    return enqueue({}, [this] { sync(); });
+  }
+
+ private:
+  Ptr<C10dWork> enqueue(std::vector<at::Tensor> outputs, std::function<void()> body) {
+    auto work = c10::make_intrusive<ShmWork>(std::move(outputs));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.emplace_back(work, std::move(body));
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void run() {
+    while (true) {
+      std::pair<c10::intrusive_ptr<ShmWork>, std::function<void()>> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        if (!broken_.empty())
+          throw CommError("shm backend: an earlier collective failed: " + broken_);
+        if (stop_) throw CommError("shm backend: the process group is shutting down");
+        job.second();
+      } catch (const std::exception& e) {
+        if (broken_.empty()) broken_ = e.what();
+        error = std::current_exception();
+      }
+      job.first->complete(error);
+    }
+  }
+
+  // Every rank arrives at the next generation, then waits for the others.
+  void sync() {
+    ++generation_;
+    segment_.arrive(me_, generation_);
+    const std::string why = segment_.wait_all(generation_, Clock::now() + timeout_, stop_);
+    if (!why.empty()) throw CommError("shm backend: " + why);
+  }
+
+  void do_allreduce(at::Tensor& tensor, ShmOp op) {
+    at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();
+    char* data = static_cast<char*>(flat.data_ptr());
+    const std::size_t elem = flat.element_size();
+    const std::size_t count = static_cast<std::size_t>(flat.numel());
+    const std::size_t per_chunk = segment_.chunk() / elem;
+    std::vector<const void*> inputs(world_);
+    for (std::size_t off = 0; off < count; off += per_chunk) {
+      const std::size_t n = std::min(per_chunk, count - off);
+      const int set = static_cast<int>(step_++ % 2);
+      std::memcpy(segment_.slot(set, me_), data + off * elem, n * elem);
+      sync();
+      const std::size_t share = (n + world_ - 1) / world_;
+      const std::size_t begin = std::min(n, share * me_);
+      const std::size_t len = std::min(n, begin + share) - begin;
+      if (len > 0) {
+        for (int r = 0; r < world_; ++r) inputs[r] = segment_.slot(set, r) + begin * elem;
+        shm_reduce(segment_.result(set) + begin * elem, inputs.data(), world_, len,
+                   flat.scalar_type(), op);
+      }
+      sync();
+      std::memcpy(data + off * elem, segment_.result(set), n * elem);
+    }
+    if (!tensor.is_contiguous()) tensor.copy_(flat);
+  }
+
+  void do_broadcast(at::Tensor& tensor, int root) {
+    if (root < 0 || root >= world_)
+      throw CommError("shm backend: broadcast root " + std::to_string(root));
+    at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();
+    char* data = static_cast<char*>(flat.data_ptr());
+    const std::size_t bytes = flat.nbytes();
+    for (std::size_t off = 0; off < bytes; off += segment_.chunk()) {
+      const std::size_t n = std::min(segment_.chunk(), bytes - off);
+      const int set = static_cast<int>(step_++ % 2);
+      if (me_ == root) std::memcpy(segment_.slot(set, root), data + off, n);
+      sync();
+      if (me_ != root) std::memcpy(data + off, segment_.slot(set, root), n);
+    }
+    if (!tensor.is_contiguous()) tensor.copy_(flat);
+  }
+
+  void do_allgather(const at::Tensor& input, std::vector<at::Tensor>& outputs) {
+    const at::Tensor in = input.contiguous();
+    const char* data = static_cast<const char*>(in.data_ptr());
+    const std::size_t bytes = in.nbytes();
+    std::vector<at::Tensor> flats;
+    for (auto& o : outputs) flats.push_back(o.is_contiguous() ? o : o.contiguous());
+    for (std::size_t off = 0; off < bytes; off += segment_.chunk()) {
+      const std::size_t n = std::min(segment_.chunk(), bytes - off);
+      const int set = static_cast<int>(step_++ % 2);
+      std::memcpy(segment_.slot(set, me_), data + off, n);
+      sync();
+      for (int r = 0; r < world_; ++r)
+        std::memcpy(static_cast<char*>(flats[r].data_ptr()) + off, segment_.slot(set, r), n);
+    }
+    for (int r = 0; r < world_; ++r)
+      if (!outputs[r].is_contiguous()) outputs[r].copy_(flats[r]);
+  }
+
+  ShmSegment segment_;
+  int me_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  uint32_t generation_ = 0;
+  uint64_t step_ = 0;
+  std::string broken_;
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<c10::intrusive_ptr<ShmWork>, std::function<void()>>> queue_;
+  std::thread worker_;
+};
+
+std::string random_token() {
+  unsigned char bytes[12];
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes)))
+    throw SystemError(std::string("shm backend: getrandom: ") + std::strerror(errno));
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex.push_back("0123456789abcdef"[b >> 4]);
+    hex.push_back("0123456789abcdef"[b & 15]);
+  }
+  return hex;
+}
+
+std::string text(const std::vector<uint8_t>& v) {
+  return std::string(v.begin(), v.end());
+}
+std::vector<uint8_t> bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+std::string this_host() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return id + "/" + name;
+}
+
+}  // namespace
+
+bool all_ranks_on_one_host(C10dStore& store, const WorldInfo& world,
+                           std::chrono::milliseconds timeout) {
+  if (world.local_world_size != world.world_size) return false;
+  const std::string mine = this_host();
+  store.set("host/" + std::to_string(world.rank), bytes(mine));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world.world_size; ++r) keys.push_back("host/" + std::to_string(r));
+  store.wait(keys, timeout);
+  for (const auto& key : keys)
+    if (text(store.get(key)) != mine) return false;
+  return true;
+}
+
+Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo& world,
+                                    const ShmOptions& options) {
+  if (world.local_world_size != world.world_size)
+    throw ConfigError("dist.backend: shm needs every rank on one host (" +
+                      std::to_string(world.local_world_size) + " of " +
+                      std::to_string(world.world_size) + " are here); use gloo or auto");
+  if (options.chunk_bytes < 4096 || options.chunk_bytes % 64 != 0)
+    throw ConfigError("shm backend: a chunk of " + std::to_string(options.chunk_bytes) +
+                      " bytes (at least 4096, a multiple of 64)");
+  const std::vector<std::string> all = [&] {
+    std::vector<std::string> keys;
+    for (int r = 0; r < world.world_size; ++r) keys.push_back("shm/mapped/" + std::to_string(r));
+    return keys;
+  }();
+  std::optional<ShmSegment> segment;
+  if (world.rank == 0) {
+    ShmSegment::remove_orphans();
+    const std::string name = "/lockstep-" + random_token() + "-" + std::to_string(getpid());
+    try {
+      segment.emplace(ShmSegment::create(name, world.world_size, options.chunk_bytes));
+    } catch (const Error& e) {
+      store->set("shm/name", bytes(std::string("!") + e.what()));
+      throw;
+    }
+    store->set("shm/name", bytes(name));
+    segment->publish_pid(0);
+    store->set(all[0], bytes("1"));
+    try {
+      store->wait(all, options.timeout);
+    } catch (const std::exception& e) {
+      ShmSegment::unlink(name);
+      throw CommError("shm backend: not every rank mapped the segment within the timeout: " +
+                      what_of(e));
+    }
+    ShmSegment::unlink(name);
+  } else {
+    store->wait({"shm/name"}, options.timeout);
+    const std::string name = text(store->get("shm/name"));
+    if (!name.empty() && name[0] == '!')
+      throw CommError("rank 0 could not create the segment: " + name.substr(1));
+    segment.emplace(ShmSegment::open(name, world.world_size, options.chunk_bytes));
+    segment->publish_pid(world.rank);
+    store->set(all[world.rank], bytes("1"));
+  }
+  // Every rank's pid is published before anyone waits on it.
+  store->wait(all, options.timeout);
+  return c10::make_intrusive<ShmBackend>(std::move(*segment), world.rank, world.world_size,
+                                         options.timeout);
+}
+
+}  // namespace lockstep

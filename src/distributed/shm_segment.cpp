@@ -1,0 +1,205 @@
+#include "shm_segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+constexpr uint64_t kMagic = 0x31304d4853534c4bULL;  // "LKSSHM01"
+constexpr std::size_t kHeaderBytes = 4096;
+constexpr std::size_t kFlagBytes = 64;
+
+std::size_t segment_bytes(int world, std::size_t chunk) {
+  const std::size_t flags = ((world * kFlagBytes + 4095) / 4096) * 4096;
+  return kHeaderBytes + flags + 2 * static_cast<std::size_t>(world + 1) * chunk;
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+bool alive(int pid) {
+  return pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+// `value` has reached `generation` (wrapping counters).
+bool reached(uint32_t value, uint32_t generation) {
+  return static_cast<int32_t>(value - generation) >= 0;
+}
+
+}  // namespace
+
+struct ShmSegment::Header {
+  uint64_t magic;
+  uint32_t world;
+  uint32_t reserved;
+  uint64_t chunk;
+  std::atomic<int32_t> pids[kMaxRanks];
+};
+
+ShmSegment::ShmSegment(void* base, std::size_t size, int world, std::size_t chunk)
+    : base_(base), size_(size), world_(world), chunk_(chunk) {}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept
+    : base_(other.base_), size_(other.size_), world_(other.world_), chunk_(other.chunk_) {
+  other.base_ = nullptr;
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) munmap(base_, size_);
+}
+
+ShmSegment ShmSegment::create(const std::string& name, int world, std::size_t chunk) {
+  if (world < 1 || world > kMaxRanks)
+    throw ConfigError("shm backend: " + std::to_string(world) + " ranks on one host (at most " +
+                      std::to_string(kMaxRanks) + ")");
+  const std::size_t size = segment_bytes(world, chunk);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw CommError("shm backend: cannot create /dev/shm" + name + ": " + std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      (errno = posix_fallocate(fd, 0, static_cast<off_t>(size))) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    throw ConfigError("shm backend: cannot reserve " + std::to_string(size >> 20) +
+                      " MiB in /dev/shm (" + std::strerror(err) +
+                      "): make /dev/shm larger, or dist.shm_chunk_mb smaller (" +
+                      std::to_string(2 * (world + 1)) + " chunks are held)");
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    throw CommError("shm backend: cannot map /dev/shm" + name + ": " + std::strerror(errno));
+  }
+  ShmSegment segment(base, size, world, chunk);
+  Header* h = segment.header();
+  h->world = static_cast<uint32_t>(world);
+  h->chunk = chunk;
+  for (auto& pid : h->pids) pid.store(0);
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+  return segment;
+}
+
+ShmSegment ShmSegment::open(const std::string& name, int world, std::size_t chunk) {
+  const std::size_t size = segment_bytes(world, chunk);
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw CommError("shm backend: cannot open /dev/shm" + name + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != size) {
+    close(fd);
+    throw CommError("shm backend: /dev/shm" + name +
+                    " has the wrong size (ranks with different dist.shm_chunk_mb?)");
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED)
+    throw CommError("shm backend: cannot map /dev/shm" + name + ": " + std::strerror(errno));
+  ShmSegment segment(base, size, world, chunk);
+  const Header* h = segment.header();
+  if (h->magic != kMagic || h->world != static_cast<uint32_t>(world) || h->chunk != chunk)
+    throw CommError("shm backend: /dev/shm" + name + " was made for another world or chunk size");
+  return segment;
+}
+
+void ShmSegment::unlink(const std::string& name) {
+  shm_unlink(name.c_str());
+}
+
+int ShmSegment::remove_orphans() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("lockstep-", 0) != 0) continue;
+    const auto dash = name.rfind('-');
+    const int pid = std::atoi(name.c_str() + dash + 1);
+    if (pid > 0 && !alive(pid) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
+ShmSegment::Header* ShmSegment::header() const {
+  static_assert(sizeof(Header) <= kHeaderBytes, "the header fits its page");
+  return static_cast<Header*>(base_);
+}
+
+ShmSegment::Flag* ShmSegment::flag(int rank) const {
+  return reinterpret_cast<Flag*>(static_cast<char*>(base_) + kHeaderBytes + rank * kFlagBytes);
+}
+
+char* ShmSegment::slot(int set, int rank) const {
+  const std::size_t flags = ((world_ * kFlagBytes + 4095) / 4096) * 4096;
+  return static_cast<char*>(base_) + kHeaderBytes + flags +
+         (static_cast<std::size_t>(set) * (world_ + 1) + rank) * chunk_;
+}
+
+char* ShmSegment::result(int set) const {
+  return slot(set, world_);
+}
+
+void ShmSegment::publish_pid(int rank) {
+  header()->pids[rank].store(static_cast<int32_t>(getpid()));
+}
+
+int ShmSegment::pid_of(int rank) const {
+  return header()->pids[rank].load();
+}
+
+void ShmSegment::arrive(int rank, uint32_t generation) {
+  Flag* f = flag(rank);
+  f->arrived.store(generation, std::memory_order_seq_cst);
+  if (f->sleepers.load(std::memory_order_seq_cst) > 0)
+    futex(&f->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+std::string ShmSegment::wait_all(uint32_t generation,
+                                 std::chrono::steady_clock::time_point deadline,
+                                 const std::atomic<bool>& stop) const {
+  for (int r = 0; r < world_; ++r) {
+    Flag* f = flag(r);
+    // Spin briefly (the peer is usually about to arrive), then sleep on the
+    // futex in short slices, checking the deadline and the peer's life.
+    for (int spin = 0; spin < 4000; ++spin) {
+      if (reached(f->arrived.load(std::memory_order_acquire), generation)) break;
+      __builtin_ia32_pause();
+    }
+    while (true) {
+      const uint32_t seen = f->arrived.load(std::memory_order_acquire);
+      if (reached(seen, generation)) break;
+      if (stop.load()) return "the process group is shutting down";
+      if (!alive(pid_of(r)))
+        return "rank " + std::to_string(r) + " (pid " + std::to_string(pid_of(r)) + ") died";
+      if (std::chrono::steady_clock::now() >= deadline)
+        return "rank " + std::to_string(r) + " did not arrive within the timeout";
+      f->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (!reached(f->arrived.load(std::memory_order_seq_cst), generation)) {
+        const timespec slice{0, 5'000'000};  // 5 ms
+        futex(&f->arrived, FUTEX_WAIT, seen, &slice);
+      }
+      f->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return "";
+}
+
+}  // namespace lockstep

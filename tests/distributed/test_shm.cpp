@@ -1,0 +1,212 @@
+// The shared-memory backend (Note [Shared-memory backend]): every
+// collective against its closed form for every reduce op and dtype, sizes
+// smaller than the rank count and spanning several chunks, 1 to 8 ranks;
+// the same bits as Gloo; a missing rank fails the collective after the
+// timeout; no segment is left in /dev/shm, and orphans are removed.
+#include <ATen/ATen.h>
+#include "support/catch.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "lockstep/util/error.h"
+#include "support/thread_world.h"
+
+using namespace lockstep;
+using lockstep::testing::Contains;
+using lockstep::testing::error_text;
+using lockstep::testing::run_ranks;
+
+namespace {
+
+const auto kShm = BackendKind::kShm;
+const auto kTimeout = std::chrono::seconds(60);
+
+// Rank r's value at index i: small integers, exact in every dtype.
+at::Tensor values(int rank, int64_t n, at::ScalarType dtype) {
+  return (at::arange(n, at::kLong).remainder(5) + rank + 1).to(dtype);
+}
+
+at::Tensor closed_form(int world, int64_t n, at::ScalarType dtype, ReduceKind op) {
+  auto acc = values(0, n, at::kDouble);
+  for (int r = 1; r < world; ++r) {
+    const auto v = values(r, n, at::kDouble);
+    if (op == ReduceKind::kSum || op == ReduceKind::kAvg) acc = acc + v;
+    if (op == ReduceKind::kMin) acc = at::minimum(acc, v);
+    if (op == ReduceKind::kMax) acc = at::maximum(acc, v);
+    if (op == ReduceKind::kProduct) acc = acc * v;
+  }
+  if (op == ReduceKind::kAvg) {
+    acc = at::isIntegralType(dtype, false) ? at::div(acc, world, "trunc") : acc / world;
+  }
+  return acc.to(dtype);
+}
+
+std::vector<std::string> our_segments() {
+  std::vector<std::string> out;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return out;
+  const std::string suffix = "-" + std::to_string(getpid());
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind("lockstep-", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      out.push_back(name);
+  }
+  closedir(dir);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("shm: all-reduce equals the closed form for every op and dtype", "[shm]") {
+  const std::vector<at::ScalarType> dtypes{at::kFloat,    at::kDouble, at::kHalf,
+                                           at::kBFloat16, at::kInt,    at::kLong};
+  const std::vector<ReduceKind> ops{ReduceKind::kSum, ReduceKind::kAvg, ReduceKind::kMin,
+                                    ReduceKind::kMax, ReduceKind::kProduct};
+  for (int n : {1, 2, 3, 4}) {
+    DYNAMIC_SECTION(n << " ranks") {
+      // 3 elements is fewer than 4 ranks; 70001 float32 span five 64 KiB chunks.
+      auto outcomes = run_ranks<std::string>(
+          n,
+          [&](ProcessGroup& pg) {
+            std::string wrong;
+            for (auto dtype : dtypes) {
+              for (auto op : ops) {
+                if (op == ReduceKind::kProduct && (dtype == at::kHalf || dtype == at::kBFloat16))
+                  continue;
+                for (int64_t numel : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{70001}}) {
+                  auto t = values(pg.rank(), numel, dtype);
+                  pg.allreduce(t, op);
+                  if (!at::equal(t, closed_form(pg.size(), numel, dtype, op)))
+                    wrong += std::string(c10::toString(dtype)) + " " + reduce_kind_name(op) +
+                             " n=" + std::to_string(numel) + "; ";
+                }
+              }
+            }
+            return wrong;
+          },
+          kTimeout, kShm);
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r << ": " << error_text(outcomes[r].error));
+        REQUIRE_FALSE(outcomes[r].error);
+        CHECK(outcomes[r].result == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("shm: 8 ranks, async all-reduces in flight, broadcast, all-gather, barrier", "[shm]") {
+  const int n = 8;
+  auto outcomes = run_ranks<std::string>(
+      n,
+      [&](ProcessGroup& pg) {
+        std::string wrong;
+        // Three all-reduces in flight at once, finished in order.
+        std::vector<at::Tensor> ts;
+        std::vector<Ptr<C10dWork>> works;
+        for (int k = 0; k < 3; ++k) {
+          ts.push_back(values(pg.rank(), 20000 + k, at::kFloat));
+          works.push_back(pg.allreduce_async(ts.back(), ReduceKind::kSum));
+        }
+        for (int k = 0; k < 3; ++k) {
+          pg.wait(works[k], "allreduce");
+          if (!at::equal(ts[k], closed_form(n, 20000 + k, at::kFloat, ReduceKind::kSum)))
+            wrong += "async; ";
+        }
+        for (int root : {0, 5}) {
+          auto t = pg.rank() == root ? at::arange(100001, at::kDouble)
+                                     : at::zeros({100001}, at::kDouble);
+          pg.broadcast(t, root);
+          if (!at::equal(t, at::arange(100001, at::kDouble))) wrong += "broadcast; ";
+        }
+        const auto gathered = pg.allgather(at::full({33333}, pg.rank(), at::kLong));
+        for (int r = 0; r < n; ++r)
+          if (!at::equal(gathered[r], at::full({33333}, r, at::kLong))) wrong += "allgather; ";
+        pg.barrier();
+        // A strided view is reduced in place.
+        auto base = values(pg.rank(), 400, at::kFloat).reshape({20, 20});
+        auto view = base.t();
+        pg.allreduce(view, ReduceKind::kMax);
+        if (!at::equal(base, closed_form(n, 400, at::kFloat, ReduceKind::kMax).reshape({20, 20})))
+          wrong += "strided; ";
+        if (!our_segments().empty()) wrong += "a segment is still named in /dev/shm; ";
+        return wrong;
+      },
+      kTimeout, kShm);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK(outcomes[r].result == "");
+  }
+  CHECK(our_segments().empty());
+}
+
+TEST_CASE("shm: sums of two ranks are the same bits as Gloo's", "[shm]") {
+  auto run = [](BackendKind kind) {
+    return run_ranks<at::Tensor>(
+        2,
+        [](ProcessGroup& pg) {
+          auto gen = at::detail::createCPUGenerator(7 + pg.rank());
+          auto t = at::randn({300001}, gen, at::kFloat);
+          pg.allreduce(t, ReduceKind::kSum);
+          return t;
+        },
+        kTimeout, kind);
+  };
+  const auto shm = run(kShm);
+  const auto gloo = run(BackendKind::kGloo);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE_FALSE(shm[r].error);
+    REQUIRE_FALSE(gloo[r].error);
+    CHECK(at::equal(shm[r].result, gloo[r].result));
+  }
+}
+
+TEST_CASE("shm: a rank that never joins fails the collective after the timeout, naming it",
+          "[shm]") {
+  const auto start = std::chrono::steady_clock::now();
+  auto outcomes = run_ranks<int>(
+      2,
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));  // alive, but never joins
+          return 0;
+        }
+        auto t = at::ones({10});
+        pg.allreduce(t, ReduceKind::kSum);
+        return 1;
+      },
+      std::chrono::seconds(2), kShm);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(outcomes[0].error);
+  CHECK_THAT(error_text(outcomes[0].error),
+             Contains("shm backend: rank 1 did not arrive within the timeout"));
+  CHECK_THROWS_AS(std::rethrow_exception(outcomes[0].error), CommError);
+  CHECK(took < 4 + 10);
+}
+
+TEST_CASE("shm: a segment left by a killed job is removed by the next", "[shm]") {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);  // a pid that is gone
+  const std::string orphan = "/lockstep-0123456789abcdef01234567-" + std::to_string(child);
+  const int fd = shm_open(orphan.c_str(), O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  auto outcomes = run_ranks<int>(
+      2, [](ProcessGroup&) { return 0; }, kTimeout, kShm);
+  REQUIRE_FALSE(outcomes[0].error);
+  const int again = shm_open(orphan.c_str(), O_RDWR, 0600);
+  CHECK(again < 0);
+  if (again >= 0) {
+    close(again);
+    shm_unlink(orphan.c_str());
+  }
+}
