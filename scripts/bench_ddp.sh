@@ -12,6 +12,8 @@
 # exchange-* rows time the gradient exchange alone (no compute): DDP's
 # buckets vs one flat all-reduce of all gradients; they have no PyTorch peer.
 #   JSON=out.jsonl scripts/bench_ddp.sh   # also keep every raw row
+#   BACKEND=gloo scripts/bench_ddp.sh     # lockstep's backend (default auto: shm on one host;
+#                                         # PyTorch's DDP runs on Gloo either way)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
@@ -30,7 +32,7 @@ export USE_LIBUV=0  # PyTorch 2.6 from Debian has no libuv TCPStore (tests/multi
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
-    build/lockstep bench ddp --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
+    build/lockstep bench ddp --backend "${BACKEND:-auto}" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
     /usr/bin/python3 scripts/bench_ddp_torch.py --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |

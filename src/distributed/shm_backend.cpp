@@ -96,6 +96,7 @@ class ShmBackend : public C10dBackend {
     worker_ = std::thread([this] { run(); });
   }
   ~ShmBackend() override {
+    segment_.depart(me_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;

@@ -48,6 +48,7 @@ struct ShmSegment::Header {
   uint32_t reserved;
   uint64_t chunk;
   std::atomic<int32_t> pids[kMaxRanks];
+  std::atomic<uint32_t> departed[kMaxRanks];
 };
 
 ShmSegment::ShmSegment(void* base, std::size_t size, int world, std::size_t chunk)
@@ -91,6 +92,7 @@ ShmSegment ShmSegment::create(const std::string& name, int world, std::size_t ch
   h->world = static_cast<uint32_t>(world);
   h->chunk = chunk;
   for (auto& pid : h->pids) pid.store(0);
+  for (auto& d : h->departed) d.store(0);
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
   return segment;
@@ -164,6 +166,11 @@ int ShmSegment::pid_of(int rank) const {
   return header()->pids[rank].load();
 }
 
+void ShmSegment::depart(int rank) {
+  header()->departed[rank].store(1, std::memory_order_seq_cst);
+  for (int r = 0; r < world_; ++r) futex(&flag(r)->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
 void ShmSegment::arrive(int rank, uint32_t generation) {
   Flag* f = flag(rank);
   f->arrived.store(generation, std::memory_order_seq_cst);
@@ -186,6 +193,8 @@ std::string ShmSegment::wait_all(uint32_t generation,
       const uint32_t seen = f->arrived.load(std::memory_order_acquire);
       if (reached(seen, generation)) break;
       if (stop.load()) return "the process group is shutting down";
+      if (header()->departed[r].load())
+        return "rank " + std::to_string(r) + " left the process group";
       if (!alive(pid_of(r)))
         return "rank " + std::to_string(r) + " (pid " + std::to_string(pid_of(r)) + ") died";
       if (std::chrono::steady_clock::now() >= deadline)

@@ -39,11 +39,13 @@ class ShmSegment {
 
   void publish_pid(int rank);
   int pid_of(int rank) const;
+  // This rank leaves (its backend is destroyed): waiters learn it at once.
+  void depart(int rank);
 
   // Arrival at barrier number `generation` (the same on every rank).
   void arrive(int rank, uint32_t generation);
   // Waits until every rank has arrived at `generation`. Returns "" or why it
-  // gave up: a rank that died (its pid is gone), the deadline, or `stop`.
+  // gave up: a rank that left or died (its pid is gone), the deadline, or `stop`.
   std::string wait_all(uint32_t generation, std::chrono::steady_clock::time_point deadline,
                        const std::atomic<bool>& stop) const;
 
