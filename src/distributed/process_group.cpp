@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "hier_backend.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/distributed/shm_backend.h"
 #include "lockstep/util/error.h"
@@ -42,6 +43,54 @@ Ptr<C10dBackend> gloo_backend_create(const Ptr<C10dStore>& store, const WorldInf
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size, options);
+}
+
+// Whether the ranks sit host by host with the same number on each:
+// rank = node * local size + local rank (what torchrun, lockstep-run, srun's
+// block distribution and mpirun's by-slot mapping give). Every rank calls it.
+bool uniform_layout(C10dStore& store, const WorldInfo& world, std::chrono::milliseconds timeout) {
+  const int local = world.local_world_size;
+  const std::string mine =
+      std::to_string(local) + "," + std::to_string(world.rank % local == world.local_rank);
+  store.set("layout/" + std::to_string(world.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world.world_size; ++r) keys.push_back("layout/" + std::to_string(r));
+  store.wait(keys, timeout);
+  for (const auto& key : keys) {
+    const auto v = store.get(key);
+    if (std::string(v.begin(), v.end()) != std::to_string(local) + ",1") return false;
+  }
+  return world.world_size % local == 0;
+}
+
+Ptr<C10dBackend> hier_backend_create(const Ptr<C10dStore>& store, const WorldInfo& world,
+                                     const ProcessGroupOptions& options) {
+  const int local = world.local_world_size;
+  if (!uniform_layout(*store, world, options.timeout)) {
+    throw ConfigError(
+        "dist.backend: hierarchical needs the same number of ranks on every host, numbered host "
+        "by host (rank = node x LOCAL_WORLD_SIZE + LOCAL_RANK); use gloo");
+  }
+  const int node = world.rank / local, nodes = world.world_size / local;
+  WorldInfo host = world;
+  host.rank = world.local_rank;
+  host.world_size = local;
+  ShmOptions shm;
+  shm.chunk_bytes = options.shm_chunk_bytes;
+  shm.timeout = options.timeout;
+  auto inside = shm_backend_create(
+      c10::make_intrusive<c10d::PrefixStore>("host" + std::to_string(node), store), host, shm);
+  Ptr<C10dBackend> leaders;
+  if (world.local_rank == 0) {
+    WorldInfo among = world;
+    among.rank = node;
+    among.world_size = nodes;
+    among.local_rank = 0;
+    among.local_world_size = 1;
+    leaders = gloo_backend_create(c10::make_intrusive<c10d::PrefixStore>("leaders", store), among,
+                                  options.timeout);
+  }
+  return hier_backend_make(inside, leaders, world, nodes);
 }
 
 }  // namespace
@@ -82,13 +131,19 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
   BackendKind kind = options.backend;
   try {
     if (kind == BackendKind::kAuto) {
-      kind = world.world_size > 1 && all_ranks_on_one_host(*prefixed, world, options.timeout)
-                 ? BackendKind::kShm
-                 : BackendKind::kGloo;
+      kind = BackendKind::kGloo;
+      if (world.world_size > 1 && all_ranks_on_one_host(*prefixed, world, options.timeout)) {
+        kind = BackendKind::kShm;
+      } else if (world.world_size > world.local_world_size && world.local_world_size > 1 &&
+                 uniform_layout(*prefixed, world, options.timeout)) {
+        kind = BackendKind::kHier;
+      }
       if (world.rank == 0 && world.world_size > 1) {
         spdlog::info("process group: auto chose {} ({} ranks, {})", backend_kind_name(kind),
                      world.world_size,
-                     kind == BackendKind::kShm ? "all on this host" : "on several hosts");
+                     kind == BackendKind::kShm    ? "all on this host"
+                     : kind == BackendKind::kHier ? "shm inside each host, gloo between hosts"
+                                                  : "on several hosts");
       }
     }
     switch (kind) {
@@ -101,6 +156,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
         backend = shm_backend_create(prefixed, world, shm);
         break;
       }
+      case BackendKind::kHier:
+        backend = hier_backend_create(prefixed, world, options);
+        break;
       case BackendKind::kGloo:
         backend = gloo_backend_create(prefixed, world, options.timeout);
         break;

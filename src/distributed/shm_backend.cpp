@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "lockstep/util/error.h"
+#include "serial_backend.h"
 #include "shm_reduce.h"
 #include "shm_segment.h"
 
@@ -58,54 +59,23 @@ ShmOp shm_op(const c10d::ReduceOp& op) {
   throw CommError("shm backend: unsupported reduce operation");
 }
 
-class ShmWork : public C10dWork {
- public:
-  explicit ShmWork(std::vector<at::Tensor> outputs)
-      : outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
-  void complete(std::exception_ptr error) {
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
-    }
-    finish(error);
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  std::vector<at::Tensor> result() override { return outputs_; }
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
 void check_tensor(const at::Tensor& t, const char* what) {
   if (!t.device().is_cpu() || t.is_sparse())
     throw CommError(std::string("shm backend: ") + what + " needs a dense CPU tensor");
 }
 
-class ShmBackend : public C10dBackend {
+class ShmBackend : public SerialBackend {
  public:
   ShmBackend(ShmSegment segment, int rank, int size, std::chrono::milliseconds timeout)
-      : C10dBackend(rank, size),
+      : SerialBackend(rank, size, "shm"),
         segment_(std::move(segment)),
         me_(rank),
         world_(size),
-        timeout_(timeout) {
-    worker_ = std::thread([this] { run(); });
-  }
+        timeout_(timeout) {}
   ~ShmBackend() override {
     segment_.depart(me_);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
+    stop_worker();
   }
-
-  const std::string getBackendName() const override { return "shm"; }
 
   Ptr<C10dWork> allreduce(std::vector<at::Tensor>& tensors,
                           const c10d::AllreduceOptions& options) override {
@@ -144,40 +114,6 @@ class ShmBackend : public C10dBackend {
   }
 
  private:
-  Ptr<C10dWork> enqueue(std::vector<at::Tensor> outputs, std::function<void()> body) {
-    auto work = c10::make_intrusive<ShmWork>(std::move(outputs));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.emplace_back(work, std::move(body));
-    }
-    cv_.notify_one();
-    return work;
-  }
-
-  void run() {
-    while (true) {
-      std::pair<c10::intrusive_ptr<ShmWork>, std::function<void()>> job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::exception_ptr error;
-      try {
-        if (!broken_.empty())
-          throw CommError("shm backend: an earlier collective failed: " + broken_);
-        if (stop_) throw CommError("shm backend: the process group is shutting down");
-        job.second();
-      } catch (const std::exception& e) {
-        if (broken_.empty()) broken_ = e.what();
-        error = std::current_exception();
-      }
-      job.first->complete(error);
-    }
-  }
-
   // Every rank arrives at the next generation, then waits for the others.
   void sync() {
     ++generation_;
@@ -252,12 +188,6 @@ class ShmBackend : public C10dBackend {
   std::chrono::milliseconds timeout_;
   uint32_t generation_ = 0;
   uint64_t step_ = 0;
-  std::string broken_;
-  std::atomic<bool> stop_{false};
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<c10::intrusive_ptr<ShmWork>, std::function<void()>>> queue_;
-  std::thread worker_;
 };
 
 std::string random_token() {

@@ -210,3 +210,82 @@ TEST_CASE("shm: a segment left by a killed job is removed by the next", "[shm]")
     shm_unlink(orphan.c_str());
   }
 }
+
+namespace {
+
+// Ranks as threads, `hosts` x `per_host`, numbered host by host, on `backend`.
+template <typename Result>
+std::vector<testing::RankOutcome<Result>> run_hosts(
+    int hosts, int per_host, BackendKind backend,
+    const std::function<Result(ProcessGroup&)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const int n = hosts * per_host;
+  std::vector<testing::RankOutcome<Result>> outcomes(n);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        WorldInfo world;
+        world.rank = rank;
+        world.world_size = n;
+        world.local_rank = rank % per_host;
+        world.local_world_size = per_host;
+        world.node_rank = rank / per_host;
+        world.master_addr = "127.0.0.1";
+        ProcessGroupOptions options;
+        options.backend = backend;
+        options.timeout = std::chrono::seconds(60);
+        options.shm_chunk_bytes = 64 * 1024;
+        outcomes[rank].result = body(*ProcessGroup::create(store, world, options));
+      } catch (...) {
+        outcomes[rank].error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return outcomes;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical: shm inside hosts, gloo between them, equals the closed forms", "[shm]") {
+  for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}}) {
+    DYNAMIC_SECTION(hosts << " hosts x " << per_host << " ranks") {
+      const int n = hosts * per_host;
+      auto outcomes =
+          run_hosts<std::string>(hosts, per_host, BackendKind::kAuto, [&](ProcessGroup& pg) {
+            std::string wrong;
+            if (pg.kind() != BackendKind::kHier)
+              wrong += std::string("auto chose ") + backend_kind_name(pg.kind()) + "; ";
+            for (auto dtype : {at::kFloat, at::kDouble, at::kLong}) {
+              for (auto op : {ReduceKind::kSum, ReduceKind::kAvg, ReduceKind::kMin,
+                              ReduceKind::kMax, ReduceKind::kProduct}) {
+                for (int64_t numel : {int64_t{1}, int64_t{5}, int64_t{70001}}) {
+                  auto t = values(pg.rank(), numel, dtype);
+                  pg.allreduce(t, op);
+                  if (!at::equal(t, closed_form(n, numel, dtype, op)))
+                    wrong += std::string(c10::toString(dtype)) + " " + reduce_kind_name(op) + "; ";
+                }
+              }
+            }
+            for (int root = 0; root < n; ++root) {
+              auto t = pg.rank() == root ? at::arange(1000, at::kFloat) + root
+                                         : at::zeros({1000}, at::kFloat);
+              pg.broadcast(t, root);
+              if (!at::equal(t, at::arange(1000, at::kFloat) + root))
+                wrong += "broadcast from " + std::to_string(root) + "; ";
+            }
+            const auto gathered = pg.allgather(at::full({3001}, pg.rank(), at::kLong));
+            for (int r = 0; r < n; ++r)
+              if (!at::equal(gathered[r], at::full({3001}, r, at::kLong))) wrong += "allgather; ";
+            pg.barrier();
+            return wrong;
+          });
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r << ": " << error_text(outcomes[r].error));
+        REQUIRE_FALSE(outcomes[r].error);
+        CHECK(outcomes[r].result == "");
+      }
+    }
+  }
+}

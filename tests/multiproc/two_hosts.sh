@@ -56,6 +56,24 @@ wa=$(sed -n 's/.*done: .* final weights \([0-9a-f]*\)$/\1/p' "$WORK/a.out")
 wb=$(sed -n 's/.*done: .* final weights \([0-9a-f]*\)$/\1/p' "$WORK/b.out")
 [ -n "$wa" ] && expect_eq "$wb" "$wa" "both nodes end with the same weights"
 
+# 1b. Two ranks per host: auto picks the hierarchical backend (shm inside each
+#     namespace, Gloo between the two leaders); the comm check's 55 cases,
+#     each against its closed form, pass on all four ranks.
+check_node() {  # check_node NS IFACE RANK OUT
+  ip netns exec "$1" env GLOO_SOCKET_IFNAME="$2" "$LOCKSTEP_RUN" --nnodes 2 --node-rank "$3" \
+    --nproc-per-node 2 --master-addr 10.77.0.1 --master-port 29632 --grace-s 2 \
+    "$LOCKSTEP" check --comm --timeout-s 30 --rdzv-timeout-s 30 >"$4" 2>&1
+}
+check_node "$a" "$va" 0 "$WORK/ha.out" &
+pa=$!
+check_node "$b" "$vb" 1 "$WORK/hb.out" &
+pb=$!
+wait $pa; ca=$?
+wait $pb; cb=$?
+expect_eq "$ca:$cb" "0:0" "the 2 x 2 comm check passes on both hosts"
+expect_grep "$WORK/ha.out" "auto chose hierarchical \(4 ranks, shm inside each host, gloo between hosts\)" "auto chose hierarchical"
+expect_grep "$WORK/ha.out" "comm check \(hierarchical, 4 ranks\): 55 passed, 0 failed" "55 of 55 cases on 4 ranks"
+
 # 2. Cut the link mid-run.
 node "$a" "$va" 0 "$WORK/a2.out" --set train.epochs=1000 &
 pa=$!

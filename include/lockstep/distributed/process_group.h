@@ -20,16 +20,20 @@
 
 namespace lockstep {
 
-// kAuto: shm when every rank shares one host, Gloo otherwise (CPU tensors;
-// NCCL is chosen by name). ProcessGroup::kind() tells what auto became.
-enum class BackendKind { kAuto, kGloo, kShm, kNccl, kMpi };
-inline constexpr NameTable<BackendKind, 5> kBackendKindNames{{{BackendKind::kAuto, "auto"},
+// kAuto: shm when every rank shares one host; hierarchical (shm inside each
+// host, Gloo between them) when several hosts hold the same number of ranks
+// each; Gloo otherwise (CPU tensors; NCCL is chosen by name).
+// ProcessGroup::kind() tells what auto became.
+enum class BackendKind { kAuto, kGloo, kShm, kHier, kNccl, kMpi };
+inline constexpr NameTable<BackendKind, 6> kBackendKindNames{{{BackendKind::kAuto, "auto"},
                                                               {BackendKind::kGloo, "gloo"},
                                                               {BackendKind::kShm, "shm"},
+                                                              {BackendKind::kHier, "hierarchical"},
                                                               {BackendKind::kNccl, "nccl"},
                                                               {BackendKind::kMpi, "mpi"}}};
 const char* backend_kind_name(BackendKind kind);
-// "auto" | "gloo" | "shm" | "nccl" | "mpi"; throws ConfigError listing the valid names.
+// "auto" | "gloo" | "shm" | "hierarchical" | "nccl" | "mpi"; throws ConfigError listing the valid
+// names.
 BackendKind backend_kind_parse(const std::string& name);
 
 enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
