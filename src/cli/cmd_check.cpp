@@ -36,7 +36,7 @@ int check_config_mode(const cxxopts::ParseResult& args) {
   if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
   const Config config = config_load(args["config"].as<std::string>(), overrides);
   auto dist = dist_setup(backend_kind_name(config.dist.backend), config.dist.timeout_s,
-                         config.dist.rdzv_timeout_s, config.log.level);
+                         config.dist.rdzv_timeout_s, config.log.level, config.dist.shm_chunk_mb);
   CheckRunOptions options;
   options.steps = args["steps"].as<int64_t>();
   options.fault = args["inject"].as<std::string>();

@@ -25,7 +25,7 @@ constexpr const char* kUsage =
 void add_dist_options(cxxopts::Options& options) {
   // clang-format off
   options.add_options("distributed")
-      ("backend", "process group backend: auto | gloo | shm | nccl | mpi (auto: shm on one host, else gloo; mpi: under mpirun, LibTorch built with MPI)", cxxopts::value<std::string>()->default_value("auto"))
+      ("backend", "process group backend: auto | gloo | shm | hierarchical | nccl | mpi (auto: shm on one host, hierarchical across hosts with as many ranks each, else gloo; mpi: under mpirun, LibTorch built with MPI)", cxxopts::value<std::string>()->default_value("auto"))
       ("timeout-s", "seconds before a collective that a peer misses fails", cxxopts::value<double>()->default_value("300"))
       ("rdzv-timeout-s", "seconds to reach the store and for every rank to arrive", cxxopts::value<double>()->default_value("300"))
       ("log-level", "trace|debug|info|warn|error (default: LOCKSTEP_LOG_LEVEL or info)", cxxopts::value<std::string>()->default_value(""));
@@ -33,9 +33,10 @@ void add_dist_options(cxxopts::Options& options) {
 }
 
 Dist dist_setup(const std::string& backend, double timeout_s, double rdzv_timeout_s,
-                const std::string& log_level) {
+                const std::string& log_level, double shm_chunk_mb) {
   InitOptions options;
   options.backend = backend_kind_parse(backend);
+  options.shm_chunk_bytes = static_cast<std::size_t>(shm_chunk_mb * (1 << 20)) / 64 * 64;
   options.timeout = timeout_from_seconds(timeout_s, "timeout");
   options.rendezvous_timeout = timeout_from_seconds(rdzv_timeout_s, "rendezvous timeout");
   options.log_level = log_level;

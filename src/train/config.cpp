@@ -157,7 +157,8 @@ const std::vector<Field>& fields() {
       make_field("run", "seed", &C::run, &RunConfig::seed, Type::kInt,
                  "seed of model init, shuffling, split and dropout", 0, 1e15),
       make_choice("dist", "backend", &C::dist, &DistConfig::backend, kBackendKindNames,
-                  "process group backend (auto: shm when every rank is on one host, else gloo)"),
+                  "process group backend (auto: shm when every rank is on one host, hierarchical "
+                  "when several hosts hold as many ranks each, else gloo)"),
       make_field("dist", "shm_chunk_mb", &C::dist, &DistConfig::shm_chunk_mb, Type::kDouble,
                  "shm backend: MiB per step through each rank's slot; /dev/shm holds 2 x (ranks + "
                  "1) of them",
