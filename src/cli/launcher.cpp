@@ -14,6 +14,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/random_hex.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,7 +22,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -461,23 +461,7 @@ void launch_validate(const LaunchOptions& o) {
 }
 
 std::string launch_make_secret() {
-  unsigned char bytes[32];
-  std::size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      throw SystemError(std::string("cannot make the store secret: getrandom: ") +
-                        std::strerror(errno));
-    got += static_cast<std::size_t>(n);
-  }
-  static const char* digits = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char b : bytes) {
-    hex.push_back(digits[b >> 4]);
-    hex.push_back(digits[b & 15]);
-  }
-  return hex;
+  return random_hex(32);
 }
 
 std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchOptions& options,

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -14,6 +13,7 @@
 #include <thread>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/random_hex.h"
 #include "serial_backend.h"
 #include "shm_reduce.h"
 #include "shm_segment.h"
@@ -190,18 +190,6 @@ class ShmBackend : public SerialBackend {
   uint64_t step_ = 0;
 };
 
-std::string random_token() {
-  unsigned char bytes[12];
-  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes)))
-    throw SystemError(std::string("shm backend: getrandom: ") + std::strerror(errno));
-  std::string hex;
-  for (unsigned char b : bytes) {
-    hex.push_back("0123456789abcdef"[b >> 4]);
-    hex.push_back("0123456789abcdef"[b & 15]);
-  }
-  return hex;
-}
-
 std::string text(const std::vector<uint8_t>& v) {
   return std::string(v.begin(), v.end());
 }
@@ -250,7 +238,7 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   std::optional<ShmSegment> segment;
   if (world.rank == 0) {
     ShmSegment::remove_orphans();
-    const std::string name = "/lockstep-" + random_token() + "-" + std::to_string(getpid());
+    const std::string name = "/lockstep-" + random_hex(12) + "-" + std::to_string(getpid());
     try {
       segment.emplace(ShmSegment::create(name, world.world_size, options.chunk_bytes));
     } catch (const Error& e) {
