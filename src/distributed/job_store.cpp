@@ -98,19 +98,12 @@ void JobStore::connect() {
   std::string error = "no address";
   auto pause = std::chrono::milliseconds(50);
   for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    const std::string service = std::to_string(options_.port);
-    const int rc = getaddrinfo(options_.host.c_str(), service.c_str(), &hints, &found);
-    if (rc != 0) {
-      error = std::string("cannot resolve the host: ") + gai_strerror(rc);
+    const auto addresses = wire::resolve_tcp(options_.host, options_.port, error);
+    if (!addresses) {
+      error = "cannot resolve the host: " + error;
     } else {
-      for (const addrinfo* a = found; a && fd_ < 0; a = a->ai_next)
+      for (const addrinfo* a = addresses.get(); a && fd_ < 0; a = a->ai_next)
         fd_ = connect_one(*a, deadline, error);
-      freeaddrinfo(found);
     }
     if (fd_ >= 0) break;
     if (Clock::now() + pause >= deadline) {

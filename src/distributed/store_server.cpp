@@ -136,15 +136,10 @@ struct StoreServer::Impl {
 
 void StoreServer::Impl::bind_and_listen() {
   const std::string where = options.host + ":" + std::to_string(options.port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(options.port);
-  if (int rc = getaddrinfo(options.host.c_str(), service.c_str(), &hints, &found); rc != 0)
-    throw CommError("store: cannot resolve " + options.host + ": " + gai_strerror(rc));
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(found, freeaddrinfo);
+  std::string error;
+  const auto addresses = wire::resolve_tcp(options.host, options.port, error);
+  if (!addresses) throw CommError("store: cannot resolve " + options.host + ": " + error);
+  const addrinfo* found = addresses.get();
 
   listen_fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd < 0) throw CommError("store: socket(): " + errno_text(errno));

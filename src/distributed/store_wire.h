@@ -7,8 +7,11 @@
 // Integers little-endian; byte strings as u32 length + bytes.
 #pragma once
 
+#include <netdb.h>
+
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -114,6 +117,23 @@ inline std::uint32_t read_u32(const char* p) {
   std::uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= std::uint32_t(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
+}
+
+// The TCP addresses of host:port (numeric port), both ends' one lookup.
+// Returns null and sets `error` when the host cannot be resolved.
+using Addresses = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+inline Addresses resolve_tcp(const std::string& host, int port, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    error = gai_strerror(rc);
+    return Addresses(nullptr, freeaddrinfo);
+  }
+  return Addresses(found, freeaddrinfo);
 }
 
 inline std::string hello(std::string_view secret) {
