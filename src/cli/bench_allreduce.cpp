@@ -38,10 +38,8 @@ double time_us(ProcessGroup& pg, int warmup, int iters, F&& op) {
   pg.barrier();
   const auto start = Clock::now();
   for (int i = 0; i < iters; ++i) op();
-  double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
-  auto t = at::tensor({us}, at::kDouble);
-  pg.allreduce(t, ReduceKind::kMax);
-  return t.item<double>();
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+  return max_over_ranks(pg, std::vector<double>{us})[0];
 }
 
 // Bytes copied per second by one large tensor copy (read + write counted once,

@@ -17,6 +17,7 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/distributed/agree.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep::cli {
@@ -123,9 +124,8 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
       steps;
-  auto slowest = torch::tensor({ms, check_ms / steps}, torch::kDouble);
-  pg.allreduce(slowest, ReduceKind::kMax);
-  return {slowest[0].item<double>(), slowest[1].item<double>()};
+  const auto slowest = max_over_ranks(pg, {ms, check_ms / steps});
+  return {slowest[0], slowest[1]};
 }
 
 // Communication only: the model's gradients exchanged as DDP's buckets (all
@@ -165,9 +165,7 @@ Timing time_exchange(ProcessGroup& pg, const ModelSpec& spec, const std::string&
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
       steps;
-  auto slowest = torch::tensor({ms}, torch::kDouble);
-  pg.allreduce(slowest, ReduceKind::kMax);
-  return {slowest.item<double>(), 0};
+  return {max_over_ranks(pg, std::vector<double>{ms})[0], 0};
 }
 
 }  // namespace

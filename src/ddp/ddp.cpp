@@ -1,4 +1,5 @@
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/distributed/agree.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -155,9 +156,7 @@ int64_t DdpCore::Join::finish() {
   }
   // The rank that finished last trained on every iteration: its weights and
   // buffers are the model's (PyTorch's _sync_final_model).
-  auto root = at::tensor({int64_t{last_joiner ? pg.rank() : -1}}, at::kLong).to(pg.device());
-  pg.allreduce(root, ReduceKind::kMax);
-  const int root_rank = static_cast<int>(root.cpu().item<int64_t>());
+  const int root_rank = static_cast<int>(max_over_ranks(pg, int64_t{last_joiner ? pg.rank() : -1}));
   std::vector<at::Tensor> state = ddp_.params_;
   state.insert(state.end(), ddp_.buffers_.begin(), ddp_.buffers_.end());
   {

@@ -100,7 +100,6 @@ class Reader {
                       ")");
     return std::string(take(n));
   }
-  bool done() const { return pos_ == in_.size(); }
 
  private:
   std::string_view take(std::size_t n) {

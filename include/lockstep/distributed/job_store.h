@@ -48,8 +48,6 @@ class JobStore : public C10dStore {
   // behind this one's requests (later c10d versions ask stores for clone()).
   Ptr<C10dStore> clone();
 
-  const std::shared_ptr<StoreServer>& server() const { return server_; }
-
  private:
   std::string where() const;
   void connect();
