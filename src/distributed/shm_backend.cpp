@@ -25,9 +25,16 @@
 // rank. A collective moves its tensor through the slots chunk by chunk;
 // chunk k uses set k % 2, which is what lets a rank write chunk k + 2 while a
 // slow peer still reads chunk k: it cannot pass chunk k + 1's barrier first.
-//   all-reduce: copy my chunk into my slot; barrier; reduce my 1/world of the
-//     chunk over all slots, in rank order, into the result area; barrier;
-//     copy the whole result out. Every rank copies the same bits.
+//   all-reduce: copy the chunk, less my 1/world share of it, into my slot;
+//     barrier; reduce my share over my own tensor and the others' slots, in
+//     rank order, into the result area, and copy it back into my tensor;
+//     copy the previous chunk's other shares out of its result area. After
+//     the last chunk one more barrier, and its other shares are copied out.
+//     So k chunks take k + 1 barriers, and every rank holds the same bits.
+//     Chunk k's barrier also ends chunk k - 1's reduction, which is what
+//     makes chunk k - 1's result area safe to read; chunk k's result area
+//     is rewritten only after chunk k + 2's barrier, which no rank passes
+//     before it has copied chunk k out.
 //   broadcast: the root copies into its slot; barrier; the others copy out.
 //   all-gather: copy into my slot; barrier; copy every slot out.
 //   barrier: a barrier.
@@ -122,6 +129,28 @@ class ShmBackend : public SerialBackend {
     if (!why.empty()) throw CommError("shm backend: " + why);
   }
 
+  // Rank r's share of an n-element chunk: [begin, begin + len).
+  struct Share {
+    std::size_t begin, len;
+  };
+  Share share_of(std::size_t n, int r) const {
+    const std::size_t share = (n + world_ - 1) / world_;
+    const std::size_t begin = std::min(n, share * r);
+    return {begin, std::min(n, begin + share) - begin};
+  }
+
+  // Copies the parts of an n-element chunk outside my share, [0, begin) and
+  // [begin + len, n), from `from` to `to` (elements of `elem` bytes).
+  void copy_others(char* to, const char* from, std::size_t n, std::size_t elem) const {
+    const Share mine = share_of(n, me_);
+    std::memcpy(to, from, mine.begin * elem);
+    const std::size_t end = mine.begin + mine.len;
+    std::memcpy(to + end * elem, from + end * elem, (n - end) * elem);
+  }
+
+  // Pipelined: chunk i's copy-in shares a barrier with chunk i - 1's
+  // copy-out, so a message of k chunks takes k + 1 barriers (Note
+  // [Shared-memory backend]).
   void do_allreduce(at::Tensor& tensor, ShmOp op) {
     at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();
     char* data = static_cast<char*>(flat.data_ptr());
@@ -129,21 +158,31 @@ class ShmBackend : public SerialBackend {
     const std::size_t count = static_cast<std::size_t>(flat.numel());
     const std::size_t per_chunk = segment_.chunk() / elem;
     std::vector<const void*> inputs(world_);
+    int previous_set = -1;  // the chunk whose result is still to copy out
+    std::size_t previous_off = 0, previous_n = 0;
     for (std::size_t off = 0; off < count; off += per_chunk) {
       const std::size_t n = std::min(per_chunk, count - off);
       const int set = static_cast<int>(step_++ % 2);
-      std::memcpy(segment_.slot(set, me_), data + off * elem, n * elem);
+      // My share is reduced from my own tensor: the others need only the rest.
+      copy_others(segment_.slot(set, me_), data + off * elem, n, elem);
       sync();
-      const std::size_t share = (n + world_ - 1) / world_;
-      const std::size_t begin = std::min(n, share * me_);
-      const std::size_t len = std::min(n, begin + share) - begin;
-      if (len > 0) {
-        for (int r = 0; r < world_; ++r) inputs[r] = segment_.slot(set, r) + begin * elem;
-        shm_reduce(segment_.result(set) + begin * elem, inputs.data(), world_, len,
-                   flat.scalar_type(), op);
+      const Share mine = share_of(n, me_);
+      if (mine.len > 0) {
+        for (int r = 0; r < world_; ++r)
+          inputs[r] = (r == me_ ? data + off * elem : segment_.slot(set, r)) + mine.begin * elem;
+        char* result = segment_.result(set) + mine.begin * elem;
+        shm_reduce(result, inputs.data(), world_, mine.len, flat.scalar_type(), op);
+        std::memcpy(data + (off + mine.begin) * elem, result, mine.len * elem);
       }
+      if (previous_set >= 0)
+        copy_others(data + previous_off * elem, segment_.result(previous_set), previous_n, elem);
+      previous_set = set;
+      previous_off = off;
+      previous_n = n;
+    }
+    if (previous_set >= 0) {
       sync();
-      std::memcpy(data + off * elem, segment_.result(set), n * elem);
+      copy_others(data + previous_off * elem, segment_.result(previous_set), previous_n, elem);
     }
     if (!tensor.is_contiguous()) tensor.copy_(flat);
   }
