@@ -1,12 +1,16 @@
 // Fingerprints: stability, one-bit sensitivity, SHA-256 parity with Python's
-// hashlib, and the cross-rank check naming step, tensor and ranks, with each
-// policy.
+// hashlib, every XXH3 kernel against Debian's libxxhash, and the cross-rank check naming step,
+// tensor and ranks, with each policy.
 #include <ATen/ATen.h>
 #include <torch/nn.h>
 #include "support/catch.h"
 
-#include <cstdio>
+#include <xxhash.h>
 
+#include <cstdio>
+#include <cstring>
+
+#include "check/xxh3.h"
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/util/error.h"
 #include "support/thread_world.h"
@@ -109,6 +113,46 @@ TEST_CASE("the cross-rank check names step, tensor and ranks - policies", "[fing
         CHECK(s.warn_returned);
         CHECK(s.resynced);
       }
+    }
+  }
+}
+
+TEST_CASE("every XXH3 kernel equals Debian's libxxhash, however the bytes are split",
+          "[fingerprint]") {
+  using lockstep::detail::Xxh3Kernel;
+  std::vector<unsigned char> bytes(3 << 20);
+  uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (auto& b : bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<unsigned char>(x);
+  }
+  const auto widest = lockstep::detail::xxh3_widest_kernel();
+  // Sizes around XXH3's 16/128/240-byte paths, its 1,024-byte stripes' block
+  // and its 256-byte internal buffer, split into one, two or many pieces.
+  for (size_t size :
+       {size_t{0}, size_t{1}, size_t{16}, size_t{17}, size_t{128}, size_t{129}, size_t{240},
+        size_t{241}, size_t{1024}, size_t{1025}, size_t{4099}, size_t{65536 + 7}, bytes.size()}) {
+    for (size_t pieces : {size_t{1}, size_t{2}, size_t{7}}) {
+      lockstep::detail::Xxh3Chunks chunks;
+      XXH3_state_t* state = XXH3_createState();
+      XXH3_128bits_reset(state);
+      for (size_t p = 0; p < pieces; ++p) {
+        const size_t begin = size * p / pieces, end = size * (p + 1) / pieces;
+        chunks.emplace_back(bytes.data() + begin, end - begin);
+        XXH3_128bits_update(state, bytes.data() + begin, end - begin);
+      }
+      const XXH128_hash_t h = XXH3_128bits_digest(state);
+      XXH3_freeState(state);
+      std::string expected(16, '\0');
+      std::memcpy(expected.data(), &h.high64, 8);
+      std::memcpy(expected.data() + 8, &h.low64, 8);
+      INFO(size << " bytes in " << pieces << " pieces");
+      CHECK(lockstep::detail::xxh3_128_generic(chunks) == expected);
+      if (widest != Xxh3Kernel::kGeneric)
+        CHECK(lockstep::detail::xxh3_128_avx2(chunks) == expected);
+      if (widest == Xxh3Kernel::kAvx512)
+        CHECK(lockstep::detail::xxh3_128_avx512(chunks) == expected);
+      CHECK(xxh3_128(chunks) == expected);
     }
   }
 }
