@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "lockstep/distributed/rendezvous.h"
+#include "lockstep/util/blas_probe.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/log.h"
 
@@ -27,6 +28,9 @@ Distributed init_distributed(const InitOptions& options) {
   }
   if (options.init_logging) log_init(dist.world.rank, options.log_level);
   spdlog::info("lockstep: {}", dist.world.describe());
+  if (dist.world.local_rank == 0) {
+    if (const std::string blas = blas_core_warning(); !blas.empty()) spdlog::warn("{}", blas);
+  }
   if (options.backend == BackendKind::kMpi) mpi_check_world(dist.world);
   RendezvousOptions rdzv;
   rdzv.timeout = options.rendezvous_timeout;
