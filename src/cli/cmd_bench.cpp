@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/check/step_checks.h"
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/agree.h"
@@ -54,11 +55,13 @@ std::vector<std::string> split(const std::string& text) {
 
 struct Timing {
   double ms_per_step = 0;  // slowest rank
-  double check_ms = 0;     // of which the consistency check (slowest rank)
+  double check_ms = 0;     // of which the step waited for the consistency check (slowest rank)
+  double idle_share = 0;   // of the bytes hashed, the share the idle thread hashed (rank 0)
 };
 
-// Modes ddp+check and ddp+check-sha256 run the cross-rank fingerprint check
-// after every optimizer step, as the trainer does with check.every: 1.
+// Modes ddp+check, ddp+check-inplace and ddp+check-sha256 run the cross-rank
+// fingerprint check after every optimizer step, as the trainer does with
+// check.every: 1.
 Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
                   int steps, const DdpOptions& base) {
   torch::manual_seed(0);
@@ -80,24 +83,27 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   }
   const bool check = mode.rfind("ddp+check", 0) == 0;
   const DigestMode digest = mode == "ddp+check-sha256" ? DigestMode::kSha256 : DigestMode::kXxh3;
+  // ddp+check hashes where the trainer would; ddp+check-inplace always in place.
+  const CheckHashing hashing =
+      mode == "ddp+check-inplace" ? CheckHashing::kInPlace : check_hashing_for(false);
   double check_ms = 0;
   int64_t step_number = 0;
-  // As the trainer does: the check of step s is started after its optimizer
-  // step and finished before the next one, overlapping forward and backward.
-  std::optional<PendingCheck> pending;
+  // As the trainer does (StepChecks): a check started after each optimizer
+  // step, its verdict taken before a later one.
+  std::optional<StepChecks> checks;
+  if (check) checks.emplace(pg, digest, hashing);
   auto timed = [&](const std::function<void()>& body) {
     const auto start = std::chrono::steady_clock::now();
     body();
     check_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   };
-  auto finish = [&] {
-    if (!pending) return;
-    timed([&] {
-      const auto report = pending->finish();
+  auto verdicts = [&](std::vector<ConsistencyReport> reports) {
+    for (const auto& report : reports)
       if (!report.consistent) throw ConsistencyError(report.message);
-    });
-    pending.reset();
+  };
+  auto finish = [&] {
+    if (checks) timed([&] { verdicts(checks->before_update()); });
   };
   const int micro = mode == "ddp-accum4" ? 4 : 1;
   auto step = [&] {
@@ -110,22 +116,23 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
     }
     finish();
     sgd.step();
-    if (check) {
-      timed(
-          [&] { pending.emplace(pg, fingerprint_tensors(*model, false), digest, ++step_number); });
-    }
+    if (checks) timed([&] { checks->start(fingerprint_tensors(*model, false), ++step_number); });
   };
   for (int i = 0; i < warmup; ++i) step();
   check_ms = 0;
+  const size_t idle_before = checks ? checks->idle_bytes() : 0;
+  const size_t hashed_before = checks ? checks->hashed_bytes() : 0;
   pg.barrier();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
-  finish();
+  if (checks) timed([&] { verdicts(checks->drain()); });
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
       steps;
   const auto slowest = max_over_ranks(pg, {ms, check_ms / steps});
-  return {slowest[0], slowest[1]};
+  const double hashed = checks ? static_cast<double>(checks->hashed_bytes() - hashed_before) : 0;
+  const double idle = checks ? static_cast<double>(checks->idle_bytes() - idle_before) : 0;
+  return {slowest[0], slowest[1], hashed > 0 ? idle / hashed : 0.0};
 }
 
 // Communication only: the model's gradients exchanged as DDP's buckets (all
@@ -182,7 +189,7 @@ int cmd_bench(int argc, char** argv) {
         ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread with shm), ddp+check-inplace (hashed in the step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
@@ -212,11 +219,20 @@ int cmd_bench(int argc, char** argv) {
       models.push_back(*it);
     }
     const auto modes = split(args["modes"].as<std::string>());
-    const std::vector<std::string> valid{
-        "local",        "ddp",         "ddp-fp16",         "ddp-bf16",
-        "ddp-bucket1",  "ddp-bucket5", "ddp-bucket25",     "ddp-bucket100",
-        "ddp-accum4",   "ddp+check",   "ddp+check-sha256", "exchange-bucketed",
-        "exchange-flat"};
+    const std::vector<std::string> valid{"local",
+                                         "ddp",
+                                         "ddp-fp16",
+                                         "ddp-bf16",
+                                         "ddp-bucket1",
+                                         "ddp-bucket5",
+                                         "ddp-bucket25",
+                                         "ddp-bucket100",
+                                         "ddp-accum4",
+                                         "ddp+check",
+                                         "ddp+check-inplace",
+                                         "ddp+check-sha256",
+                                         "exchange-bucketed",
+                                         "exchange-flat"};
     for (const auto& mode : modes) {
       if (std::find(valid.begin(), valid.end(), mode) == valid.end()) {
         std::string list;
@@ -237,10 +253,10 @@ int cmd_bench(int argc, char** argv) {
           std::printf(
               "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
               "\"world\": %d, \"batch\": %lld, \"ms_per_step\": %.4f, \"check_ms\": %.4f, "
-              "\"check_share\": %.5f}\n",
+              "\"check_share\": %.5f, \"check_idle_share\": %.4f}\n",
               spec.name.c_str(), mode.c_str(), dist.world.world_size,
               static_cast<long long>(spec.batch), t.ms_per_step, t.check_ms,
-              t.check_ms / t.ms_per_step);
+              t.check_ms / t.ms_per_step, t.idle_share);
           std::fflush(stdout);
         }
       }

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/check/step_checks.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/coalesced.h"
@@ -186,17 +187,28 @@ struct Trainer::Impl {
     if (tracer) tracer->complete(name, "step", start, Clock::now());
   }
 
-  // The per-step check overlaps the next step (PendingCheck): started after
-  // the optimizer step, finished before the next one.
-  std::optional<PendingCheck> pending;
+  // The per-step check overlaps the next step (StepChecks): started after
+  // the optimizer step, its verdict taken before the next one (or, hashed
+  // by the idle thread, the one after).
+  std::optional<StepChecks> checks;
 
+  void enforce(const std::vector<ConsistencyReport>& reports) {
+    for (const auto& report : reports) {
+      if (report.consistent) continue;  // the per-step path: nothing more to build
+      spdlog::error("step {}: {}", report.step, report.message);
+      fingerprint_enforce(*pg, report, config.check.policy, checked_tensors());
+      if (config.check.policy == CheckPolicy::kResync) {
+        // Checks still in flight saw the weights before the resync: their
+        // verdicts are known already (a collective: every rank drops them).
+        checks->drain();
+        return;
+      }
+    }
+  }
+
+  // Every verdict still owed (before a checkpoint, at the end).
   void finish_pending_check() {
-    if (!pending) return;
-    const auto report = pending->finish();
-    pending.reset();
-    if (report.consistent) return;  // the per-step path: nothing more to build
-    spdlog::error("step {}: {}", report.step, report.message);
-    fingerprint_enforce(*pg, report, config.check.policy, checked_tensors());
+    if (checks) enforce(checks->drain());
   }
 
   std::vector<NamedTensor> checked_tensors() {
@@ -308,7 +320,7 @@ struct Trainer::Impl {
       ++state.batch_in_epoch;
     }
     auto t = Clock::now();
-    finish_pending_check();  // the previous step's weights are still in place
+    if (checks) enforce(checks->before_update());  // before the weights change
     in.check_ms += ms_since(t);
     t = Clock::now();
     const double lr = lr_at(config.optim, state.step, total_steps);
@@ -325,7 +337,9 @@ struct Trainer::Impl {
     if (config.check.every > 0 && state.step % config.check.every == 0) {
       t = Clock::now();
       sync_buffers_for_check();
-      pending.emplace(*pg, checked_tensors(), config.check.mode, state.step);
+      if (!checks)
+        checks.emplace(*pg, config.check.mode, check_hashing_for(config.check.buffers));
+      checks->start(checked_tensors(), state.step);
       in.check_ms += ms_since(t);
       trace("consistency check", t);
     }

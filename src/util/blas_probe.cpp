@@ -12,11 +12,10 @@ namespace {
 
 // OpenBLAS cores whose kernels predate AVX2 (OpenBLAS's own names,
 // compared in lower case). Unknown names are given the benefit of the doubt.
-constexpr const char* kPreAvx2Cores[] = {"prescott",  "core2",      "penryn",      "dunnington",
-                                         "nehalem",   "atom",       "sandybridge", "opteron",
-                                         "barcelona", "bobcat",     "bulldozer",   "piledriver",
-                                         "nano",      "katmai",     "coppermine",  "northwood",
-                                         "banias",    "steamroller"};
+constexpr const char* kPreAvx2Cores[] = {
+    "prescott",    "core2",   "penryn",     "dunnington", "nehalem",   "atom",
+    "sandybridge", "opteron", "barcelona",  "bobcat",     "bulldozer", "piledriver",
+    "nano",        "katmai",  "coppermine", "northwood",  "banias",    "steamroller"};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),

@@ -153,6 +153,9 @@ TEST_CASE("every XXH3 kernel equals Debian's libxxhash, however the bytes are sp
       if (widest == Xxh3Kernel::kAvx512)
         CHECK(lockstep::detail::xxh3_128_avx512(chunks) == expected);
       CHECK(xxh3_128(chunks) == expected);
+      Xxh3Stream stream;  // the same pieces fed one by one
+      for (const auto& [data, n] : chunks) stream.update(data, n);
+      CHECK(stream.digest() == expected);
     }
   }
 }

@@ -10,8 +10,7 @@
 using namespace lockstep;
 using lockstep::testing::Contains;
 
-TEST_CASE("blas probe: pre-AVX2 kernels on an AVX2 or AVX-512 CPU draw the warning",
-          "[blas]") {
+TEST_CASE("blas probe: pre-AVX2 kernels on an AVX2 or AVX-512 CPU draw the warning", "[blas]") {
   const CpuVectors avx512{true, true}, avx2{true, false}, sse{false, false};
   const auto on512 = blas_core_warning("Prescott", avx512, "");
   CHECK_THAT(on512, Contains("OpenBLAS chose its Prescott kernels"));
@@ -40,7 +39,6 @@ TEST_CASE("blas probe: reads the core of the OpenBLAS this process loaded", "[bl
   const std::string core = blas_core_name();
   INFO("core: " << core);
   CHECK(!core.empty());
-  CHECK(core.find_first_not_of(
-            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
+  CHECK(core.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
         std::string::npos);
 }

@@ -2,13 +2,15 @@
 // cross-rank check built on it ("are the weights on every rank the same?").
 //
 // Modes (all bit-exact: any flipped bit changes the digest):
-//   xxh3     - XXH3-128 streamed over every tensor's raw bytes, in order.
-//              Memory speed; the default for CPU tensors.
+//   xxh3     - XXH3-128 of each tensor's raw bytes; the digest is XXH3-128
+//              over those 16-byte digests, in order. Memory speed; the
+//              default for CPU tensors.
 //   checksum - per tensor, two position-weighted sums of the elements' bit
 //              patterns in wrapping int64 arithmetic, computed with tensor
 //              ops where the tensor lives (no copy to the host for CUDA):
 //              integer addition is associative, so the result does not
-//              depend on reduction order. The default for CUDA tensors.
+//              depend on reduction order; the digest is XXH3-128 over them,
+//              in order. The default for CUDA tensors.
 //   sha256   - SHA-256 streamed over every tensor's contiguous bytes in
 //              order: for CPU float tensors exactly Python's
 //              hashlib.sha256 over p.detach().numpy().tobytes() for p in
@@ -49,7 +51,8 @@ std::vector<NamedTensor> fingerprint_tensors(const torch::nn::Module& module, bo
 
 // One digest (raw bytes) over all tensors, in order.
 std::string fingerprint_digest(const std::vector<NamedTensor>& tensors, DigestMode mode);
-// One digest per tensor (used to find which tensor differs).
+// One digest per tensor (used to find which tensor differs): xxh3 16 bytes,
+// checksum 16, sha256 32.
 std::vector<std::string> fingerprint_per_tensor(const std::vector<NamedTensor>& tensors,
                                                 DigestMode mode);
 std::string to_hex(const std::string& bytes);
@@ -76,21 +79,57 @@ struct ConsistencyReport {
 ConsistencyReport fingerprint_check(ProcessGroup& pg, const std::vector<NamedTensor>& tensors,
                                     DigestMode mode, int64_t step);
 
-// The same check split in two so that its all-gather overlaps the next
-// step's forward and backward: start() digests the tensors now and starts
-// the all-gather; finish() waits and compares (exchanging per-tensor digests
-// on a mismatch, so the tensors must still hold the checked values: call it
-// before the next optimizer step). Both are collectives.
+// Where a PendingCheck hashes:
+//   kInPlace   - in the constructor, whose all-gather then overlaps the
+//                next step's forward and backward;
+//   kIdleThread - on a thread of idle priority while the next step runs
+//                (Note [Idle-priority hashing], src/check/idle_hasher.cpp);
+//                close() hashes what is left and starts the all-gather.
+//                XXH3 of CPU tensors of 1 MiB or more in all (others hash in
+//                place), and the tensors must not change before close():
+//                parameters and optimizer state qualify, BatchNorm buffers
+//                (a forward updates them) do not.
+enum class CheckHashing { kInPlace, kIdleThread };
+class IdleHasher;  // src/check/idle_hasher.h
+
+// The trainer's choice: the idle thread unless buffers are checked
+// (`with_buffers`: a forward changes them before close()).
+CheckHashing check_hashing_for(bool with_buffers);
+
+// The same check split up so that it overlaps the next step's forward and
+// backward: the constructor starts it (see CheckHashing); close() ends the
+// hashing and starts the all-gather of the digests; finish() (close() first
+// if not yet) waits and compares, exchanging per-tensor digests on a
+// mismatch. The tensors must hold the checked values until close() (with
+// CheckHashing::kInPlace: until finish(), which hashes them again per tensor
+// on a mismatch). All three are collectives.
 class PendingCheck {
  public:
-  PendingCheck(ProcessGroup& pg, std::vector<NamedTensor> tensors, DigestMode mode, int64_t step);
+  PendingCheck(ProcessGroup& pg, std::vector<NamedTensor> tensors, DigestMode mode, int64_t step,
+               CheckHashing hashing = CheckHashing::kInPlace);
+  ~PendingCheck();
+  PendingCheck(const PendingCheck&) = delete;
+  PendingCheck& operator=(const PendingCheck&) = delete;
+  void close();
   ConsistencyReport finish();
+  // Whether the tensors may change between close() and finish(): the
+  // idle thread's per-tensor digests are kept for a mismatch.
+  bool verdict_can_wait() const { return idle_; }
+  // After close(): the bytes the idle thread hashed, of `hashed_bytes()`.
+  size_t idle_bytes() const { return idle_bytes_; }
+  size_t hashed_bytes() const { return hashed_bytes_; }
 
  private:
   ProcessGroup& pg_;
   std::vector<NamedTensor> tensors_;
   DigestMode mode_;
   int64_t step_;
+  bool idle_ = false;                    // hashed on the idle thread
+  IdleHasher* hasher_ = nullptr;   // the constructing thread's
+  uint64_t idle_job_ = 0;                // its open job there, 0: none (closed)
+  std::vector<std::string> per_tensor_;  // its per-tensor digests, from close()
+  size_t idle_bytes_ = 0;
+  size_t hashed_bytes_ = 0;
   std::string mine_;
   ProcessGroup::Gathering gathering_;
 };
