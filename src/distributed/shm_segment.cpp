@@ -1,4 +1,3 @@
-#include <cstdlib>
 #include "shm_segment.h"
 
 #include <dirent.h>
@@ -186,8 +185,7 @@ std::string ShmSegment::wait_all(uint32_t generation,
     Flag* f = flag(r);
     // Spin briefly (the peer is usually about to arrive), then sleep on the
     // futex in short slices, checking the deadline and the peer's life.
-    static const int kSpin = getenv("SPIN") ? atoi(getenv("SPIN")) : 4000;
-    for (int spin = 0; spin < kSpin; ++spin) {
+    for (int spin = 0; spin < 4000; ++spin) {
       if (reached(f->arrived.load(std::memory_order_acquire), generation)) break;
       __builtin_ia32_pause();
     }
