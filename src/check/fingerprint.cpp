@@ -199,7 +199,8 @@ std::string to_hex(const std::string& bytes) {
   return hex_of(bytes);
 }
 
-CheckHashing check_hashing_for(bool with_buffers) {  return with_buffers ? CheckHashing::kInPlace : CheckHashing::kIdleThread;
+CheckHashing check_hashing_for(bool with_buffers) {
+  return with_buffers ? CheckHashing::kInPlace : CheckHashing::kIdleThread;
 }
 
 PendingCheck::PendingCheck(ProcessGroup& pg, std::vector<NamedTensor> tensors, DigestMode mode,

@@ -58,9 +58,9 @@ class IdleHasher {
   std::condition_variable wake_;  // a job arrived or shutdown
   std::shared_ptr<Job> job_;      // the open job (null: none)
   uint64_t job_number_ = 0;
-  size_t tensor_ = 0;  // next tensor to hash
-  size_t offset_ = 0;  // bytes of it hashed
-  Xxh3Stream stream_;  // of tensor_'s first offset_ bytes
+  size_t tensor_ = 0;                 // next tensor to hash
+  size_t offset_ = 0;                 // bytes of it hashed
+  Xxh3Stream stream_;                 // of tensor_'s first offset_ bytes
   std::vector<std::string> digests_;  // of the tensors before it
   size_t hashed_by_thread_ = 0;
   bool stop_ = false;

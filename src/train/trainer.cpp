@@ -337,8 +337,7 @@ struct Trainer::Impl {
     if (config.check.every > 0 && state.step % config.check.every == 0) {
       t = Clock::now();
       sync_buffers_for_check();
-      if (!checks)
-        checks.emplace(*pg, config.check.mode, check_hashing_for(config.check.buffers));
+      if (!checks) checks.emplace(*pg, config.check.mode, check_hashing_for(config.check.buffers));
       checks->start(checked_tensors(), state.step);
       in.check_ms += ms_since(t);
       trace("consistency check", t);

@@ -125,7 +125,7 @@ class PendingCheck {
   DigestMode mode_;
   int64_t step_;
   bool idle_ = false;                    // hashed on the idle thread
-  IdleHasher* hasher_ = nullptr;   // the constructing thread's
+  IdleHasher* hasher_ = nullptr;         // the constructing thread's
   uint64_t idle_job_ = 0;                // its open job there, 0: none (closed)
   std::vector<std::string> per_tensor_;  // its per-tensor digests, from close()
   size_t idle_bytes_ = 0;
