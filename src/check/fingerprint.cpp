@@ -82,6 +82,12 @@ std::string concatenated(const std::vector<std::string>& parts) {
   return out;
 }
 
+// The xxh3 and checksum digests: XXH3-128 over the per-tensor digests, in order.
+std::string digest_of(const std::vector<std::string>& per_tensor) {
+  const std::string all = concatenated(per_tensor);
+  return xxh3_128({{all.data(), all.size()}});
+}
+
 at::Tensor as_bytes_tensor(const std::string& bytes, int64_t size, const at::Device& device) {
   auto out = at::zeros({size}, at::kByte);
   std::memcpy(out.data_ptr<uint8_t>(), bytes.data(), std::min<size_t>(bytes.size(), size));
@@ -124,8 +130,7 @@ ConsistencyReport compare(ProcessGroup& pg, const std::vector<NamedTensor>& tens
   // Name the first tensor that differs: per-tensor digests, all-gathered.
   const auto per = per_tensor.empty() ? fingerprint_per_tensor(tensors, mode) : per_tensor;
   const int64_t width = static_cast<int64_t>(per.empty() ? 0 : per[0].size());
-  std::string flat;
-  for (const auto& d : per) flat += d;
+  const std::string flat = concatenated(per);
   const auto all =
       pg.allgather(as_bytes_tensor(flat, std::max<int64_t>(1, width * per.size()), pg.device()));
   for (size_t i = 0; i < per.size() && report.first_tensor.empty(); ++i) {
@@ -179,11 +184,8 @@ std::string fingerprint_digest(const std::vector<NamedTensor>& tensors, DigestMo
   switch (resolve(mode, tensors)) {
     case DigestMode::kSha256:
       return sha256_stream(tensors);
-    default: {
-      // XXH3-128 over the per-tensor digests (XXH3-128 or checksums: 16 bytes each).
-      const std::string all = concatenated(fingerprint_per_tensor(tensors, mode));
-      return xxh3_128({{all.data(), all.size()}});
-    }
+    default:
+      return digest_of(fingerprint_per_tensor(tensors, mode));
   }
 }
 
@@ -236,8 +238,7 @@ void PendingCheck::close() {
   if (idle_job_ == 0) return;
   const uint64_t job = std::exchange(idle_job_, 0);
   per_tensor_ = hasher_->finish(job, &idle_bytes_);
-  const std::string all = concatenated(per_tensor_);
-  mine_ = xxh3_128({{all.data(), all.size()}});  // = fingerprint_digest(tensors_, kXxh3)
+  mine_ = digest_of(per_tensor_);  // = fingerprint_digest(tensors_, kXxh3)
   gathering_ = pg_.allgather_async(as_bytes_tensor(mine_, kDigestBytes, pg_.device()));
 }
 

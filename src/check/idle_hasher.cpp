@@ -60,9 +60,11 @@ IdleHasher::~IdleHasher() {
 }
 
 void IdleHasher::run() {
+  // Best effort: where SCHED_IDLE is refused the thread keeps normal
+  // priority, and hashing competes with the step as it would in place.
   sched_param param{};
   param.sched_priority = 0;
-  idle_priority_ = pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) == 0;
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     wake_.wait(lock, [&] { return stop_ || (job_ && tensor_ < job_->tensors.size()); });

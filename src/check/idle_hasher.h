@@ -9,7 +9,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -42,8 +41,6 @@ class IdleHasher {
   std::vector<std::string> finish(uint64_t job, size_t* idle_bytes = nullptr);
   // Drops job `job` if it is still open.
   void cancel(uint64_t job);
-  // Whether the thread runs at idle priority (false where the system refused).
-  bool idle_priority() const { return idle_priority_.load(); }
 
  private:
   struct Job {
@@ -64,7 +61,6 @@ class IdleHasher {
   std::vector<std::string> digests_;  // of the tensors before it
   size_t hashed_by_thread_ = 0;
   bool stop_ = false;
-  std::atomic<bool> idle_priority_{false};
   std::thread thread_;
 };
 

@@ -13,13 +13,17 @@ void StepChecks::count(const PendingCheck& check) {
 }
 
 void StepChecks::start(std::vector<NamedTensor> tensors, int64_t step) {
-  // A check still hashing has had no before_update(): end it first.
-  if (hashing_check_) before_update();
+  // A check still hashing has had no before_update(): end it first, and
+  // hand out its verdicts with the next ones.
+  if (hashing_check_) {
+    for (auto& r : before_update()) owed_.push_back(std::move(r));
+  }
   hashing_check_ = std::make_unique<PendingCheck>(pg_, std::move(tensors), mode_, step, hashing_);
 }
 
 std::vector<ConsistencyReport> StepChecks::before_update() {
-  std::vector<ConsistencyReport> reports;
+  std::vector<ConsistencyReport> reports = std::move(owed_);
+  owed_.clear();
   if (exchanging_check_) {
     reports.push_back(exchanging_check_->finish());
     exchanging_check_.reset();

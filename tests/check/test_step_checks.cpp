@@ -145,3 +145,25 @@ TEST_CASE("idle hasher: a cancelled job is refused, the next one hashes", "[fing
   hasher.cancel(third);
   CHECK_THROWS_AS(hasher.finish(third), InternalError);
 }
+
+TEST_CASE("StepChecks: two starts without an update in between lose no verdict", "[fingerprint]") {
+  auto outcomes = run_ranks<std::vector<int64_t>>(2, [](ProcessGroup& pg) {
+    std::vector<int64_t> steps;
+    auto tensors = big_tensors();
+    for (auto hashing : {CheckHashing::kInPlace, CheckHashing::kIdleThread}) {
+      StepChecks checks(pg, DigestMode::kXxh3, hashing);
+      checks.start(tensors, 1);
+      checks.start(tensors, 2);
+      for (const auto& r : checks.before_update()) steps.push_back(r.consistent ? r.step : -100);
+      steps.push_back(-2);  // drain
+      for (const auto& r : checks.drain()) steps.push_back(r.consistent ? r.step : -100);
+      steps.push_back(-3);  // next hashing
+    }
+    return steps;
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK(outcomes[r].result == std::vector<int64_t>{1, 2, -2, -3, 1, -2, 2, -3});
+  }
+}

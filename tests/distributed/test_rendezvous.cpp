@@ -8,8 +8,10 @@
 
 #include "lockstep/distributed/rendezvous.h"
 #include "lockstep/util/error.h"
+#include "support/local_world.h"
 
 using namespace lockstep;
+using lockstep::testing::two_local_ranks;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -24,18 +26,6 @@ int unused_port() {
   return probe.getPort();
 }
 
-WorldInfo two_ranks(int rank, int port) {
-  WorldInfo w;
-  w.rank = rank;
-  w.world_size = 2;
-  w.local_world_size = 2;
-  w.local_rank = rank;
-  w.master_addr = "127.0.0.1";
-  w.master_port = port;
-  w.source = WorldSource::kTorchrun;
-  return w;
-}
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -45,8 +35,8 @@ double seconds_since(Clock::time_point start) {
 TEST_CASE("two ranks meet through rank 0's TCPStore", "[rendezvous]") {
   const int port = unused_port();
   Ptr<C10dStore> stores[2];
-  std::thread client([&] { stores[1] = rendezvous_connect(two_ranks(1, port), {}); });
-  stores[0] = rendezvous_connect(two_ranks(0, port), {});
+  std::thread client([&] { stores[1] = rendezvous_connect(two_local_ranks(1, port), {}); });
+  stores[0] = rendezvous_connect(two_local_ranks(0, port), {});
   client.join();
   stores[0]->set("k", std::vector<uint8_t>{42});
   CHECK(stores[1]->get("k") == std::vector<uint8_t>{42});
@@ -58,7 +48,7 @@ TEST_CASE("an unreachable master fails within the timeout, naming host:port", "[
   options.timeout = std::chrono::seconds(2);
   const auto start = Clock::now();
   try {
-    rendezvous_connect(two_ranks(1, port), options);
+    rendezvous_connect(two_local_ranks(1, port), options);
     FAIL("rendezvous with nobody listening succeeded");
   } catch (const TimeoutError& e) {
     CHECK_THAT(e.what(), lockstep::testing::Contains("127.0.0.1:" + std::to_string(port)));
@@ -72,7 +62,7 @@ TEST_CASE("a rank that never arrives is named when the rendezvous times out", "[
   options.timeout = std::chrono::seconds(2);
   const auto start = Clock::now();
   try {
-    rendezvous_connect(two_ranks(0, unused_port()), options);
+    rendezvous_connect(two_local_ranks(0, unused_port()), options);
     FAIL("rendezvous without rank 1 succeeded");
   } catch (const TimeoutError& e) {
     CHECK_THAT(e.what(), lockstep::testing::Contains("rank(s) 1 did not arrive"));

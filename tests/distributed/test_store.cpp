@@ -20,6 +20,7 @@
 #include "lockstep/distributed/job_store.h"
 #include "lockstep/distributed/rendezvous.h"
 #include "lockstep/util/error.h"
+#include "support/local_world.h"
 
 using namespace lockstep;
 using lockstep::testing::Contains;
@@ -361,16 +362,7 @@ TEST_CASE("job store: the rendezvous admits ranks with the job's secret only",
     port = probe.port();
   }
   auto world = [&](int rank, const std::string& secret) {
-    WorldInfo w;
-    w.rank = rank;
-    w.world_size = 2;
-    w.local_world_size = 2;
-    w.local_rank = rank;
-    w.master_addr = "127.0.0.1";
-    w.master_port = port;
-    w.store_secret = secret;
-    w.source = WorldSource::kTorchrun;
-    return w;
+    return lockstep::testing::two_local_ranks(rank, port, secret);
   };
   RendezvousOptions options;
   options.timeout = std::chrono::seconds(20);

@@ -40,6 +40,7 @@ class StepChecks {
   CheckHashing hashing_;
   std::unique_ptr<PendingCheck> hashing_check_;     // started, still hashing
   std::unique_ptr<PendingCheck> exchanging_check_;  // closed, digests in flight
+  std::vector<ConsistencyReport> owed_;             // taken early by start(), not yet handed out
   size_t hashed_bytes_ = 0;
   size_t idle_bytes_ = 0;
 };
