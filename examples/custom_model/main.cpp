@@ -77,10 +77,7 @@ int main() {
       // 5. Every rank must now hold bit-identical weights: prove it (one
       //    small all-gather). Buffers are left out: BatchNorm's statistics
       //    move with each rank's own batch until the next broadcast.
-      const auto weights = lockstep::fingerprint_tensors(*net, /*buffers=*/false);
-      const auto report =
-          lockstep::fingerprint_check(*dist.pg, weights, lockstep::DigestMode::kXxh3, ++step);
-      lockstep::fingerprint_enforce(*dist.pg, report, lockstep::CheckPolicy::kAbort, weights);
+      lockstep::check_weights(*dist.pg, *net, ++step);  // throws ConsistencyError on a mismatch
     }
   }
 
@@ -90,7 +87,7 @@ int main() {
   const auto digest = lockstep::fingerprint_digest(lockstep::fingerprint_tensors(*net, false),
                                                    lockstep::DigestMode::kXxh3);
   std::printf("rank %d: %lld steps, every one checked; accuracy %.4f; weights %s\n", dist.rank(),
-              static_cast<long long>(step), accuracy, lockstep::to_hex(digest).c_str());
+              static_cast<long long>(step), accuracy, lockstep::hex_of(digest).c_str());
   dist.shutdown();
   return 0;
 }

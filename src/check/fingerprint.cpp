@@ -111,8 +111,8 @@ ConsistencyReport compare(ProcessGroup& pg, const std::vector<NamedTensor>& tens
   report.step = step;
   std::vector<std::string> digests;
   for (const auto& g : gathered) digests.push_back(from_bytes_tensor(g).substr(0, mine.size()));
-  report.digest_hex = to_hex(digests[0]);
-  for (const auto& d : digests) report.rank_digests_hex.push_back(to_hex(d));
+  report.digest_hex = hex_of(digests[0]);
+  for (const auto& d : digests) report.rank_digests_hex.push_back(hex_of(d));
   for (const auto& d : digests) report.consistent = report.consistent && d == digests[0];
   if (report.consistent) return report;
 
@@ -147,7 +147,7 @@ ConsistencyReport compare(ProcessGroup& pg, const std::vector<NamedTensor>& tens
     std::string ranks;
     for (int r : report.groups[g]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     groups += (g ? "; " : "") + std::string("rank(s) ") + ranks + " hold " +
-              to_hex(distinct[g]).substr(0, 16);
+              hex_of(distinct[g]).substr(0, 16);
   }
   report.message = "weights differ across ranks after step " + std::to_string(step) +
                    ": first differing tensor '" + report.first_tensor + "'; " + groups + " (" +
@@ -157,20 +157,8 @@ ConsistencyReport compare(ProcessGroup& pg, const std::vector<NamedTensor>& tens
 
 }  // namespace
 
-DigestMode digest_mode_parse(const std::string& name) {
-  if (auto mode = value_named(kDigestModeNames, name)) return *mode;
-  throw ConfigError("unknown digest mode '" + name + "' (valid: " + names_listed(kDigestModeNames) +
-                    ")");
-}
-
 const char* digest_mode_name(DigestMode mode) {
   return name_of(kDigestModeNames, mode);
-}
-
-CheckPolicy check_policy_parse(const std::string& name) {
-  if (auto policy = value_named(kCheckPolicyNames, name)) return *policy;
-  throw ConfigError("unknown check policy '" + name +
-                    "' (valid: " + names_listed(kCheckPolicyNames) + ")");
 }
 
 std::vector<NamedTensor> fingerprint_tensors(const torch::nn::Module& module, bool buffers) {
@@ -195,10 +183,6 @@ std::vector<std::string> fingerprint_per_tensor(const std::vector<NamedTensor>& 
   std::vector<std::string> out;
   for (const auto& t : tensors) out.push_back(tensor_digest(t.tensor, resolved));
   return out;
-}
-
-std::string to_hex(const std::string& bytes) {
-  return hex_of(bytes);
 }
 
 CheckHashing check_hashing_for(bool with_buffers) {
@@ -272,6 +256,14 @@ void fingerprint_enforce(ProcessGroup& pg, const ConsistencyReport& report, Chec
       return;
     }
   }
+}
+
+ConsistencyReport check_weights(ProcessGroup& pg, const torch::nn::Module& module, int64_t step,
+                                const WeightCheckOptions& options) {
+  const auto tensors = fingerprint_tensors(module, options.buffers);
+  auto report = fingerprint_check(pg, tensors, options.mode, step);
+  fingerprint_enforce(pg, report, options.policy, tensors);
+  return report;
 }
 
 }  // namespace lockstep

@@ -91,7 +91,7 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
   std::shared_ptr<ProcessGroup> gloo;
   for (const auto& name : split_list(names)) {
     ProcessGroupOptions options;
-    options.backend = backend_kind_parse(name);
+    options.backend = parse_named(kBackendKindNames, name, "--backends");
     options.timeout = timeout_from_seconds(args["timeout-s"].as<double>(), "timeout");
     options.name = "bench-" + name;
     groups.push_back(ProcessGroup::create(dist.store, dist.world, options));

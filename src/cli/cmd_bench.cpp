@@ -20,6 +20,7 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/text.h"
 
 namespace lockstep::cli {
 namespace {
@@ -72,8 +73,8 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp;
   if (mode != "local") {
     DdpOptions options = base;
-    if (mode == "ddp-fp16") options.comm_hook = comm_hook_create("fp16");
-    if (mode == "ddp-bf16") options.comm_hook = comm_hook_create("bf16");
+    if (mode == "ddp-fp16") options.comm_hook = comm_hook_create(CommHookKind::kFp16);
+    if (mode == "ddp-bf16") options.comm_hook = comm_hook_create(CommHookKind::kBf16);
     if (mode.rfind("ddp-bucket", 0) == 0) {
       options.bucket_cap_mb = std::stod(mode.substr(10));
       options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
@@ -141,22 +142,20 @@ Timing time_exchange(ProcessGroup& pg, const ModelSpec& spec, const std::string&
                      int steps, const DdpOptions& options) {
   torch::manual_seed(0);
   auto model = make_mlp(spec.dims);
-  std::vector<BucketInput> inputs;
   auto params = model->parameters();
-  for (size_t k = params.size(); k-- > 0;)
-    inputs.push_back({static_cast<size_t>(params[k].nbytes()), 0});
   std::vector<at::Tensor> buffers;
   if (mode == "exchange-flat") {
     int64_t total = 0;
     for (const auto& p : params) total += p.numel();
     buffers.push_back(torch::zeros({total}));
   } else {
-    BucketCaps caps;
-    caps.bytes = static_cast<size_t>(options.bucket_cap_mb * (1 << 20));
-    caps.first_bytes = static_cast<size_t>(options.first_bucket_cap_mb * (1 << 20));
-    for (const auto& bucket : bucket_assign(inputs, caps)) {
+    // The Reducer's own buckets (its order, its caps), not a second
+    // computation of them that could drift.
+    DistributedDataParallel<torch::nn::Sequential> ddp(model, pg.shared_from_this(), options);
+    if (ddp.reducer() == nullptr) throw ConfigError("exchange-bucketed needs 2 or more ranks");
+    for (const auto& bucket : ddp.reducer()->bucket_indices()) {
       int64_t numel = 0;
-      for (size_t i : bucket) numel += params[params.size() - 1 - i].numel();
+      for (size_t i : bucket) numel += params[i].numel();
       buffers.push_back(torch::zeros({numel}));
     }
   }
@@ -190,8 +189,8 @@ int cmd_bench(int argc, char** argv) {
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
         ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
-        ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value("25"))
-        ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value("1"))
+        ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
+        ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
         ("h,help", "this help");

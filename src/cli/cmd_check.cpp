@@ -9,6 +9,7 @@
 #include "lockstep/check/comm_check.h"
 #include "lockstep/train/check_run.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep::cli {
@@ -35,11 +36,10 @@ int check_config_mode(const cxxopts::ParseResult& args) {
   std::vector<std::string> overrides;
   if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
   const Config config = config_load(args["config"].as<std::string>(), overrides);
-  auto dist = dist_setup(backend_kind_name(config.dist.backend), config.dist.timeout_s,
-                         config.dist.rdzv_timeout_s, config.log.level, config.dist.shm_chunk_mb);
   CheckRunOptions options;
   options.steps = args["steps"].as<int64_t>();
-  options.fault = args["inject"].as<std::string>();
+  options.fault = parse_named(kCheckFaultNames, args["inject"].as<std::string>(), "--inject");
+  auto dist = init_distributed(init_options_from_config(config));
   options.fault_rank = args["fault-rank"].as<int>();
   const auto result = check_run(config, dist.world, dist.pg, options);
   if (dist.world.rank == 0) {
@@ -62,7 +62,7 @@ int cmd_check(int argc, char** argv) {
         ("config", "consistency-check mode: self-check, K DDP steps of this config with per-step digests, a negative control", cxxopts::value<std::string>())
         ("set", "with --config: override section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())
         ("steps", "with --config: training steps to check", cxxopts::value<int64_t>()->default_value("10"))
-        ("inject", "with --config: fault to inject: lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value(""))
+        ("inject", "with --config: fault to inject: none | lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value("none"))
         ("fault-rank", "with --config: the rank that misbehaves (-1: the last)", cxxopts::value<int>()->default_value("-1"))
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
         ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"))

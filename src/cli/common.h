@@ -22,10 +22,6 @@ using Dist = lockstep::Distributed;
 // the process group, as the parsed options say.
 Dist dist_setup(const cxxopts::ParseResult& args);
 
-// The same from explicit values (lockstep train takes them from its config).
-Dist dist_setup(const std::string& backend, double timeout_s, double rdzv_timeout_s,
-                const std::string& log_level, double shm_chunk_mb = 1);
-
 int cmd_check(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int bench_allreduce(const cxxopts::ParseResult& args);

@@ -14,7 +14,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
-#include "lockstep/util/random_hex.h"
+#include "lockstep/util/hex.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -488,6 +488,8 @@ std::vector<std::pair<std::string, std::string>> worker_environment(const Launch
   // Rank 0 hosts the store (no agent store here), and admits only the job.
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   set("LOCKSTEP_STORE_SECRET", options.store_secret);
+  // The launcher starts every line with "[rankN]: ": logs need no second tag.
+  set("LOCKSTEP_LINES_TAGGED", "1");
   return env;
 }
 

@@ -18,7 +18,8 @@ constexpr const char* kUsage =
     "  train    a training run from a YAML config (--config FILE [--set section.key=value ...])\n"
     "  bench    benchmarks (ddp: ms/step with and without DistributedDataParallel)\n"
     "\n"
-    "Run under lockstep-run, torchrun --no-python, srun or mpirun for several ranks;\n"
+    "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
+    "-r 0:1 -t 0:1), srun or mpirun for several ranks;\n"
     "with no launcher it runs as a single process. 'lockstep <command> --help' for options.\n";
 }  // namespace
 
@@ -32,20 +33,14 @@ void add_dist_options(cxxopts::Options& options) {
   // clang-format on
 }
 
-Dist dist_setup(const std::string& backend, double timeout_s, double rdzv_timeout_s,
-                const std::string& log_level, double shm_chunk_mb) {
-  InitOptions options;
-  options.backend = backend_kind_parse(backend);
-  options.shm_chunk_bytes = static_cast<std::size_t>(shm_chunk_mb * (1 << 20)) / 64 * 64;
-  options.timeout = timeout_from_seconds(timeout_s, "timeout");
-  options.rendezvous_timeout = timeout_from_seconds(rdzv_timeout_s, "rendezvous timeout");
-  options.log_level = log_level;
-  return init_distributed(options);
-}
-
 Dist dist_setup(const cxxopts::ParseResult& args) {
-  return dist_setup(args["backend"].as<std::string>(), args["timeout-s"].as<double>(),
-                    args["rdzv-timeout-s"].as<double>(), args["log-level"].as<std::string>());
+  InitOptions options;
+  options.backend = parse_named(kBackendKindNames, args["backend"].as<std::string>(), "--backend");
+  options.timeout = timeout_from_seconds(args["timeout-s"].as<double>(), "--timeout-s");
+  options.rendezvous_timeout =
+      timeout_from_seconds(args["rdzv-timeout-s"].as<double>(), "--rdzv-timeout-s");
+  options.log_level = args["log-level"].as<std::string>();
+  return init_distributed(options);
 }
 
 }  // namespace lockstep::cli

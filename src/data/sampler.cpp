@@ -9,6 +9,13 @@ namespace lockstep {
 
 DistributedSampler::DistributedSampler(int64_t length, SamplerOptions options)
     : length_(length), options_(options) {
+  if (options_.num_replicas == -1 || options_.rank == -1) {
+    throw ConfigError(
+        "sampler: num_replicas and rank are not set, so every rank would draw the same shard; "
+        "pass the world, as PyTorch takes it from the process group: SamplerOptions{"
+        "dist.size(), dist.rank(), shuffle, seed, drop_last} with dist = "
+        "lockstep::init_distributed()");
+  }
   if (options_.num_replicas < 1) {
     throw ConfigError("sampler: num_replicas=" + std::to_string(options_.num_replicas) +
                       " must be >= 1");

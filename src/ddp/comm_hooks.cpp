@@ -35,11 +35,16 @@ void CompressHook::check_supported(ProcessGroup& pg) {
   }
 }
 
-std::shared_ptr<CommHook> comm_hook_create(const std::string& name) {
-  if (name == "allreduce") return std::make_shared<AllReduceHook>();
-  if (name == "fp16") return std::make_shared<CompressHook>(at::kHalf);
-  if (name == "bf16") return std::make_shared<CompressHook>(at::kBFloat16);
-  throw ConfigError("unknown comm hook '" + name + "' (valid: allreduce, fp16, bf16)");
+std::shared_ptr<CommHook> comm_hook_create(CommHookKind kind) {
+  switch (kind) {
+    case CommHookKind::kFp16:
+      return std::make_shared<CompressHook>(at::kHalf);
+    case CommHookKind::kBf16:
+      return std::make_shared<CompressHook>(at::kBFloat16);
+    case CommHookKind::kAllreduce:
+      break;
+  }
+  return std::make_shared<AllReduceHook>();
 }
 
 }  // namespace lockstep

@@ -73,8 +73,8 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   if (options_.comm_hook) options_.comm_hook->check_supported(*pg_);
 
   ReducerOptions reducer;
-  reducer.caps.bytes = static_cast<size_t>(options_.bucket_cap_mb * (1 << 20));
-  reducer.caps.first_bytes = static_cast<size_t>(options_.first_bucket_cap_mb * (1 << 20));
+  reducer.caps.bytes = mib_to_bytes(options_.bucket_cap_mb);
+  reducer.caps.first_bytes = mib_to_bytes(options_.first_bucket_cap_mb);
   reducer.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   reducer.find_unused_parameters = options_.find_unused_parameters;
   reducer.hook = options_.comm_hook;

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "lockstep/util/error.h"
@@ -172,13 +174,6 @@ std::string JobStore::round_trip(const std::string& frame, std::chrono::millisec
 
 namespace {
 
-wire::Status status_of(wire::Reader& in, const std::string& where) {
-  const auto status = static_cast<wire::Status>(in.u8());
-  if (status == wire::Status::kError)
-    throw CommError("store at " + where + " refused a request: " + in.bytes(1 << 16));
-  return status;
-}
-
 std::string key_list(const std::vector<std::string>& keys) {
   std::string out;
   for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += (i ? ", " : "") + keys[i];
@@ -186,92 +181,110 @@ std::string key_list(const std::vector<std::string>& keys) {
   return out;
 }
 
+std::string_view text_of(const std::vector<uint8_t>& bytes) {
+  return std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+std::vector<uint8_t> bytes_of(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
 }  // namespace
 
+// One request's boilerplate: its frame (the op, then `fields`), one round
+// trip under the lock, the reply's status (a refusal is a CommError naming
+// the store); the reply's other fields are read from `in`.
+class JobStore::Reply {
+ public:
+  Reply(JobStore& store, wire::Op op, const std::function<void(wire::Writer&)>& fields,
+        std::chrono::milliseconds limit) {
+    wire::Writer w;
+    w.u8(static_cast<std::uint8_t>(op));
+    fields(w);
+    {
+      std::lock_guard<std::mutex> lock(store.mutex_);
+      body_ = store.round_trip(w.frame(), limit);
+    }
+    in_.emplace(body_);
+    status_ = static_cast<wire::Status>(in_->u8());
+    if (status_ == wire::Status::kError)
+      throw CommError("store at " + store.where() + " refused a request: " + in_->bytes(1 << 16));
+  }
+  wire::Status status() const { return status_; }
+  wire::Reader& in() { return *in_; }
+  std::string bytes() { return in_->bytes(body_.size()); }
+
+ private:
+  std::string body_;
+  std::optional<wire::Reader> in_;  // reads body_
+  wire::Status status_ = wire::Status::kOk;
+};
+
 void JobStore::set(const std::string& key, const std::vector<uint8_t>& value) {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kSet));
-  w.bytes(key);
-  w.bytes(std::string_view(reinterpret_cast<const char*>(value.data()), value.size()));
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  status_of(in, where());
+  Reply(
+      *this, wire::Op::kSet,
+      [&](wire::Writer& w) {
+        w.bytes(key);
+        w.bytes(text_of(value));
+      },
+      timeout_);
 }
 
 std::vector<uint8_t> JobStore::compareSet(const std::string& key,
                                           const std::vector<uint8_t>& expected,
                                           const std::vector<uint8_t>& desired) {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kCompareSet));
-  w.bytes(key);
-  w.bytes(std::string_view(reinterpret_cast<const char*>(expected.data()), expected.size()));
-  w.bytes(std::string_view(reinterpret_cast<const char*>(desired.data()), desired.size()));
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  status_of(in, where());
-  const std::string value = in.bytes(body.size());
-  return std::vector<uint8_t>(value.begin(), value.end());
+  Reply reply(
+      *this, wire::Op::kCompareSet,
+      [&](wire::Writer& w) {
+        w.bytes(key);
+        w.bytes(text_of(expected));
+        w.bytes(text_of(desired));
+      },
+      timeout_);
+  return bytes_of(reply.bytes());
 }
 
 std::vector<uint8_t> JobStore::get(const std::string& key) {
   wait({key}, timeout_);
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kGet));
-  w.bytes(key);
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  if (status_of(in, where()) == wire::Status::kMissing)
+  Reply reply(
+      *this, wire::Op::kGet, [&](wire::Writer& w) { w.bytes(key); }, timeout_);
+  if (reply.status() == wire::Status::kMissing)
     throw CommError("store at " + where() + ": key '" + key + "' was deleted while being read");
-  const std::string value = in.bytes(body.size());
-  return std::vector<uint8_t>(value.begin(), value.end());
+  return bytes_of(reply.bytes());
 }
 
 int64_t JobStore::add(const std::string& key, int64_t value) {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kAdd));
-  w.bytes(key);
-  w.i64(value);
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  status_of(in, where());
-  return in.i64();
+  Reply reply(
+      *this, wire::Op::kAdd,
+      [&](wire::Writer& w) {
+        w.bytes(key);
+        w.i64(value);
+      },
+      timeout_);
+  return reply.in().i64();
 }
 
 bool JobStore::deleteKey(const std::string& key) {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kDelete));
-  w.bytes(key);
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  status_of(in, where());
-  return in.u8() != 0;
+  Reply reply(
+      *this, wire::Op::kDelete, [&](wire::Writer& w) { w.bytes(key); }, timeout_);
+  return reply.in().u8() != 0;
 }
 
 bool JobStore::check(const std::vector<std::string>& keys) {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kCheck));
-  w.u32(static_cast<std::uint32_t>(keys.size()));
-  for (const auto& k : keys) w.bytes(k);
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  status_of(in, where());
-  return in.u8() != 0;
+  Reply reply(
+      *this, wire::Op::kCheck,
+      [&](wire::Writer& w) {
+        w.u32(static_cast<std::uint32_t>(keys.size()));
+        for (const auto& k : keys) w.bytes(k);
+      },
+      timeout_);
+  return reply.in().u8() != 0;
 }
 
 int64_t JobStore::getNumKeys() {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kNumKeys));
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string body = round_trip(w.frame(), timeout_);
-  wire::Reader in(body);
-  status_of(in, where());
-  return in.i64();
+  Reply reply(
+      *this, wire::Op::kNumKeys, [](wire::Writer&) {}, timeout_);
+  return reply.in().i64();
 }
 
 void JobStore::wait(const std::vector<std::string>& keys) {
@@ -280,18 +293,18 @@ void JobStore::wait(const std::vector<std::string>& keys) {
 
 void JobStore::wait(const std::vector<std::string>& keys,
                     const std::chrono::milliseconds& timeout) {
-  wire::Writer w;
-  w.u8(static_cast<std::uint8_t>(wire::Op::kWait));
-  w.u32(static_cast<std::uint32_t>(keys.size()));
-  for (const auto& k : keys) w.bytes(k);
-  w.i64(timeout.count());
-  std::lock_guard<std::mutex> lock(mutex_);
   // The server answers when the keys appear or the timeout passes; allow it
   // some slack before calling the store itself silent.
   const auto limit = timeout.count() <= 0 ? timeout : timeout + std::chrono::seconds(30);
-  const std::string body = round_trip(w.frame(), limit);
-  wire::Reader in(body);
-  if (status_of(in, where()) == wire::Status::kTimeout)
+  Reply reply(
+      *this, wire::Op::kWait,
+      [&](wire::Writer& w) {
+        w.u32(static_cast<std::uint32_t>(keys.size()));
+        for (const auto& k : keys) w.bytes(k);
+        w.i64(timeout.count());
+      },
+      limit);
+  if (reply.status() == wire::Status::kTimeout)
     throw TimeoutError("store at " + where() + ": waited " +
                        std::to_string(timeout.count() / 1000.0).substr(0, 5) + " s for " +
                        key_list(keys));

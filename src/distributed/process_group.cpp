@@ -16,6 +16,13 @@
 namespace lockstep {
 namespace {
 
+ShmOptions shm_options_of(const ProcessGroupOptions& options) {
+  ShmOptions shm;
+  shm.chunk_bytes = options.shm_chunk_bytes;
+  shm.timeout = options.timeout;
+  return shm;
+}
+
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
@@ -75,11 +82,9 @@ Ptr<C10dBackend> hier_backend_create(const Ptr<C10dStore>& store, const WorldInf
   WorldInfo host = world;
   host.rank = world.local_rank;
   host.world_size = local;
-  ShmOptions shm;
-  shm.chunk_bytes = options.shm_chunk_bytes;
-  shm.timeout = options.timeout;
   auto inside = shm_backend_create(
-      c10::make_intrusive<c10d::PrefixStore>("host" + std::to_string(node), store), host, shm);
+      c10::make_intrusive<c10d::PrefixStore>("host" + std::to_string(node), store), host,
+      shm_options_of(options));
   Ptr<C10dBackend> leaders;
   if (world.local_rank == 0) {
     WorldInfo among = world;
@@ -97,12 +102,6 @@ Ptr<C10dBackend> hier_backend_create(const Ptr<C10dStore>& store, const WorldInf
 
 const char* backend_kind_name(BackendKind kind) {
   return name_of(kBackendKindNames, kind);
-}
-
-BackendKind backend_kind_parse(const std::string& name) {
-  if (auto kind = value_named(kBackendKindNames, name)) return *kind;
-  throw ConfigError("unknown backend '" + name + "' (valid: " + names_listed(kBackendKindNames) +
-                    ")");
 }
 
 const char* reduce_kind_name(ReduceKind kind) {
@@ -150,10 +149,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,
       case BackendKind::kAuto:
         break;  // resolved above
       case BackendKind::kShm: {
-        ShmOptions shm;
-        shm.chunk_bytes = options.shm_chunk_bytes;
-        shm.timeout = options.timeout;
-        backend = shm_backend_create(prefixed, world, shm);
+        backend = shm_backend_create(prefixed, world, shm_options_of(options));
         break;
       }
       case BackendKind::kHier:

@@ -20,7 +20,7 @@ void mpi_check_world(const WorldInfo& world) {
         " this world comes from " +
         std::string(world_source_name(world.source)) +
         "): run e.g. mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 "
-        "lockstep ... --backend mpi, or use --backend gloo");
+        "lockstep ... --backend mpi, or use the gloo backend (dist.backend: gloo, --backend gloo)");
   }
 }
 

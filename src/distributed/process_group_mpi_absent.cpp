@@ -21,7 +21,8 @@ Ptr<C10dBackend> mpi_backend_create(const WorldInfo&) {
       "backend 'mpi' is not available: this lockstep was built against LibTorch " TORCH_VERSION
       ", which has no c10d::ProcessGroupMPI. It needs a LibTorch built with MPI (Debian 13's "
       "libtorch-dev has it, with libopenmpi-dev) and lockstep rebuilt against it; or use "
-      "--backend gloo (docs/compatibility.md)");
+      "the gloo backend (dist.backend: gloo in a config, --backend gloo for check and bench; "
+      "docs/compatibility.md)");
 }
 
 }  // namespace lockstep

@@ -14,7 +14,8 @@ bool nccl_available() {
 Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>&, int, int, std::chrono::milliseconds) {
   throw ConfigError(
       "backend 'nccl' is not available: this lockstep was built against LibTorch " TORCH_VERSION
-      " without CUDA. Use --backend gloo, or rebuild against a CUDA LibTorch, e.g. "
+      " without CUDA. Use the gloo backend (dist.backend: gloo in a config, --backend gloo for "
+      "check and bench), or rebuild against a CUDA LibTorch, e.g. "
       "cmake -DCMAKE_PREFIX_PATH=\"$(python3 -c 'import torch; "
       "print(torch.utils.cmake_prefix_path)')\" (docs/environment.md)");
 }

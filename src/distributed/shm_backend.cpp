@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "lockstep/util/error.h"
-#include "lockstep/util/random_hex.h"
+#include "lockstep/util/hex.h"
 #include "serial_backend.h"
 #include "shm_reduce.h"
 #include "shm_segment.h"

@@ -1,6 +1,6 @@
-// Size (over ~400 lines): one poll loop and the operations it serves share
-// each connection's buffers and the waiters; apart, each half would reach
-// into the other's state.
+// The job store's transport: one poll loop that moves bytes between
+// connections and StoreCore (store_core.h: the key-value semantics, without
+// sockets), with one small handler per operation.
 #include "lockstep/distributed/store_server.h"
 
 #include <arpa/inet.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "lockstep/util/error.h"
+#include "store_core.h"
 #include "store_wire.h"
 
 // Note [Job store]
@@ -85,12 +86,6 @@ struct Conn {
   bool close_after_flush = false;
 };
 
-struct Waiter {
-  int fd;
-  std::vector<std::string> keys;
-  Clock::time_point deadline;  // max() when it waits without a limit
-};
-
 }  // namespace
 
 struct StoreServer::Impl {
@@ -103,8 +98,7 @@ struct StoreServer::Impl {
 
   // Owned by the server thread.
   std::map<int, Conn> conns;
-  std::vector<Waiter> waiters;
-  std::unordered_map<std::string, std::string> data;
+  std::unique_ptr<StoreCore> core;  // waiters are connections, by descriptor
 
   mutable std::mutex stats_mutex;
   Stats stats;
@@ -116,6 +110,16 @@ struct StoreServer::Impl {
   void handle_hello(int fd, Conn& c);
   void handle_frames(int fd, Conn& c);
   void handle(int fd, Conn& c, std::string_view body);
+  // One handler per operation: the request's fields in, the reply out.
+  void op_set(int fd, Conn& c, wire::Reader& in);
+  void op_get(int fd, Conn& c, wire::Reader& in);
+  void op_add(int fd, Conn& c, wire::Reader& in);
+  void op_compare_set(int fd, Conn& c, wire::Reader& in);
+  void op_check(int fd, Conn& c, wire::Reader& in);
+  void op_wait(int fd, Conn& c, wire::Reader& in);
+  void op_delete(int fd, Conn& c, wire::Reader& in);
+  void op_num_keys(int fd, Conn& c, wire::Reader& in);
+  static std::vector<std::string> read_keys(wire::Reader& in);
   static wire::Writer answer(wire::Status status) {
     wire::Writer w;
     w.u8(static_cast<std::uint8_t>(status));
@@ -123,11 +127,13 @@ struct StoreServer::Impl {
   }
   static void send(Conn& c, const wire::Writer& w) { c.out += w.frame(); }
   void flush(int fd, Conn& c);
-  bool all_present(const std::vector<std::string>& keys) const;
   void wake_waiters();
   void expire(Clock::time_point now);
   void close_conn(int fd, bool refused);
-  void store(const std::string& key, std::string value);
+  void count_stored() {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.stored_bytes = core->stored_bytes();
+  }
   void count(std::uint64_t Stats::*field) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++(stats.*field);
@@ -198,9 +204,7 @@ void StoreServer::Impl::accept_clients() {
 void StoreServer::Impl::close_conn(int fd, bool refused) {
   ::close(fd);
   conns.erase(fd);
-  waiters.erase(
-      std::remove_if(waiters.begin(), waiters.end(), [fd](const Waiter& w) { return w.fd == fd; }),
-      waiters.end());
+  core->forget(fd);
   if (refused) count(&Stats::refused);
 }
 
@@ -289,155 +293,127 @@ void StoreServer::Impl::handle_frames(int fd, Conn& c) {
     c.in.shrink_to_fit();
 }
 
-bool StoreServer::Impl::all_present(const std::vector<std::string>& keys) const {
-  return std::all_of(keys.begin(), keys.end(),
-                     [&](const std::string& k) { return data.count(k) > 0; });
+std::vector<std::string> StoreServer::Impl::read_keys(wire::Reader& in) {
+  const std::uint32_t n = in.u32();
+  if (n > wire::kMaxKeysPerRequest) throw wire::WireError("too many keys");
+  std::vector<std::string> keys;
+  for (std::uint32_t i = 0; i < n; ++i) keys.push_back(in.bytes(wire::kMaxKey));
+  return keys;
 }
 
-void StoreServer::Impl::store(const std::string& key, std::string value) {
-  std::size_t held;
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex);
-    held = stats.stored_bytes;
-  }
-  const auto old = data.find(key);
-  const std::size_t before = old == data.end() ? 0 : key.size() + old->second.size();
-  const std::size_t after = key.size() + value.size();
-  if (held - before + after > options.max_total_bytes)
-    throw wire::WireError("the store is full (" + std::to_string(options.max_total_bytes) +
-                          " bytes)");
-  data[key] = std::move(value);
-  std::lock_guard<std::mutex> lock(stats_mutex);
-  stats.stored_bytes = held - before + after;
+void StoreServer::Impl::op_set(int, Conn& c, wire::Reader& in) {
+  std::string key = in.bytes(wire::kMaxKey);
+  core->set(key, in.bytes(options.max_frame_bytes));
+  send(c, answer(wire::Status::kOk));
+}
+
+void StoreServer::Impl::op_get(int, Conn& c, wire::Reader& in) {
+  const auto value = core->get(in.bytes(wire::kMaxKey));
+  if (!value) return send(c, answer(wire::Status::kMissing));
+  auto w = answer(wire::Status::kOk);
+  w.bytes(*value);
+  send(c, w);
+}
+
+void StoreServer::Impl::op_add(int, Conn& c, wire::Reader& in) {
+  const std::string key = in.bytes(wire::kMaxKey);
+  const std::int64_t delta = in.i64();
+  auto w = answer(wire::Status::kOk);
+  w.i64(core->add(key, delta));
+  send(c, w);
+}
+
+void StoreServer::Impl::op_compare_set(int, Conn& c, wire::Reader& in) {
+  const std::string key = in.bytes(wire::kMaxKey);
+  const std::string expected = in.bytes(options.max_frame_bytes);
+  std::string desired = in.bytes(options.max_frame_bytes);
+  auto w = answer(wire::Status::kOk);
+  w.bytes(core->compare_set(key, expected, std::move(desired)));
+  send(c, w);
+}
+
+void StoreServer::Impl::op_check(int, Conn& c, wire::Reader& in) {
+  auto w = answer(wire::Status::kOk);
+  w.u8(core->check(read_keys(in)) ? 1 : 0);
+  send(c, w);
+}
+
+// Answered now when the keys are there, else by wake_waiters or expire: the
+// server always answers, so the stream never desynchronises.
+void StoreServer::Impl::op_wait(int fd, Conn& c, wire::Reader& in) {
+  auto keys = read_keys(in);
+  const std::int64_t timeout_ms = in.i64();
+  const auto deadline = timeout_ms <= 0 ? Clock::time_point::max()
+                                        : Clock::now() + std::chrono::milliseconds(timeout_ms);
+  if (core->wait(fd, std::move(keys), deadline)) send(c, answer(wire::Status::kOk));
+}
+
+void StoreServer::Impl::op_delete(int, Conn& c, wire::Reader& in) {
+  auto w = answer(wire::Status::kOk);
+  w.u8(core->erase(in.bytes(wire::kMaxKey)) ? 1 : 0);
+  send(c, w);
+}
+
+void StoreServer::Impl::op_num_keys(int, Conn& c, wire::Reader&) {
+  auto w = answer(wire::Status::kOk);
+  w.i64(core->num_keys());
+  send(c, w);
 }
 
 void StoreServer::Impl::handle(int fd, Conn& c, std::string_view body) {
+  using Handler = void (Impl::*)(int, Conn&, wire::Reader&);
   wire::Reader in(body);
   try {
     const auto op = static_cast<wire::Op>(in.u8());
+    Handler handler = nullptr;
     switch (op) {
-      case wire::Op::kSet: {
-        std::string key = in.bytes(wire::kMaxKey);
-        store(key, in.bytes(options.max_frame_bytes));
-        send(c, answer(wire::Status::kOk));
-        wake_waiters();
-        return;
-      }
-      case wire::Op::kGet: {
-        const auto it = data.find(in.bytes(wire::kMaxKey));
-        if (it == data.end()) return send(c, answer(wire::Status::kMissing));
-        auto w = answer(wire::Status::kOk);
-        w.bytes(it->second);
-        return send(c, w);
-      }
-      case wire::Op::kAdd: {
-        const std::string key = in.bytes(wire::kMaxKey);
-        const std::int64_t delta = in.i64();
-        std::int64_t value = 0;
-        if (auto it = data.find(key); it != data.end()) {
-          // c10d keeps counters as decimal text; refuse anything else.
-          std::size_t used = 0;
-          try {
-            value = std::stoll(it->second, &used);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (used == 0 || used != it->second.size())
-            throw wire::WireError("add: key '" + key + "' does not hold an integer");
-        }
-        if ((delta > 0 && value > INT64_MAX - delta) || (delta < 0 && value < INT64_MIN - delta))
-          throw wire::WireError("add: key '" + key + "' would overflow");
-        value += delta;
-        store(key, std::to_string(value));
-        auto w = answer(wire::Status::kOk);
-        w.i64(value);
-        send(c, w);
-        wake_waiters();
-        return;
-      }
-      case wire::Op::kCompareSet: {
-        const std::string key = in.bytes(wire::kMaxKey);
-        std::string expected = in.bytes(options.max_frame_bytes);
-        std::string desired = in.bytes(options.max_frame_bytes);
-        auto w = answer(wire::Status::kOk);
-        const auto it = data.find(key);
-        // c10d's semantics: a missing key counts as matching an empty expectation.
-        if (it == data.end() ? expected.empty() : it->second == expected) {
-          store(key, desired);
-          w.bytes(desired);
-          send(c, w);
-          wake_waiters();
-        } else {
-          w.bytes(it == data.end() ? expected : it->second);
-          send(c, w);
-        }
-        return;
-      }
+      case wire::Op::kSet:
+        handler = &Impl::op_set;
+        break;
+      case wire::Op::kGet:
+        handler = &Impl::op_get;
+        break;
+      case wire::Op::kAdd:
+        handler = &Impl::op_add;
+        break;
+      case wire::Op::kCompareSet:
+        handler = &Impl::op_compare_set;
+        break;
       case wire::Op::kCheck:
-      case wire::Op::kWait: {
-        const std::uint32_t n = in.u32();
-        if (n > wire::kMaxKeysPerRequest) throw wire::WireError("too many keys");
-        std::vector<std::string> keys;
-        for (std::uint32_t i = 0; i < n; ++i) keys.push_back(in.bytes(wire::kMaxKey));
-        if (op == wire::Op::kCheck) {
-          auto w = answer(wire::Status::kOk);
-          w.u8(all_present(keys) ? 1 : 0);
-          return send(c, w);
-        }
-        const std::int64_t timeout_ms = in.i64();
-        if (all_present(keys)) return send(c, answer(wire::Status::kOk));
-        const auto deadline = timeout_ms <= 0
-                                  ? Clock::time_point::max()
-                                  : Clock::now() + std::chrono::milliseconds(timeout_ms);
-        waiters.push_back(Waiter{fd, std::move(keys), deadline});
-        return;
-      }
-      case wire::Op::kDelete: {
-        const std::string key = in.bytes(wire::kMaxKey);
-        auto w = answer(wire::Status::kOk);
-        const auto it = data.find(key);
-        w.u8(it == data.end() ? 0 : 1);
-        if (it != data.end()) {
-          std::lock_guard<std::mutex> lock(stats_mutex);
-          stats.stored_bytes -= key.size() + it->second.size();
-          data.erase(it);
-        }
-        return send(c, w);
-      }
-      case wire::Op::kNumKeys: {
-        auto w = answer(wire::Status::kOk);
-        w.i64(static_cast<std::int64_t>(data.size()));
-        return send(c, w);
-      }
+        handler = &Impl::op_check;
+        break;
+      case wire::Op::kWait:
+        handler = &Impl::op_wait;
+        break;
+      case wire::Op::kDelete:
+        handler = &Impl::op_delete;
+        break;
+      case wire::Op::kNumKeys:
+        handler = &Impl::op_num_keys;
+        break;
     }
-    throw wire::WireError("unknown operation " + std::to_string(static_cast<int>(op)));
+    if (handler == nullptr)
+      throw wire::WireError("unknown operation " + std::to_string(static_cast<int>(op)));
+    (this->*handler)(fd, c, in);
   } catch (const wire::WireError& e) {
     auto w = answer(wire::Status::kError);
     w.bytes(e.what());
     send(c, w);
+  } catch (const StoreRefusal& e) {
+    auto w = answer(wire::Status::kError);
+    w.bytes(e.what());
+    send(c, w);
   }
+  count_stored();
+  wake_waiters();
 }
 
 void StoreServer::Impl::wake_waiters() {
-  for (auto it = waiters.begin(); it != waiters.end();) {
-    if (all_present(it->keys)) {
-      send(conns.at(it->fd), answer(wire::Status::kOk));
-      it = waiters.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  for (int fd : core->released()) send(conns.at(fd), answer(wire::Status::kOk));
 }
 
 void StoreServer::Impl::expire(Clock::time_point now) {
-  for (auto it = waiters.begin(); it != waiters.end();) {
-    if (it->deadline <= now) {
-      send(conns.at(it->fd), answer(wire::Status::kTimeout));
-      it = waiters.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  for (int fd : core->expired(now)) send(conns.at(fd), answer(wire::Status::kTimeout));
   std::vector<int> late;
   for (const auto& [fd, c] : conns)
     if (!c.authed && !c.close_after_flush && c.hello_deadline <= now) late.push_back(fd);
@@ -470,7 +446,7 @@ void StoreServer::Impl::run() {
       fds.push_back({fd, events, 0});
       if (!c.authed) next = std::min(next, c.hello_deadline);
     }
-    for (const auto& w : waiters) next = std::min(next, w.deadline);
+    next = std::min(next, core->next_deadline());
     int timeout_ms = 1000;
     if (next != Clock::time_point::max()) {
       const auto left =
@@ -503,6 +479,7 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
     throw ConfigError("store: the secret is longer than " + std::to_string(wire::kMaxSecret) +
                       " bytes");
   impl_->options = std::move(options);
+  impl_->core = std::make_unique<StoreCore>(impl_->options.max_total_bytes);
   impl_->bind_and_listen();
   if (::pipe2(impl_->wake, O_CLOEXEC) != 0) {
     ::close(impl_->listen_fd);

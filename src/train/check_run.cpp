@@ -1,10 +1,12 @@
 #include "lockstep/train/check_run.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/train/recipe.h"
+#include "lockstep/train/step.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {
@@ -25,29 +28,34 @@ struct Phase {
   std::vector<ConsistencyReport> steps;
   int64_t first_divergence = -1;  // step, or -1
   std::string first_message;
+  std::string fingerprint;  // the final weights (and buffers), as TrainResult's
 };
 
-// K steps of training; `synchronise` false runs every backward under
-// no_sync. Returns every rank's digest after every step.
-Phase run_phase(const Config& config, const WorldInfo& world,
-                const std::shared_ptr<ProcessGroup>& pg, const DatasetSplit& data, int64_t steps,
-                bool synchronise, const CheckRunOptions& options) {
+// K steps of training through the trainer's own step (train/step.h), with
+// the configured accumulation, clipping and schedule, and a check after
+// every step whose every report is kept; `synchronise` false runs every
+// backward under no_sync.
+Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_ptr<ProcessGroup>& pg,
+                const DatasetSplit& data, int64_t steps, bool synchronise,
+                const CheckRunOptions& options) {
   const int fault_rank = options.fault_rank >= 0 ? options.fault_rank : world.world_size - 1;
-  const bool faulty = synchronise && !options.fault.empty() && world.rank == fault_rank;
+  const bool faulty = synchronise && options.fault != CheckFault::kNone && world.rank == fault_rank;
+  Config config = base;
+  config.check.every = 1;
+  if (faulty && options.fault == CheckFault::kLr) config.optim.lr *= 1.5;
   auto model = model_from_config(config, data.train);
-  DdpOptions ddp_options = ddp_options_from_config(config.ddp);
-  const bool with_buffers = config.check.buffers || options.fault == "no-buffer-broadcast";
-  if (options.fault == "no-buffer-broadcast") {
+  if (options.fault == CheckFault::kNoBufferBroadcast) {
     if (model->buffers().empty()) {
       throw ConfigError(
           "fault no-buffer-broadcast needs a model with buffers "
           "(--set model.name=cnn --set model.batch_norm=true)");
     }
-    ddp_options.broadcast_buffers = false;
+    config.ddp.broadcast_buffers = false;
+    config.check.buffers = true;
   }
-  DistributedDataParallel<std::shared_ptr<Classifier>> ddp(model, pg, ddp_options);
+  ClassifierDdp ddp(model, pg, ddp_options_from_config(config.ddp));
   seed_rank_generator(config, world.rank);
-  if (faulty && options.fault == "init") {
+  if (faulty && options.fault == CheckFault::kInit) {
     // A layer re-initialised after wrapping, from an unseeded generator.
     at::NoGradGuard no_grad;
     auto p = model->parameters().front();
@@ -56,37 +64,39 @@ Phase run_phase(const Config& config, const WorldInfo& world,
             0.05);
   }
   auto optimizer = optimizer_create(config.optim, model->parameters());
-  const double lr = config.optim.lr * (faulty && options.fault == "lr" ? 1.5 : 1.0);
-  optimizer_set_lr(*optimizer, lr);
-
   auto sampler = sampler_from_config(config, world, data.train.size());
-  const auto mode = config.check.mode;
+  const StepPlan plan = step_plan(config, sampler, data.train.size());
+  StepOptions step_options = step_options_from_config(config, plan.total_steps);
+  step_options.synchronise = synchronise;
+  const TensorDataset& train = data.train;
+  TrainStep step(
+      *pg, ddp, *model, *optimizer,
+      [&train](const at::Tensor& out, const at::Tensor& y) { return loss_for(train, out, y); },
+      train.num_classes > 0, step_options);
   Phase phase;
-  int64_t epoch = 0;
-  while (static_cast<int64_t>(phase.steps.size()) < steps) {
-    sampler.set_epoch(epoch++);
-    BatchLoader loader(data.train, sampler.indices(),
+  step.set_report_observer([&](const ConsistencyReport& r) { phase.steps.push_back(r); });
+  int64_t done = 0;
+  for (int64_t epoch = 0; done < steps; ++epoch) {
+    sampler.set_epoch(epoch);
+    BatchLoader loader(train, sampler.indices(),
                        LoaderOptions{config.data.batch_size, config.data.drop_last, false});
-    while (static_cast<int64_t>(phase.steps.size()) < steps) {
-      auto batch = loader.next();
-      if (!batch) break;
-      optimizer->zero_grad();
-      {
-        std::optional<DdpCore::NoSyncGuard> guard;
-        if (!synchronise) guard.emplace(ddp);
-        const auto out = ddp.forward(batch->x);
-        loss_for(data.train, out, batch->y).backward();
-      }
-      optimizer->step();
-      const int64_t step = static_cast<int64_t>(phase.steps.size()) + 1;
-      auto report = fingerprint_check(*pg, fingerprint_tensors(*model, with_buffers), mode, step);
-      if (!report.consistent && phase.first_divergence < 0) {
-        phase.first_divergence = step;
-        phase.first_message = report.message;
-      }
-      phase.steps.push_back(std::move(report));
+    for (int64_t used = 0; used < plan.micro_per_epoch && done < steps;
+         used += config.train.accumulation_steps) {
+      step.run([&] { return loader.next(); }, done++);
     }
   }
+  step.finish_checks();
+  std::sort(phase.steps.begin(), phase.steps.end(),
+            [](const auto& a, const auto& b) { return a.step < b.step; });
+  for (const auto& report : phase.steps) {
+    if (!report.consistent) {
+      phase.first_divergence = report.step;
+      phase.first_message = report.message;
+      break;
+    }
+  }
+  phase.fingerprint =
+      hex_of(fingerprint_digest(fingerprint_tensors(*model, true), DigestMode::kXxh3));
   return phase;
 }
 
@@ -99,11 +109,6 @@ std::string verdict(bool ok) {
 CheckRunResult check_run(const Config& config, const WorldInfo& world,
                          const std::shared_ptr<ProcessGroup>& pg, const CheckRunOptions& options) {
   if (options.steps < 1) throw ConfigError("--steps must be >= 1");
-  if (!options.fault.empty() && options.fault != "lr" && options.fault != "init" &&
-      options.fault != "no-buffer-broadcast") {
-    throw ConfigError("--inject: unknown fault '" + options.fault +
-                      "' (valid: lr, init, no-buffer-broadcast)");
-  }
   if (options.fault_rank >= world.world_size) {
     throw ConfigError("--fault-rank " + std::to_string(options.fault_rank) + " is outside [0, " +
                       std::to_string(world.world_size) + ")");
@@ -124,12 +129,15 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
 
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line,
-                "consistency check: model %s, data %s, %d rank(s), %lld steps, digest %s%s\n",
-                config.model.name.c_str(), name_of(kDatasetKindNames, config.data.name),
-                world.world_size, static_cast<long long>(options.steps),
-                digest_mode_name(config.check.mode),
-                options.fault.empty() ? "" : (", fault '" + options.fault + "' injected").c_str());
+  std::snprintf(
+      line, sizeof line,
+      "consistency check: model %s, data %s, %d rank(s), %lld steps, digest %s%s\n",
+      config.model.name.c_str(), name_of(kDatasetKindNames, config.data.name), world.world_size,
+      static_cast<long long>(options.steps), digest_mode_name(config.check.mode),
+      options.fault == CheckFault::kNone
+          ? ""
+          : (std::string(", fault '") + name_of(kCheckFaultNames, options.fault) + "' injected")
+                .c_str());
   out += line;
   out += "\n(b) weights digest per rank after each synchronised step:\nstep";
   for (int r = 0; r < world.world_size; ++r) {
@@ -165,8 +173,11 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
     control_text = "FAIL (caught only at step " + std::to_string(control.first_divergence) + ")";
   }
   out += "(c) negative control, no sync      " + control_text + "\n";
+  out += "(b)'s final weights " + healthy.fingerprint +
+         " (as lockstep train with train.max_steps=" + std::to_string(options.steps) + ")\n";
   CheckRunResult result;
   result.passed = a_ok && b_ok && c_ok;
+  result.fingerprint = healthy.fingerprint;
   out += std::string("result: ") + (result.passed ? "PASS" : "FAIL") + "\n";
   result.summary = out;
   return result;

@@ -18,6 +18,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/text.h"
 
 namespace lockstep {
 namespace {
@@ -38,10 +39,7 @@ struct Field {
 };
 
 std::string format_double(double v) {
-  std::ostringstream out;
-  out.precision(17);
-  out << v;
-  return out.str();
+  return number_text(v);
 }
 
 int64_t parse_int(const std::string& text, const std::string& where) {
@@ -139,9 +137,7 @@ Field make_choice(const char* section, const char* key, S Config::*sec, E S::*me
     return name_of(table, c.*sec.*member);
   };
   f.set = [sec, member, &table](Config& c, const std::string& text, const std::string& where) {
-    const auto value = value_named(table, text);
-    if (!value) throw ConfigError(where + ": '" + text + "' is not one of " + names_listed(table));
-    c.*sec.*member = *value;
+    c.*sec.*member = parse_named(table, text, where);
   };
   return f;
 }
@@ -312,14 +308,21 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-std::string nearest(const std::string& wrong, const std::vector<std::string>& valid) {
-  std::string best;
+// "did you mean 'x'?" when a valid name is a near miss (at most 2 edits,
+// and fewer than the name's length: 'amp' is not a typo of 'epochs'),
+// else every valid name: "(valid: a, b, c)".
+std::string suggestion(const std::string& wrong, const std::vector<std::string>& valid,
+                       const std::string& prefix) {
+  std::string best, all;
   size_t best_distance = std::numeric_limits<size_t>::max();
   for (const auto& v : valid) {
     const size_t d = edit_distance(wrong, v);
     if (d < best_distance) best_distance = d, best = v;
+    all += (all.empty() ? "" : ", ") + prefix + v;
   }
-  return best;
+  if (best_distance <= 2 && best_distance < wrong.size())
+    return "did you mean '" + prefix + best + "'?";
+  return "valid: " + all;
 }
 
 const Field& find_field(const std::string& section, const std::string& key,
@@ -333,15 +336,33 @@ const Field& find_field(const std::string& section, const std::string& key,
     if (f.section == section) keys.push_back(f.key);
   }
   if (keys.empty()) {
-    throw ConfigError(where + ": unknown section '" + section + "' (did you mean '" +
-                      nearest(section, sections) + "'?)");
+    throw ConfigError(where + ": unknown section '" + section + "' (" +
+                      suggestion(section, sections, "") + ")");
   }
-  throw ConfigError(where + ": unknown key '" + section + "." + key + "' (did you mean '" +
-                    section + "." + nearest(key, keys) + "'?)");
+  throw ConfigError(where + ": unknown key '" + section + "." + key + "' (" +
+                    suggestion(key, keys, section + ".") + ")");
 }
 
 std::string mark(const std::string& path, const YAML::Node& node) {
   return path + ":" + std::to_string(node.Mark().line + 1);
+}
+
+// Note [Paths in a config]: an input path written in a config file (data.path,
+// model.path, model.init_from, checkpoint.resume) is relative to the file's
+// folder, so that a config and its data move together; on the command line
+// (--set) it is relative to the working directory, as a shell user expects.
+// run.dir is output, always relative to the working directory.
+bool is_input_path(const Field& f) {
+  const std::string p = f.path();
+  return p == "data.path" || p == "model.path" || p == "model.init_from" ||
+         p == "checkpoint.resume";
+}
+
+std::string resolved_against(const std::string& config_path, const std::string& value) {
+  if (value.empty() || value.front() == '/' || value == "auto") return value;
+  const auto slash = config_path.rfind('/');
+  if (slash == std::string::npos) return value;  // the file is in the working directory
+  return config_path.substr(0, slash + 1) + value;
 }
 
 }  // namespace
@@ -402,7 +423,9 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
         if (!item.second.IsScalar()) {
           throw ConfigError(where + ": " + f.path() + " must be a single value");
         }
-        f.set(config, item.second.Scalar(), where + ": " + f.path());
+        const std::string value = item.second.Scalar();
+        f.set(config, is_input_path(f) ? resolved_against(path, value) : value,
+              where + ": " + f.path());
       }
     }
   }

@@ -18,10 +18,13 @@ std::optional<Fault> fault_from_env(const EnvLookup& env) {
   const std::string usage = " (expected crash|hang|exit:rank=R:step=S[:attempt=A])";
   std::stringstream parts(*value);
   Fault fault;
-  std::getline(parts, fault.kind, ':');
-  if (fault.kind != "crash" && fault.kind != "hang" && fault.kind != "exit") {
-    throw EnvError("LOCKSTEP_FAULT='" + *value + "': unknown kind '" + fault.kind + "'" + usage);
+  std::string kind;
+  std::getline(parts, kind, ':');
+  const auto parsed = value_named(kFaultKindNames, kind);
+  if (!parsed) {
+    throw EnvError("LOCKSTEP_FAULT='" + *value + "': unknown kind '" + kind + "'" + usage);
   }
+  fault.kind = *parsed;
   bool has_rank = false, has_step = false;
   for (std::string item; std::getline(parts, item, ':');) {
     const auto eq = item.find('=');
@@ -50,12 +53,19 @@ std::optional<Fault> fault_from_env(const EnvLookup& env) {
 void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step) {
   if (!fault || fault->rank != world.rank || fault->step != step) return;
   if (fault->attempt >= 0 && fault->attempt != world.restart_count) return;
-  spdlog::warn("LOCKSTEP_FAULT: injecting '{}' on rank {} after step {}", fault->kind, world.rank,
-               step);
+  spdlog::warn("LOCKSTEP_FAULT: injecting '{}' on rank {} after step {}",
+               name_of(kFaultKindNames, fault->kind), world.rank, step);
   spdlog::default_logger()->flush();
-  if (fault->kind == "crash") kill(getpid(), SIGKILL);
-  if (fault->kind == "hang") kill(getpid(), SIGSTOP);
-  if (fault->kind == "exit") std::_Exit(7);
+  switch (fault->kind) {
+    case FaultKind::kCrash:
+      kill(getpid(), SIGKILL);
+      break;
+    case FaultKind::kHang:
+      kill(getpid(), SIGSTOP);
+      break;
+    case FaultKind::kExit:
+      std::_Exit(7);
+  }
 }
 
 }  // namespace lockstep

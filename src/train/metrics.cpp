@@ -54,8 +54,22 @@ bool Metrics::bar() const {
          (log_.progress == Progress::kAuto && isatty(STDOUT_FILENO) != 0);
 }
 
-double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t total_steps,
-                             double lr) {
+void Interval::add(const StepStats& step) {
+  if (step.loss_sum.defined())
+    loss_sum = loss_sum.defined() ? loss_sum + step.loss_sum : step.loss_sum;
+  if (step.correct.defined()) correct = correct.defined() ? correct + step.correct : step.correct;
+  samples += step.samples;
+  forward_ms += step.forward_ms;
+  backward_ms += step.backward_ms;
+  comm_ms += step.comm_ms;
+  optimizer_ms += step.optimizer_ms;
+  check_ms += step.check_ms;
+  lr = step.lr;
+  ++steps;
+}
+
+double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t total_steps) {
+  const double lr = in.lr;
   const auto sums =
       sum_over_ranks(pg_, {in.loss_sum.defined() ? in.loss_sum.item<double>() : 0.0,
                            in.correct.defined() ? in.correct.item<double>() : 0.0, in.samples});
@@ -81,8 +95,8 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
         "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
         "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
         "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
-        static_cast<long long>(state.step), static_cast<long long>(state.epoch), loss, accuracy, lr,
-        samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
+        static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss, accuracy,
+        lr, samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
         in.optimizer_ms / n, in.check_ms / n);
     if (bar()) {
       const int width = 30;
@@ -101,15 +115,15 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
   return loss;
 }
 
-void Metrics::validation(const TrainerState& state, double loss, double accuracy,
-                         int64_t examples) {
+void Metrics::validation(const TrainerState& state, double loss, double accuracy, int64_t examples,
+                         bool whole_epoch) {
   if (pg_.rank() != 0) return;
   if (bar()) std::printf("\n");
-  spdlog::info("epoch {} validation: loss {:.5f} accuracy {:.4f} ({} examples)", state.epoch + 1,
-               loss, accuracy, examples);
-  record("{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f}\n",
+  spdlog::info("epoch {}{} validation: loss {:.5f} accuracy {:.4f} ({} examples)", state.epoch + 1,
+               whole_epoch ? "" : " (partial, at the stop)", loss, accuracy, examples);
+  record("{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f%s}\n",
          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-         accuracy);
+         accuracy, whole_epoch ? "" : ", \"partial\": true");
 }
 
 }  // namespace lockstep

@@ -13,17 +13,21 @@
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/step.h"
 
 namespace lockstep {
 
-// One logging interval of one rank. Loss and correct counts stay tensors on
-// the model's device until the interval ends: no host sync per micro-batch.
+// One logging interval of one rank: the sum of its steps' StepStats. Loss and correct counts stay
+// tensors on the model's device until the interval ends: no host sync per micro-batch.
 struct Interval {
   at::Tensor loss_sum, correct;
   double samples = 0;
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
   int64_t steps = 0;
+  double lr = 0;  // the last step's
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  void add(const StepStats& step);
 };
 
 class Metrics {
@@ -36,9 +40,11 @@ class Metrics {
 
   // Ends `in` (every rank: one all-reduce) and reports it; returns the global
   // mean loss. `in` is reset for the next interval.
-  double end_interval(Interval& in, const TrainerState& state, int64_t total_steps, double lr);
-  // The validation result of an epoch (rank 0 reports; no collective).
-  void validation(const TrainerState& state, double loss, double accuracy, int64_t examples);
+  double end_interval(Interval& in, const TrainerState& state, int64_t total_steps);
+  // The validation result of an epoch (rank 0 reports; no collective);
+  // `whole_epoch` false: taken at a stop inside the epoch ("partial": true).
+  void validation(const TrainerState& state, double loss, double accuracy, int64_t examples,
+                  bool whole_epoch);
 
  private:
   // One metrics.jsonl record, written whole or not at all: a failed write (a

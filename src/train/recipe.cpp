@@ -14,10 +14,28 @@
 
 namespace lockstep {
 
+namespace {
+
+// A file a config names: its errors name the key too (Note [Paths in a
+// config], config.cpp: the path is already resolved).
+template <typename Body>
+auto reading(const char* key, Body&& body) {
+  try {
+    return body();
+  } catch (const DataError& e) {
+    throw DataError(std::string(key) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
 DatasetSplit dataset_from_config(const Config& config) {
   const auto& d = config.data;
-  if (d.name == DatasetKind::kMnist)
-    return {dataset_mnist(d.path, true), dataset_mnist(d.path, false)};
+  if (d.name == DatasetKind::kMnist) {
+    return reading("data.path", [&] {
+      return DatasetSplit{dataset_mnist(d.path, true), dataset_mnist(d.path, false)};
+    });
+  }
   TensorDataset all;
   if (d.name == DatasetKind::kDigits) {
     all = dataset_digits();
@@ -28,7 +46,7 @@ DatasetSplit dataset_from_config(const Config& config) {
     CsvOptions csv;
     csv.label_column = d.label_column;
     csv.max_classes = d.max_classes;
-    all = dataset_csv(d.path, csv);
+    all = reading("data.path", [&] { return dataset_csv(d.path, csv); });
   }
   return dataset_split(all, d.validation_fraction, config.run.seed);
 }
@@ -38,7 +56,10 @@ std::shared_ptr<Classifier> model_from_config(const Config& config, const Tensor
   std::vector<int64_t> shape(data.features.sizes().begin() + 1, data.features.sizes().end());
   auto model = model_create(config.model, shape, data.num_classes);
   if (!config.model.init_from.empty()) {
-    state_dict_load(*model, state_dict_load_file(config.model.init_from), config.model.init_from);
+    reading("model.init_from", [&] {
+      state_dict_load(*model, state_dict_load_file(config.model.init_from), config.model.init_from);
+      return 0;
+    });
     spdlog::info("model initialised from {}", config.model.init_from);
   }
   return model;
@@ -51,15 +72,45 @@ DdpOptions ddp_options_from_config(const DdpConfig& c) {
   ddp.gradient_as_bucket_view = c.gradient_as_bucket_view;
   ddp.find_unused_parameters = c.find_unused_parameters;
   ddp.broadcast_buffers = c.broadcast_buffers;
-  if (c.comm_hook != CommHookKind::kAllreduce)
-    ddp.comm_hook = comm_hook_create(name_of(kCommHookKindNames, c.comm_hook));
+  if (c.comm_hook != CommHookKind::kAllreduce) ddp.comm_hook = comm_hook_create(c.comm_hook);
   return ddp;
+}
+
+InitOptions init_options_from_config(const Config& config) {
+  InitOptions init;
+  init.backend = config.dist.backend;
+  init.shm_chunk_bytes = shm_chunk_bytes_from_mib(config.dist.shm_chunk_mb);
+  init.timeout = timeout_from_seconds(config.dist.timeout_s, "dist.timeout_s");
+  init.rendezvous_timeout = timeout_from_seconds(config.dist.rdzv_timeout_s, "dist.rdzv_timeout_s");
+  init.log_level = config.log.level;
+  return init;
 }
 
 DistributedSampler sampler_from_config(const Config& config, const WorldInfo& world, int64_t size) {
   return DistributedSampler(
       size, SamplerOptions{world.world_size, world.rank, config.data.shuffle,
                            static_cast<uint64_t>(config.run.seed), config.data.drop_last});
+}
+
+StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int64_t train_size) {
+  const auto& d = config.data;
+  const int64_t per_rank = sampler.num_samples();
+  const int64_t micro =
+      d.drop_last ? per_rank / d.batch_size : (per_rank + d.batch_size - 1) / d.batch_size;
+  const int64_t acc = config.train.accumulation_steps;
+  StepPlan plan;
+  plan.steps_per_epoch = micro / acc;
+  plan.micro_per_epoch = plan.steps_per_epoch * acc;
+  if (plan.steps_per_epoch == 0) {
+    throw ConfigError(
+        "the train split (" + std::to_string(train_size) + " examples) over " +
+        std::to_string(sampler.num_replicas()) + " rank(s) gives " + std::to_string(micro) +
+        " micro-batch(es) of data.batch_size=" + std::to_string(d.batch_size) +
+        " per rank per epoch, fewer than train.accumulation_steps=" + std::to_string(acc) +
+        ": no optimizer step would run");
+  }
+  plan.total_steps = plan.steps_per_epoch * config.train.epochs;
+  return plan;
 }
 
 at::Tensor loss_for(const TensorDataset& data, const at::Tensor& output, const at::Tensor& target) {

@@ -9,6 +9,7 @@
 
 #include "lockstep/distributed/init.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/exit_codes.h"
 
@@ -19,7 +20,7 @@ int train_main(int argc, char** argv) {
     cxxopts::Options options("lockstep train", "A DDP training run from a YAML configuration.");
     // clang-format off
     options.add_options()
-        ("config", "YAML configuration (sections: run, dist, model, data, train, optim, ddp, check, checkpoint, log)", cxxopts::value<std::string>()->default_value(""))
+        ("config", "YAML configuration (sections: run, dist, model, data, train, optim, ddp, check, checkpoint, log); without it, the built-in defaults: an MLP on the embedded 8x8 digits", cxxopts::value<std::string>()->default_value(""))
         ("set", "override one field: section.key=value (repeatable; wins over the file)", cxxopts::value<std::vector<std::string>>())
         ("print-config", "print the resolved configuration and exit")
         ("config-reference", "print the configuration reference (markdown) and exit")
@@ -41,14 +42,12 @@ int train_main(int argc, char** argv) {
       std::fputs(config_to_yaml(config).c_str(), stdout);
       return kExitOk;
     }
-    InitOptions init;
-    init.backend = config.dist.backend;
-    init.shm_chunk_bytes = static_cast<std::size_t>(config.dist.shm_chunk_mb * (1 << 20)) / 64 * 64;
-    init.timeout = timeout_from_seconds(config.dist.timeout_s, "dist.timeout_s");
-    init.rendezvous_timeout =
-        timeout_from_seconds(config.dist.rdzv_timeout_s, "dist.rdzv_timeout_s");
-    init.log_level = config.log.level;
-    auto dist = init_distributed(init);
+    auto dist = init_distributed(init_options_from_config(config));
+    if (args["config"].as<std::string>().empty() && dist.world.rank == 0) {
+      spdlog::info(
+          "no --config: training the built-in defaults (an MLP on the embedded 8x8 digits; "
+          "--print-config shows them, configs/ holds examples)");
+    }
     Trainer trainer(config, dist.world, dist.pg);
     const auto result = trainer.run();
     if (dist.world.rank == 0) {

@@ -4,7 +4,6 @@
 #include "lockstep/train/trainer.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
@@ -15,7 +14,6 @@
 #include <spdlog/spdlog.h>
 
 #include "lockstep/check/fingerprint.h"
-#include "lockstep/check/step_checks.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/coalesced.h"
@@ -23,6 +21,7 @@
 #include "lockstep/train/fault.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/train/recipe.h"
+#include "lockstep/train/step.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
@@ -33,16 +32,6 @@
 #include "stop_signals.h"
 
 namespace lockstep {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-}  // namespace
-
 struct Trainer::Impl {
   Config config;
   WorldInfo world;
@@ -57,9 +46,7 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<Checkpointer> checkpointer;
   TrainerState state;
-  int64_t micro_per_epoch = 0;  // micro-batches used per epoch (multiple of accumulation)
-  int64_t steps_per_epoch = 0;
-  int64_t total_steps = 0;
+  StepPlan plan;  // micro-batches and steps per epoch, steps in all
   std::unique_ptr<Metrics> metrics;
   std::shared_ptr<Tracer> tracer;  // log.trace
   std::optional<Fault> fault = fault_from_env();
@@ -97,8 +84,10 @@ struct Trainer::Impl {
     });
     if (!problem.empty()) throw ConfigError(problem);
     if (config.log.file) log_to_file(run_dir + "/rank_" + std::to_string(world.rank) + ".log");
-    if (world.rank == 0)
-      spdlog::info("run directory {}; resolved configuration:\n{}", run_dir, config_yaml);
+    if (world.rank == 0) {
+      spdlog::info("run directory {} (resolved configuration: {}/config.yaml)", run_dir, run_dir);
+      spdlog::debug("resolved configuration:\n{}", config_yaml);
+    }
     metrics = std::make_unique<Metrics>(config.log, *pg, run_dir);
   }
 
@@ -109,27 +98,14 @@ struct Trainer::Impl {
     val_data = std::move(split.validation);
     sampler =
         std::make_unique<DistributedSampler>(sampler_from_config(config, world, train_data.size()));
-    const int64_t per_rank = sampler->num_samples();
-    const int64_t micro =
-        d.drop_last ? per_rank / d.batch_size : (per_rank + d.batch_size - 1) / d.batch_size;
+    plan = step_plan(config, *sampler, train_data.size());
     const int64_t acc = config.train.accumulation_steps;
-    steps_per_epoch = micro / acc;
-    micro_per_epoch = steps_per_epoch * acc;
-    if (steps_per_epoch == 0) {
-      throw ConfigError(
-          "the train split (" + std::to_string(train_data.size()) + " examples) over " +
-          std::to_string(world.world_size) + " rank(s) gives " + std::to_string(micro) +
-          " micro-batch(es) of data.batch_size=" + std::to_string(d.batch_size) +
-          " per rank per epoch, fewer than train.accumulation_steps=" + std::to_string(acc) +
-          ": no optimizer step would run");
-    }
-    total_steps = steps_per_epoch * config.train.epochs;
     spdlog::info(
         "data: {} ({} train, {} validation); global batch {} = {} per rank x {} ranks x {} "
         "accumulation; {} steps per epoch",
         name_of(kDatasetKindNames, d.name), train_data.size(), val_data.size(),
         d.batch_size * world.world_size * acc, d.batch_size, world.world_size, acc,
-        steps_per_epoch);
+        plan.steps_per_epoch);
     if (val_data.size() == 0 && world.rank == 0) {
       spdlog::warn(
           "data: the validation split is empty ({} examples x data.validation_fraction={} "
@@ -178,69 +154,23 @@ struct Trainer::Impl {
     generator_restore(loaded.rng_states[world.rank]);
     state = loaded.state;
     last_checkpoint = folder;
-    spdlog::info("resumed from {} at step {} (epoch {}, micro-batch {})", folder, state.step,
-                 state.epoch, state.batch_in_epoch);
+    spdlog::info("resumed from {} at step {} (epoch {}, after micro-batch {})", folder, state.step,
+                 state.epoch + 1, state.batch_in_epoch);
   }
 
   // ------------------------------------------------------------ the loop
-  void trace(const char* name, Clock::time_point start) {
-    if (tracer) tracer->complete(name, "step", start, Clock::now());
-  }
+  std::unique_ptr<TrainStep> step;  // the one step (train/step.h), with the per-step check
 
-  // The per-step check overlaps the next step (StepChecks): started after
-  // the optimizer step, its verdict taken before the next one (or, hashed
-  // by the idle thread, the one after).
-  std::optional<StepChecks> checks;
-
-  void enforce(const std::vector<ConsistencyReport>& reports) {
-    for (const auto& report : reports) {
-      if (report.consistent) continue;  // the per-step path: nothing more to build
-      spdlog::error("step {}: {}", report.step, report.message);
-      fingerprint_enforce(*pg, report, config.check.policy, checked_tensors());
-      if (config.check.policy == CheckPolicy::kResync) {
-        // Checks still in flight saw the weights before the resync: their
-        // verdicts are known already (a collective: every rank drops them).
-        checks->drain();
-        return;
-      }
-    }
-  }
-
-  // Every verdict still owed (before a checkpoint, at the end).
-  void finish_pending_check() {
-    if (checks) enforce(checks->drain());
-  }
-
-  std::vector<NamedTensor> checked_tensors() {
-    auto tensors = fingerprint_tensors(*model, config.check.buffers);
-    if (config.check.optimizer_state) {
-      for (auto& t : optimizer_state_tensors(*optimizer, module_tensors(*model, false)))
-        tensors.push_back(std::move(t));
-    }
-    return tensors;
-  }
-
-  // Buffers (BatchNorm statistics) legitimately differ after a forward in
-  // train mode; DDP re-syncs them before the next forward. Compare them as
-  // that forward will see them.
-  void sync_buffers_for_check() {
-    if (config.check.buffers && config.ddp.broadcast_buffers) {
-      std::vector<at::Tensor> buffers;
-      for (const auto& b : model->buffers()) buffers.push_back(b);
-      broadcast_coalesced(*pg, buffers, 0);
-    }
-  }
-
-  void check_weights(int64_t step, const std::string& why, CheckPolicy policy) {
-    sync_buffers_for_check();
-    const auto tensors = checked_tensors();
-    const auto report = fingerprint_check(*pg, tensors, config.check.mode, step);
+  void check_weights(int64_t at_step, const std::string& why, CheckPolicy policy) {
+    step->sync_buffers_for_check();
+    const auto tensors = step->checked_tensors();
+    const auto report = fingerprint_check(*pg, tensors, config.check.mode, at_step);
     if (!report.consistent) spdlog::error("{}: {}", why, report.message);
     fingerprint_enforce(*pg, report, policy, tensors);
   }
 
   void save_checkpoint() {
-    finish_pending_check();
+    step->finish_checks();
     state.world_size = world.world_size;
     state.model = config.model.name;
     // Only weights every rank agrees on are worth keeping.
@@ -259,7 +189,12 @@ struct Trainer::Impl {
     }
   }
 
-  void evaluate(TrainResult& result) {
+  void end_interval(Interval& in, TrainResult& result) {
+    result.last_loss = metrics->end_interval(in, state, plan.total_steps);
+  }
+
+  // `whole_epoch` false: a stop (train.max_steps) inside the epoch.
+  void evaluate(TrainResult& result, bool whole_epoch = true) {
     if (val_data.size() == 0) return;  // the same on every rank: the split is deterministic
     model->eval();
     at::NoGradGuard no_grad;
@@ -280,68 +215,20 @@ struct Trainer::Impl {
     result.val_accuracy = sums[1] / count;
     result.val_examples = static_cast<int64_t>(sums[2]);
     model->train();
-    metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples);
+    metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples,
+                        whole_epoch);
   }
 
   void train_step(BatchLoader& loader, Interval& in) {
-    const int64_t acc = config.train.accumulation_steps;
-    optimizer->zero_grad();
-    for (int64_t m = 0; m < acc; ++m) {
-      auto batch = loader.next();
-      if (!batch) {
-        throw InternalError("the loader ran out of batches in step " +
-                            std::to_string(state.step + 1) + " at micro-batch " +
-                            std::to_string(state.batch_in_epoch) + " of " +
-                            std::to_string(micro_per_epoch));
-      }
-      const bool last = m == acc - 1;
-      std::optional<DdpCore::NoSyncGuard> guard;
-      if (!last) guard.emplace(*ddp);
-      auto t = Clock::now();
-      const auto out = ddp->forward(batch->x);
-      const auto loss = loss_for(train_data, out, batch->y);
-      in.forward_ms += ms_since(t);
-      trace("forward", t);
-      t = Clock::now();
-      (loss / static_cast<double>(acc)).backward();
-      trace(last ? "backward" : "backward (no_sync)", t);
-      double wait = 0;
-      if (last && ddp->reducer() != nullptr) wait = ddp->reducer()->last_stats().wait_ms;
-      in.backward_ms += ms_since(t) - wait;
-      in.comm_ms += wait;
-      const double rows = static_cast<double>(batch->x.size(0));
-      const auto weighted = loss.detach().to(at::kDouble) * rows;
-      in.loss_sum = in.loss_sum.defined() ? in.loss_sum + weighted : weighted;
-      in.samples += rows;
-      if (train_data.num_classes > 0) {
-        const auto hits = (out.detach().argmax(1) == batch->y).sum().to(at::kDouble);
-        in.correct = in.correct.defined() ? in.correct + hits : hits;
-      }
-      ++state.batch_in_epoch;
-    }
-    auto t = Clock::now();
-    if (checks) enforce(checks->before_update());  // before the weights change
-    in.check_ms += ms_since(t);
-    t = Clock::now();
-    const double lr = lr_at(config.optim, state.step, total_steps);
-    optimizer_set_lr(*optimizer, lr);
-    if (config.train.clip_grad_norm > 0) {
-      // After synchronisation: every rank clips the same averaged gradients.
-      torch::nn::utils::clip_grad_norm_(model->parameters(), config.train.clip_grad_norm);
-    }
-    optimizer->step();
-    in.optimizer_ms += ms_since(t);
-    trace("optimizer step", t);
+    const StepStats stats = step->run(
+        [&]() -> std::optional<Batch> {
+          auto batch = loader.next();
+          if (batch) ++state.batch_in_epoch;
+          return batch;
+        },
+        state.step);
+    in.add(stats);
     ++state.step;
-    ++in.steps;
-    if (config.check.every > 0 && state.step % config.check.every == 0) {
-      t = Clock::now();
-      sync_buffers_for_check();
-      if (!checks) checks.emplace(*pg, config.check.mode, check_hashing_for(config.check.buffers));
-      checks->start(checked_tensors(), state.step);
-      in.check_ms += ms_since(t);
-      trace("consistency check", t);
-    }
   }
 };
 
@@ -361,9 +248,15 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   const DdpOptions ddp = ddp_options_from_config(s.config.ddp);
   s.ddp =
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
+  const TensorDataset& train = s.train_data;
+  s.step = std::make_unique<TrainStep>(
+      *s.pg, *s.ddp, *s.model, *s.optimizer,
+      [&train](const at::Tensor& out, const at::Tensor& y) { return loss_for(train, out, y); },
+      train.num_classes > 0, step_options_from_config(s.config, s.plan.total_steps));
   if (s.config.log.trace) {
     s.tracer = std::make_shared<Tracer>(s.world.rank);
     s.ddp->set_tracer(s.tracer);
+    s.step->set_tracer(s.tracer);
   }
   if (s.state.step == 0) {
     // Dropout differs per rank (as in PyTorch); resumed runs restored theirs.
@@ -377,11 +270,12 @@ TrainResult Trainer::run() {
   Impl& s = *impl_;
   TrainResult result;
   result.run_dir = s.run_dir;
-  const int64_t max_steps = s.config.train.max_steps > 0 ? s.config.train.max_steps : s.total_steps;
-  const int64_t stop = std::min(max_steps, s.total_steps);
+  const int64_t max_steps =
+      s.config.train.max_steps > 0 ? s.config.train.max_steps : s.plan.total_steps;
+  const int64_t stop = std::min(max_steps, s.plan.total_steps);
   Interval interval;
   StopSignals signals(s.config.checkpoint.on_signal);
-  if (s.state.batch_in_epoch >= s.micro_per_epoch) {  // resumed at an epoch's end
+  if (s.state.batch_in_epoch >= s.plan.micro_per_epoch) {  // resumed at an epoch's end
     ++s.state.epoch;
     s.state.batch_in_epoch = 0;
   }
@@ -392,14 +286,10 @@ TrainResult Trainer::run() {
         s.train_data, s.sampler->indices(),
         LoaderOptions{s.config.data.batch_size, s.config.data.drop_last, s.config.data.prefetch});
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
-    while (s.state.batch_in_epoch < s.micro_per_epoch && s.state.step < stop) {
+    while (s.state.batch_in_epoch < s.plan.micro_per_epoch && s.state.step < stop) {
       fault_maybe_fire(s.fault, s.world, s.state.step);
       s.train_step(loader, interval);
-      if (s.state.step % s.config.log.every == 0) {
-        result.last_loss =
-            s.metrics->end_interval(interval, s.state, s.total_steps,
-                                    lr_at(s.config.optim, s.state.step - 1, s.total_steps));
-      }
+      if (s.state.step % s.config.log.every == 0) s.end_interval(interval, result);
       const bool end = s.state.step == stop;
       if (s.config.checkpoint.every > 0 && s.state.step % s.config.checkpoint.every == 0 && !end) {
         s.save_checkpoint();
@@ -418,22 +308,18 @@ TrainResult Trainer::run() {
         }
       }
     }
-    const bool epoch_done = s.state.batch_in_epoch >= s.micro_per_epoch;
+    const bool epoch_done = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
     if (epoch_done) s.evaluate(result);
     if (s.state.step == stop) {
-      if (interval.steps > 0) {
-        result.last_loss =
-            s.metrics->end_interval(interval, s.state, s.total_steps,
-                                    lr_at(s.config.optim, s.state.step - 1, s.total_steps));
-      }
-      if (!epoch_done) s.evaluate(result);
+      if (interval.steps > 0) s.end_interval(interval, result);
+      if (!epoch_done) s.evaluate(result, /*whole_epoch=*/false);
       s.save_checkpoint();
       break;
     }
     ++s.state.epoch;
     s.state.batch_in_epoch = 0;
   }
-  s.finish_pending_check();
+  s.step->finish_checks();
   if (s.tracer) {
     const std::string path = s.run_dir + "/trace_rank" + std::to_string(s.world.rank) + ".json";
     s.tracer->write(path);
@@ -441,7 +327,7 @@ TrainResult Trainer::run() {
   }
   result.steps = s.state.step;
   result.fingerprint =
-      to_hex(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));
+      hex_of(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));
   result.last_checkpoint = s.last_checkpoint;
   if (result.val_examples > 0) {
     spdlog::info("done: {} steps, validation accuracy {:.4f}, final weights {}", result.steps,

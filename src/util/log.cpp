@@ -29,7 +29,12 @@ void log_init(int rank, const std::string& level) {
   // Logs go to stderr so that stdout stays for results (tables, JSON).
   spdlog::drop("lockstep");
   auto logger = spdlog::stderr_logger_mt("lockstep");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%l] %v");
+  // Under lockstep-run every line already starts with "[rankN]: ".
+  const char* tagged = std::getenv("LOCKSTEP_LINES_TAGGED");
+  const bool launcher_tags = tagged != nullptr && std::string(tagged) == "1";
+  logger->set_pattern(launcher_tags
+                          ? "[%Y-%m-%d %H:%M:%S.%e] [%l] %v"
+                          : "[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%l] %v");
   logger->set_level(parsed);
   spdlog::set_default_logger(logger);
 }

@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include "lockstep/util/hex.h"
+
 namespace lockstep {
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
@@ -21,16 +23,6 @@ std::string Sha256::finish() {
   unsigned int size = 0;
   EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out, &size);
   return std::string(reinterpret_cast<char*>(out), size);
-}
-
-std::string hex_of(const std::string& raw) {
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
 }
 
 std::string sha256_hex(const std::string& bytes) {

@@ -69,7 +69,7 @@ TEST_CASE("sha256 mode equals Python's hashlib over the same tensors", "[fingerp
   REQUIRE(pclose(pipe) == 0);
   std::string python(line);
   python.erase(python.find_last_not_of("\n") + 1);
-  CHECK(to_hex(fingerprint_digest(tensors, DigestMode::kSha256)) == python);
+  CHECK(hex_of(fingerprint_digest(tensors, DigestMode::kSha256)) == python);
 }
 
 TEST_CASE("the cross-rank check names step, tensor and ranks - policies", "[fingerprint]") {
@@ -157,5 +157,37 @@ TEST_CASE("every XXH3 kernel equals Debian's libxxhash, however the bytes are sp
       for (const auto& [data, n] : chunks) stream.update(data, n);
       CHECK(stream.digest() == expected);
     }
+  }
+}
+
+TEST_CASE("check_weights: one call passes equal modules and names a differing one",
+          "[fingerprint]") {
+  std::vector<torch::nn::Linear> nets;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(5);
+    nets.push_back(torch::nn::Linear(4, 3));
+  }
+  auto equal = run_ranks<bool>(
+      2, [&](ProcessGroup& pg) { return check_weights(pg, *nets[pg.rank()], 7).consistent; });
+  for (const auto& o : equal) {
+    REQUIRE(error_text(o.error) == "");
+    CHECK(o.result);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    nets[1]->bias[2].add_(1e-6);  // one element on rank 1
+  }
+  auto differ = run_ranks<bool>(
+      2, [&](ProcessGroup& pg) { return check_weights(pg, *nets[pg.rank()], 8).consistent; });
+  for (const auto& o : differ) {
+    CHECK_THAT(error_text(o.error), Contains("after step 8: first differing tensor 'bias'"));
+  }
+  WeightCheckOptions warn;
+  warn.policy = CheckPolicy::kWarn;
+  auto warned = run_ranks<bool>(
+      2, [&](ProcessGroup& pg) { return check_weights(pg, *nets[pg.rank()], 9, warn).consistent; });
+  for (const auto& o : warned) {
+    REQUIRE(error_text(o.error) == "");
+    CHECK_FALSE(o.result);
   }
 }

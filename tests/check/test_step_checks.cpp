@@ -65,7 +65,7 @@ TEST_CASE("idle-thread hashing: the in-place digest, whatever the tensors do aft
     small.finish();
 
     auto tensors = big_tensors();
-    seen.expected_digest = to_hex(fingerprint_digest(tensors, DigestMode::kXxh3));
+    seen.expected_digest = hex_of(fingerprint_digest(tensors, DigestMode::kXxh3));
     PendingCheck healthy(pg, tensors, DigestMode::kXxh3, 2, CheckHashing::kIdleThread);
     seen.idle_big = healthy.verdict_can_wait();
     healthy.close();

@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "launcher.h"
+#include "cli/launcher.h"
 #include "lockstep/util/error.h"
 
 using namespace lockstep::launch;
@@ -39,6 +39,7 @@ TEST_CASE("launcher: each worker gets torchrun's environment and the job's secre
   CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "5");
   CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
   CHECK(env["LOCKSTEP_STORE_SECRET"] == "0123456789abcdef0123");
+  CHECK(env["LOCKSTEP_LINES_TAGGED"] == "1");
 }
 
 TEST_CASE("launcher: inconsistent flags are refused by name", "[launcher]") {

@@ -184,3 +184,57 @@ TEST_CASE("batches follow the indices - prefetch changes nothing", "[loader]") {
   REQUIRE_THROWS_WITH(BatchLoader(empty, {}, LoaderOptions{1, false, true}),
                       Contains("dataset 'nothing' is empty"));
 }
+
+namespace {
+// A dataset of one's own: example i is x = [i, 2i], y = i % 3.
+class Counting : public lockstep::Dataset {
+ public:
+  int64_t size() const override { return 11; }
+  lockstep::Example get(int64_t i) const override {
+    return {at::tensor({static_cast<float>(i), 2.0f * i}), at::tensor(i % 3, at::kLong)};
+  }
+};
+}  // namespace
+
+TEST_CASE("a loader over a sampler reshuffles per epoch, range-for, any dataset", "[loader]") {
+  auto data = std::make_shared<Counting>();
+  SamplerOptions shard{2, 1, true, 4, false};
+  for (bool prefetch : {false, true}) {
+    BatchLoader loader(data, DistributedSampler(data->size(), shard), {4, false, prefetch});
+    for (int64_t epoch : {0, 1, 0}) {
+      loader.set_epoch(epoch);
+      DistributedSampler reference(data->size(), shard);
+      reference.set_epoch(epoch);
+      std::vector<int64_t> seen;
+      for (const Batch& batch : loader) {
+        for (int64_t k = 0; k < batch.x.size(0); ++k) {
+          const auto i = batch.x[k][0].item<int64_t>();
+          CHECK(batch.x[k][1].item<float>() == 2.0f * i);
+          CHECK(batch.y[k].item<int64_t>() == i % 3);
+          seen.push_back(i);
+        }
+      }
+      CHECK(seen == reference.indices());  // the sampler's order for this epoch
+      std::vector<int64_t> again;          // a second pass: the same epoch again
+      for (const Batch& batch : loader) {
+        for (int64_t k = 0; k < batch.x.size(0); ++k)
+          again.push_back(batch.x[k][0].item<int64_t>());
+      }
+      CHECK(again == seen);
+    }
+  }
+  DistributedSampler e0(11, shard), e1(11, shard);
+  e1.set_epoch(1);
+  CHECK(e0.indices() != e1.indices());  // epochs differ, so the test above can fail
+}
+
+TEST_CASE("a loader shares its dataset: a temporary cannot dangle", "[loader]") {
+  // BatchLoader once held a const& to its dataset.
+  BatchLoader loader(dataset_synthetic_classification(9, 2, 2, 3), std::vector<int64_t>{8, 1},
+                     LoaderOptions{2, false, true});
+  const auto reference = dataset_synthetic_classification(9, 2, 2, 3);
+  auto batch = loader.next();
+  REQUIRE(batch);
+  CHECK(at::equal(batch->x, reference.features.index_select(0, at::tensor({8, 1}, at::kLong))));
+  REQUIRE_THROWS_WITH(loader.set_epoch(1), Contains("fixed list of indices"));
+}

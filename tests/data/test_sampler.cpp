@@ -92,3 +92,13 @@ TEST_CASE("a rank outside num_replicas is a clear error", "[sampler]") {
   REQUIRE_THROWS_AS(DistributedSampler(10, SamplerOptions{0, 0, true, 0, false}),
                     lockstep::ConfigError);
 }
+
+TEST_CASE("a sampler without the world is refused, not a copy of rank 0's shard", "[sampler]") {
+  // DistributedSampler(n, {}) on two ranks once gave both the same indices.
+  REQUIRE_THROWS_WITH(DistributedSampler(10, {}),
+                      lockstep::testing::Contains("num_replicas and rank are not set"));
+  SamplerOptions only_size;
+  only_size.num_replicas = 2;
+  REQUIRE_THROWS_WITH(DistributedSampler(10, only_size),
+                      lockstep::testing::Contains("SamplerOptions{dist.size(), dist.rank()"));
+}

@@ -335,7 +335,7 @@ TEST_CASE("fp16 and bf16 compression hooks stay within their tolerance", "[ddp]"
     DYNAMIC_SECTION(hook) {
       auto models = rank_models(base, n);
       DdpOptions options;
-      options.comm_hook = comm_hook_create(hook);
+      options.comm_hook = comm_hook_create(parse_named(kCommHookKindNames, hook, "hook"));
       if (hook == "bf16" && kTorchVersionMajor < 2) {
         // Gloo in LibTorch 1.13 has no bfloat16: a clear error on every rank.
         auto refused = run_ranks<int>(

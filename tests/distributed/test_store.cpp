@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/store_core.h"
 #include "lockstep/distributed/job_store.h"
 #include "lockstep/distributed/rendezvous.h"
 #include "lockstep/util/error.h"
@@ -379,4 +380,49 @@ TEST_CASE("job store: the rendezvous admits ranks with the job's secret only",
   REQUIRE(host);
   host->set("from0", bytes("hello"));
   CHECK(text(joined->get("from0")) == "hello");
+}
+
+TEST_CASE("store core: c10d's key-value semantics and waits, without sockets", "[store]") {
+  StoreCore core(64);
+  CHECK_FALSE(core.get("a"));
+  core.set("a", "xyz");
+  CHECK(core.get("a") == std::optional<std::string>("xyz"));
+  CHECK(core.stored_bytes() == 4);
+  CHECK(core.add("n", 5) == 5);  // a missing counter counts from 0
+  CHECK(core.add("n", -7) == -2);
+  CHECK(core.get("n") == std::optional<std::string>("-2"));  // decimal text, as c10d
+  REQUIRE_THROWS_WITH(core.add("a", 1), Contains("key 'a' does not hold an integer"));
+  core.set("big", std::to_string(INT64_MAX));
+  REQUIRE_THROWS_WITH(core.add("big", 1), Contains("would overflow"));
+  // compare_set: swaps on a match, a missing key matches "", returns what is held.
+  CHECK(core.compare_set("a", "nope", "new") == "xyz");
+  CHECK(core.compare_set("a", "xyz", "new") == "new");
+  CHECK(core.compare_set("fresh", "", "v") == "v");
+  CHECK(core.compare_set("absent", "e", "v") == "e");
+  CHECK_FALSE(core.check({"absent"}));
+  CHECK(core.check({"a", "fresh"}));
+  CHECK(core.num_keys() == 4);  // a, n, big, fresh
+  // Bounded: a value that would pass 64 bytes in all is refused, nothing changes.
+  const auto held = core.stored_bytes();
+  REQUIRE_THROWS_WITH(core.set("huge", std::string(60, 'x')), Contains("the store is full (64"));
+  CHECK(core.stored_bytes() == held);
+  CHECK(core.erase("a"));
+  CHECK_FALSE(core.erase("a"));
+  CHECK(core.stored_bytes() == held - 4);
+
+  // Waits: present now, released by a set, expired by the clock, forgotten.
+  const auto now = StoreCore::Clock::now();
+  CHECK(core.wait(1, {"fresh"}, now));
+  CHECK_FALSE(core.wait(2, {"k1", "k2"}, StoreCore::Clock::time_point::max()));
+  CHECK_FALSE(core.wait(3, {"k3"}, now + std::chrono::seconds(5)));
+  CHECK_FALSE(core.wait(4, {"k4"}, now + std::chrono::seconds(9)));
+  CHECK(core.next_deadline() == now + std::chrono::seconds(5));
+  core.set("k1", "");
+  CHECK(core.released().empty());  // k2 still missing
+  core.set("k2", "");
+  CHECK(core.released() == std::vector<int>{2});
+  core.forget(4);
+  CHECK(core.expired(now + std::chrono::seconds(4)).empty());
+  CHECK(core.expired(now + std::chrono::seconds(10)) == std::vector<int>{3});
+  CHECK(core.next_deadline() == StoreCore::Clock::time_point::max());
 }

@@ -45,7 +45,7 @@ for f in binput_empty_stack.pt nested_tuple1_million.pt stride0_blowup.pt tuple2
   "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" \
     --set model.init_from="$WORK/corpus/$f" >"$WORK/out" 2>&1
   expect_eq "$?" 2 "lockstep train with model.init_from=$f exits 2"
-  expect_grep "$WORK/out" "bad data: $WORK/corpus/$f: " "and names the file"
+  expect_grep "$WORK/out" "bad data: model.init_from: $WORK/corpus/$f: " "and names the key and the file"
 done
 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" \
   --set model.init_from=/dev/zero >"$WORK/out" 2>&1

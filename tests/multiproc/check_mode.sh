@@ -19,6 +19,19 @@ for n in 2 3; do
   expect_grep "$WORK/out" "^\[rank0\]: +4( +[0-9a-f]{16}){$n} +same\$" "per-rank digests of step 4 on $n ranks"
 done
 
+# (b) runs the trainer's own step: with accumulation, clipping and a schedule
+# its weights are those of `lockstep train` stopped after as many steps.
+same=(--set train.accumulation_steps=2 --set train.clip_grad_norm=0.5 --set optim.schedule=cosine --set optim.warmup_steps=2)
+check 2 --steps 5 "${same[@]}"
+expect_eq "$?" 0 "check with accumulation, clipping and a schedule passes"
+checked=$(sed -n 's/.*(b).s final weights \([0-9a-f]*\) .*/\1/p' "$WORK/out")
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
+  --config "$root/configs/digits.yaml" --set train.max_steps=5 --set run.dir="$WORK/runs" \
+  --set checkpoint.every=0 "${same[@]}" >"$WORK/train_out" 2>"$WORK/train_err"
+expect_eq "$?" 0 "the same config trains"
+trained=$(sed -n 's/.*weights \([0-9a-f]*\); run .*/\1/p' "$WORK/train_out")
+expect_eq "${checked:-none}" "${trained:-missing}" "check mode's weights equal lockstep train's after 5 steps"
+
 check 3 --inject lr --fault-rank 1
 expect_eq "$?" 1 "a rank with another learning rate exits 1"
 expect_grep "$WORK/out" "\(b\) DDP training, 4 steps +FAIL: weights differ across ranks after step 1: first differing tensor 'layers.0.weight'; rank\(s\) 0, 2 hold [0-9a-f]+; rank\(s\) 1 hold" "names step 1, the tensor and rank 1"

@@ -26,7 +26,8 @@ struct RankOutcome {
 // collective and DDP tests once more with gloo forced.
 inline BackendKind test_backend() {
   const char* name = std::getenv("LOCKSTEP_TEST_BACKEND");
-  return name == nullptr ? BackendKind::kAuto : backend_kind_parse(name);
+  return name == nullptr ? BackendKind::kAuto
+                         : parse_named(kBackendKindNames, name, "LOCKSTEP_TEST_BACKEND");
 }
 
 template <typename Result>

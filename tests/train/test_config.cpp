@@ -97,3 +97,57 @@ TEST_CASE("docs/config.md holds the reference generated from the field table", "
   const std::string documented = text.substr(begin + 25, end - begin - 25);
   CHECK(documented == config_reference_markdown());
 }
+
+TEST_CASE("input paths in a file resolve against its folder, on the command line against the cwd",
+          "[config]") {
+  const auto path = write_config("paths",
+                                 "data:\n  name: csv\n  path: tables/x.csv\nmodel:\n  init_from: "
+                                 "w.pt\n  path: /abs/m.pt\ncheckpoint:\n  resume: auto\nrun:\n  "
+                                 "dir: out\n");
+  const Config file = config_load(path);
+  CHECK(file.data.path == "/tmp/tables/x.csv");
+  CHECK(file.model.init_from == "/tmp/w.pt");
+  CHECK(file.model.path == "/abs/m.pt");    // absolute: as written
+  CHECK(file.checkpoint.resume == "auto");  // a word, not a path
+  CHECK(file.run.dir == "out");             // output: the working directory's
+  const Config cli = config_load(path, {"data.path=here.csv"});
+  CHECK(cli.data.path == "here.csv");
+}
+
+TEST_CASE("an unknown key far from every valid one lists them instead of a wrong guess",
+          "[config]") {
+  // 'amp' once drew "did you mean 'train.epochs'?".
+  REQUIRE_THROWS_WITH(config_load("", {"train.amp=true"}),
+                      Contains("unknown key 'train.amp' (valid: train.epochs, train.max_steps, "
+                               "train.accumulation_steps, train.clip_grad_norm)"));
+  REQUIRE_THROWS_WITH(config_load("", {"train.epoch=3"}), Contains("did you mean 'train.epochs'?"));
+}
+
+TEST_CASE("the resolved config prints numbers as written", "[config]") {
+  const std::string yaml = config_to_yaml(config_load("", {"optim.lr=0.1", "optim.gamma=0.3"}));
+  CHECK(yaml.find("  lr: 0.1\n") != std::string::npos);
+  CHECK(yaml.find("  gamma: 0.3\n") != std::string::npos);
+  CHECK(yaml.find("0000000") == std::string::npos);
+}
+
+#include "lockstep/train/fault.h"
+
+TEST_CASE("LOCKSTEP_FAULT: typed kinds, and every malformed value named", "[config]") {
+  auto with = [](const std::string& value) {
+    return fault_from_env([value](const std::string& name) -> std::optional<std::string> {
+      if (name == "LOCKSTEP_FAULT") return value;
+      return std::nullopt;
+    });
+  };
+  CHECK_FALSE(with(""));
+  const auto hang = with("hang:rank=1:step=30:attempt=2");
+  REQUIRE(hang);
+  CHECK(hang->kind == FaultKind::kHang);
+  CHECK(hang->rank == 1);
+  CHECK(hang->step == 30);
+  CHECK(hang->attempt == 2);
+  CHECK(with("exit:step=0:rank=0")->kind == FaultKind::kExit);
+  REQUIRE_THROWS_WITH(with("explode:rank=0:step=1"), Contains("unknown kind 'explode'"));
+  REQUIRE_THROWS_WITH(with("crash:rank=0"), Contains("needs rank= and step="));
+  REQUIRE_THROWS_WITH(with("crash:rank=x:step=1"), Contains("'rank=x' is not key=number"));
+}

@@ -23,8 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/check/check_kinds.h"
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/util/names.h"
+#include "lockstep/util/hex.h"  // hex_of: digests as text
 
 namespace torch::nn {
 class Module;
@@ -32,12 +33,6 @@ class Module;
 
 namespace lockstep {
 
-enum class DigestMode { kAuto, kXxh3, kChecksum, kSha256 };
-inline constexpr NameTable<DigestMode, 4> kDigestModeNames{{{DigestMode::kAuto, "auto"},
-                                                            {DigestMode::kXxh3, "xxh3"},
-                                                            {DigestMode::kChecksum, "checksum"},
-                                                            {DigestMode::kSha256, "sha256"}}};
-DigestMode digest_mode_parse(const std::string& name);  // auto|xxh3|checksum|sha256
 const char* digest_mode_name(DigestMode mode);
 
 struct NamedTensor {
@@ -55,13 +50,6 @@ std::string fingerprint_digest(const std::vector<NamedTensor>& tensors, DigestMo
 // checksum 16, sha256 32.
 std::vector<std::string> fingerprint_per_tensor(const std::vector<NamedTensor>& tensors,
                                                 DigestMode mode);
-std::string to_hex(const std::string& bytes);
-
-enum class CheckPolicy { kAbort, kWarn, kResync };
-inline constexpr NameTable<CheckPolicy, 3> kCheckPolicyNames{{{CheckPolicy::kAbort, "abort"},
-                                                              {CheckPolicy::kWarn, "warn"},
-                                                              {CheckPolicy::kResync, "resync"}}};
-CheckPolicy check_policy_parse(const std::string& name);  // abort|warn|resync
 
 struct ConsistencyReport {
   bool consistent = true;
@@ -133,6 +121,18 @@ class PendingCheck {
   std::string mine_;
   ProcessGroup::Gathering gathering_;
 };
+
+// The per-step check in a loop of one's own, in one call (collective):
+//   lockstep::check_weights(*dist.pg, *net, step);   // throws ConsistencyError
+// compares `module`'s parameters (and, with `buffers`, its buffers) across
+// ranks and applies `policy`; returns the report (warn and resync go on).
+struct WeightCheckOptions {
+  bool buffers = false;
+  DigestMode mode = DigestMode::kAuto;
+  CheckPolicy policy = CheckPolicy::kAbort;
+};
+ConsistencyReport check_weights(ProcessGroup& pg, const torch::nn::Module& module, int64_t step,
+                                const WeightCheckOptions& options = {});
 
 // Applies `policy` to a report: abort throws ConsistencyError; warn logs;
 // resync broadcasts rank 0's tensors (coalesced) and logs loudly.

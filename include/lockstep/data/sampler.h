@@ -17,8 +17,11 @@
 namespace lockstep {
 
 struct SamplerOptions {
-  int num_replicas = 1;
-  int rank = 0;
+  // The world, which PyTorch takes from the process group: required (the
+  // unset -1 is refused, rather than every rank drawing the same shard).
+  // From lockstep::init_distributed(): {dist.size(), dist.rank(), ...}.
+  int num_replicas = -1;
+  int rank = -1;
   bool shuffle = true;
   uint64_t seed = 0;
   bool drop_last = false;
@@ -26,14 +29,16 @@ struct SamplerOptions {
 
 class DistributedSampler {
  public:
-  // Throws ConfigError for num_replicas < 1, a rank outside
-  // [0, num_replicas), or a negative length.
+  // Throws ConfigError for an unset world (num_replicas or rank -1),
+  // num_replicas < 1, a rank outside [0, num_replicas), or a negative length.
   DistributedSampler(int64_t length, SamplerOptions options);
 
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
   // Indices per rank per epoch (PyTorch's num_samples).
   int64_t num_samples() const { return num_samples_; }
+  int num_replicas() const { return options_.num_replicas; }
+  int rank() const { return options_.rank; }
   int64_t total_size() const { return num_samples_ * options_.num_replicas; }
   // This rank's indices for the current epoch.
   std::vector<int64_t> indices() const;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/ddp/ddp_options.h"
 #include "lockstep/distributed/process_group.h"
 
 namespace lockstep {
@@ -58,7 +59,7 @@ class CompressHook : public CommHook {
   at::ScalarType wire_type_;
 };
 
-// "allreduce" | "fp16" | "bf16"; throws ConfigError listing them.
-std::shared_ptr<CommHook> comm_hook_create(const std::string& name);
+// The built-in hook of that kind (kCommHookKindNames in ddp_options.h).
+std::shared_ptr<CommHook> comm_hook_create(CommHookKind kind);
 
 }  // namespace lockstep

@@ -32,19 +32,11 @@
 #include <utility>
 
 #include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/ddp/ddp_options.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/distributed/process_group.h"
 
 namespace lockstep {
-
-struct DdpOptions {
-  double bucket_cap_mb = 25;       // cap of every bucket but the first
-  double first_bucket_cap_mb = 1;  // the first bucket: small, so the exchange starts early
-  bool gradient_as_bucket_view = true;
-  bool find_unused_parameters = false;
-  bool broadcast_buffers = true;  // rank 0's buffers, before forwards that follow a synced one
-  std::shared_ptr<CommHook> comm_hook;  // nullptr: plain SUM all-reduce
-};
 
 // The type-independent part of DistributedDataParallel.
 class DdpCore {

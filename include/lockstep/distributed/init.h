@@ -8,7 +8,7 @@
 //
 // init_distributed reads the world (WorldInfo: torchrun > Slurm > Open MPI >
 // world size 1), starts rank-tagged logging, meets the other ranks
-// (rendezvous: rank 0's TCPStore, or torchrun's agent store) and creates the
+// (rendezvous: rank 0's job store, or torchrun's agent store) and creates the
 // process group. Errors are lockstep's typed exceptions with the messages the
 // CLI prints: EnvError (a bad variable, named with its value), ConfigError
 // (a bad option), TimeoutError/CommError (a peer that never came).
@@ -27,7 +27,7 @@ namespace lockstep {
 struct InitOptions {
   BackendKind backend = BackendKind::kAuto;
   // shm backend: bytes per step through each rank's slot.
-  std::size_t shm_chunk_bytes = std::size_t{1} << 20;
+  std::size_t shm_chunk_bytes = ShmOptions{}.chunk_bytes;
   // Per collective: a peer that misses one makes it fail after this long.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // To reach the store and for every rank to arrive.

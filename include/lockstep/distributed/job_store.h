@@ -49,6 +49,7 @@ class JobStore : public C10dStore {
   Ptr<C10dStore> clone();
 
  private:
+  class Reply;  // one request: frame, round trip, status (job_store.cpp)
   std::string where() const;
   void connect();
   std::string round_trip(const std::string& frame, std::chrono::milliseconds limit);

@@ -1,4 +1,5 @@
-// lockstep::ProcessGroup: a c10d backend (Gloo or NCCL) plus the things every
+// lockstep::ProcessGroup: a c10d backend (Gloo, NCCL, MPI, lockstep's shared
+// memory or hierarchical backend) plus the things every
 // caller needs around it: the device its tensors live on, AVG where the
 // backend lacks it, early return at world size 1, and errors that name the
 // rank, the operation and its sequence number.
@@ -14,27 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/distributed/backend_kind.h"
+#include "lockstep/distributed/shm_options.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
-#include "lockstep/util/names.h"
 
 namespace lockstep {
 
-// kAuto: shm when every rank shares one host; hierarchical (shm inside each
-// host, Gloo between them) when several hosts hold the same number of ranks
-// each; Gloo otherwise (CPU tensors; NCCL is chosen by name).
-// ProcessGroup::kind() tells what auto became.
-enum class BackendKind { kAuto, kGloo, kShm, kHier, kNccl, kMpi };
-inline constexpr NameTable<BackendKind, 6> kBackendKindNames{{{BackendKind::kAuto, "auto"},
-                                                              {BackendKind::kGloo, "gloo"},
-                                                              {BackendKind::kShm, "shm"},
-                                                              {BackendKind::kHier, "hierarchical"},
-                                                              {BackendKind::kNccl, "nccl"},
-                                                              {BackendKind::kMpi, "mpi"}}};
 const char* backend_kind_name(BackendKind kind);
-// "auto" | "gloo" | "shm" | "hierarchical" | "nccl" | "mpi"; throws ConfigError listing the valid
-// names.
-BackendKind backend_kind_parse(const std::string& name);
 
 enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
 const char* reduce_kind_name(ReduceKind kind);
@@ -42,7 +30,7 @@ const char* reduce_kind_name(ReduceKind kind);
 struct ProcessGroupOptions {
   BackendKind backend = BackendKind::kAuto;
   // shm: bytes per step through each rank's slot (dist.shm_chunk_mb).
-  std::size_t shm_chunk_bytes = std::size_t{1} << 20;
+  std::size_t shm_chunk_bytes = ShmOptions{}.chunk_bytes;
   // Per collective: a peer that does not take part within this time makes
   // the collective fail instead of hanging.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};

@@ -7,19 +7,11 @@
 #include <chrono>
 #include <cstddef>
 
+#include "lockstep/distributed/shm_options.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
 
 namespace lockstep {
-
-struct ShmOptions {
-  // Bytes moved per step through each rank's slot (dist.shm_chunk_mb). The
-  // segment holds 2 x (ranks + 1) chunks.
-  std::size_t chunk_bytes = std::size_t{1} << 20;
-  // A rank that does not arrive within this time fails the collective; a
-  // rank whose process is gone fails it at once.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-};
 
 // Every rank must call it; `store` is the process group's (prefixed) store.
 // Throws ConfigError when the ranks are not all on this host, CommError

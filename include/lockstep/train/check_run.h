@@ -1,7 +1,9 @@
 // `lockstep check --config FILE`: the consistency-check mode.
 //   (a) the communication self-check;
-//   (b) K steps of DDP training of the configured model, with every rank's
-//       weight digest after every step;
+//   (b) K steps of DDP training of the configured model through the
+//       trainer's own step (train/step.h: accumulation, clipping, the
+//       schedule), with every rank's weight digest after every step; the
+//       weights equal those of `lockstep train` with train.max_steps=K;
 //   (c) a negative control: the same K steps with gradient synchronisation
 //       disabled (every backward under no_sync), which must be caught as
 //       divergence at step 1 - proof that the check can fail;
@@ -14,21 +16,30 @@
 
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/train/config.h"
+#include "lockstep/util/names.h"
 
 namespace lockstep {
 
+// The classic bugs the check mode can inject into (b): a rank with a 1.5x
+// learning rate, a rank that re-initialises a layer after DDP was built
+// (unseeded), BatchNorm statistics never synchronised.
+enum class CheckFault { kNone, kLr, kInit, kNoBufferBroadcast };
+inline constexpr NameTable<CheckFault, 4> kCheckFaultNames{
+    {{CheckFault::kNone, "none"},
+     {CheckFault::kLr, "lr"},
+     {CheckFault::kInit, "init"},
+     {CheckFault::kNoBufferBroadcast, "no-buffer-broadcast"}}};
+
 struct CheckRunOptions {
   int64_t steps = 10;
-  // "" (none), "lr" (a rank with a 1.5x learning rate), "init" (a rank that
-  // re-initialises a layer after DDP was built, unseeded), or
-  // "no-buffer-broadcast" (BatchNorm statistics never synchronised).
-  std::string fault;
+  CheckFault fault = CheckFault::kNone;
   int fault_rank = -1;  // -1: the last rank
 };
 
 struct CheckRunResult {
   bool passed = false;
-  std::string summary;  // the report rank 0 prints
+  std::string summary;      // the report rank 0 prints
+  std::string fingerprint;  // (b)'s final weights, as TrainResult::fingerprint
 };
 
 // Collective. Every rank returns the same verdict.

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/check/fingerprint.h"
-#include "lockstep/distributed/process_group.h"
+#include "lockstep/check/check_kinds.h"
+#include "lockstep/ddp/ddp_options.h"
+#include "lockstep/distributed/backend_kind.h"
+#include "lockstep/distributed/shm_options.h"
 #include "lockstep/util/names.h"
 
 namespace lockstep {
@@ -33,11 +35,6 @@ inline constexpr NameTable<OptimizerKind, 3> kOptimizerKindNames{
 enum class Schedule { kConstant, kStep, kCosine };
 inline constexpr NameTable<Schedule, 3> kScheduleNames{
     {{Schedule::kConstant, "constant"}, {Schedule::kStep, "step"}, {Schedule::kCosine, "cosine"}}};
-enum class CommHookKind { kAllreduce, kFp16, kBf16 };
-inline constexpr NameTable<CommHookKind, 3> kCommHookKindNames{
-    {{CommHookKind::kAllreduce, "allreduce"},
-     {CommHookKind::kFp16, "fp16"},
-     {CommHookKind::kBf16, "bf16"}}};
 enum class OnCheckpointError { kFail, kWarn };
 inline constexpr NameTable<OnCheckpointError, 2> kOnCheckpointErrorNames{
     {{OnCheckpointError::kFail, "fail"}, {OnCheckpointError::kWarn, "warn"}}};
@@ -53,7 +50,7 @@ struct RunConfig {
 
 struct DistConfig {
   BackendKind backend = BackendKind::kAuto;
-  double shm_chunk_mb = 1;
+  double shm_chunk_mb = bytes_to_mib(ShmOptions{}.chunk_bytes);
   double timeout_s = 300;
   double rdzv_timeout_s = 300;
 };
@@ -109,11 +106,12 @@ struct OptimConfig {
 };
 
 struct DdpConfig {
-  double bucket_cap_mb = 25;
-  double first_bucket_cap_mb = 1;
-  bool gradient_as_bucket_view = true;
-  bool find_unused_parameters = false;
-  bool broadcast_buffers = true;
+  // Defaults: DDP's own (ddp/ddp_options.h).
+  double bucket_cap_mb = DdpOptions{}.bucket_cap_mb;
+  double first_bucket_cap_mb = DdpOptions{}.first_bucket_cap_mb;
+  bool gradient_as_bucket_view = DdpOptions{}.gradient_as_bucket_view;
+  bool find_unused_parameters = DdpOptions{}.find_unused_parameters;
+  bool broadcast_buffers = DdpOptions{}.broadcast_buffers;
   CommHookKind comm_hook = CommHookKind::kAllreduce;
 };
 

@@ -13,11 +13,16 @@
 #include <string>
 
 #include "lockstep/distributed/world.h"
+#include "lockstep/util/names.h"
 
 namespace lockstep {
 
+enum class FaultKind { kCrash, kHang, kExit };
+inline constexpr NameTable<FaultKind, 3> kFaultKindNames{
+    {{FaultKind::kCrash, "crash"}, {FaultKind::kHang, "hang"}, {FaultKind::kExit, "exit"}}};
+
 struct Fault {
-  std::string kind;
+  FaultKind kind = FaultKind::kCrash;
   int rank = 0;
   int64_t step = 0;
   int attempt = -1;  // -1: any

@@ -14,6 +14,7 @@
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/distributed/init.h"
 #include "lockstep/distributed/world.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/models.h"
@@ -28,10 +29,26 @@ DatasetSplit dataset_from_config(const Config& config);
 // every rank: initialised from run.seed, or loaded from model.init_from.
 std::shared_ptr<Classifier> model_from_config(const Config& config, const TensorDataset& data);
 
+// Each layer's options from its section, converted here once.
 DdpOptions ddp_options_from_config(const DdpConfig& config);
+// The dist section (and log.level) as init_distributed's options; throws
+// ConfigError for a timeout outside (0, 1e7] seconds.
+InitOptions init_options_from_config(const Config& config);
 
 // This rank's shard of `size` examples, in the configured order.
 DistributedSampler sampler_from_config(const Config& config, const WorldInfo& world, int64_t size);
+
+// How an epoch of the train split becomes optimizer steps, the same for the
+// trainer and the check mode: each rank's shard in micro-batches of
+// data.batch_size (a final short one unless data.drop_last), grouped by
+// train.accumulation_steps (a remainder that fills no step is not used).
+struct StepPlan {
+  int64_t micro_per_epoch = 0;  // micro-batches used per epoch (multiple of accumulation)
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;  // steps_per_epoch x train.epochs: the schedule's length
+};
+// Throws ConfigError when an epoch holds no optimizer step.
+StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int64_t train_size);
 
 // The loss the data calls for: cross-entropy over classes, MSE for regression.
 at::Tensor loss_for(const TensorDataset& data, const at::Tensor& output, const at::Tensor& target);

@@ -1,5 +1,5 @@
 // lockstep's one exception hierarchy. Library code throws these; only main()
-// and the launcher turn them into exit codes (see src/cli/).
+// and the launcher turn them into exit codes (util/exit_codes.h).
 #pragma once
 
 #include <stdexcept>

@@ -1,5 +1,5 @@
-// One name table per enum: the single source for parsing a name, printing a
-// value, and listing the valid names (config errors, the YAML dump,
+// One name table per enum: the single source for parsing a name
+// (parse_named), printing a value, and listing the valid names (config errors, the YAML dump,
 // docs/config.md). An enum's owner defines its table next to the enum:
 //   inline constexpr NameTable<DigestMode, 4> kDigestModeNames{{
 //       {DigestMode::kAuto, "auto"}, {DigestMode::kXxh3, "xxh3"}, ...}};
@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "lockstep/util/error.h"
 
 namespace lockstep {
 
@@ -50,6 +52,15 @@ std::string names_listed(const NameTable<E, N>& table) {
   std::string out;
   for (const auto& entry : table) out += (out.empty() ? "" : ", ") + std::string(entry.name);
   return out;
+}
+
+// The value named `text`; throws ConfigError "<what>: 'text' is not one of
+// a, b, c" otherwise. `what` names where the text came from (a config key
+// with its file, a command-line flag).
+template <typename E, std::size_t N>
+E parse_named(const NameTable<E, N>& table, std::string_view text, const std::string& what) {
+  if (auto value = value_named(table, text)) return *value;
+  throw ConfigError(what + ": '" + std::string(text) + "' is not one of " + names_listed(table));
 }
 
 }  // namespace lockstep

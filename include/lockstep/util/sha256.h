@@ -20,6 +20,5 @@ class Sha256 {
 };
 
 std::string sha256_hex(const std::string& bytes);
-std::string hex_of(const std::string& raw);
 
 }  // namespace lockstep

@@ -1,0 +1,34 @@
+// DistributedDataParallel's options and the built-in comm hooks' names: the
+// one home of DDP's defaults (the config's ddp section takes them from here).
+// Plain data: no LibTorch or c10d headers.
+#pragma once
+
+#include <memory>
+
+#include "lockstep/ddp/buckets.h"
+#include "lockstep/util/names.h"
+#include "lockstep/util/units.h"
+
+namespace lockstep {
+
+class CommHook;  // ddp/comm_hooks.h
+
+// The built-in comm hooks (comm_hook_create in comm_hooks.h).
+enum class CommHookKind { kAllreduce, kFp16, kBf16 };
+inline constexpr NameTable<CommHookKind, 3> kCommHookKindNames{
+    {{CommHookKind::kAllreduce, "allreduce"},
+     {CommHookKind::kFp16, "fp16"},
+     {CommHookKind::kBf16, "bf16"}}};
+
+struct DdpOptions {
+  // Cap of every bucket but the first.
+  double bucket_cap_mb = bytes_to_mib(BucketCaps{}.bytes);
+  // The first bucket: small, so the exchange starts early.
+  double first_bucket_cap_mb = bytes_to_mib(BucketCaps{}.first_bytes);
+  bool gradient_as_bucket_view = true;
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;  // rank 0's buffers, before forwards that follow a synced one
+  std::shared_ptr<CommHook> comm_hook;  // nullptr: plain SUM all-reduce
+};
+
+}  // namespace lockstep

@@ -1,0 +1,136 @@
+// TrainStep: the one training step. Every optimizer step lockstep takes -
+// in the Trainer and in `lockstep check --config` - goes through run():
+//
+//   for each of train.accumulation_steps micro-batches (no_sync but the last):
+//     hooks.around_forward( forward through DDP, loss )     autocast
+//     backward of hooks.scale_loss(loss) / accumulation     loss scaling
+//   verdicts of earlier checks (StepChecks::before_update), before the
+//     weights change
+//   hooks.before_clip                                        unscale_
+//   learning rate of the schedule; clip the global gradient norm
+//   hooks.optimizer_step, or optimizer.step()               skip, sharded step
+//   the per-step check started (check.every)
+//   hooks.after_step                                         evaluation
+//
+// The hooks are the seam for what wraps the step (mixed precision, a
+// sharded optimizer, evaluation during training); unset, the step is plain
+// DDP training. Contract: run() and finish_checks() are collectives, called
+// by every rank with the same step numbers; one thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "lockstep/check/fingerprint.h"
+#include "lockstep/data/loader.h"
+#include "lockstep/ddp/ddp.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/models.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace lockstep {
+
+class StepChecks;
+class Tracer;
+
+using ClassifierDdp = DistributedDataParallel<std::shared_ptr<Classifier>>;
+
+// What one step did on this rank. Loss and hit counts stay tensors on the
+// model's device (no host sync per micro-batch).
+struct StepStats {
+  at::Tensor loss_sum;  // sum over micro-batches of mean loss x rows (double)
+  at::Tensor correct;   // classification: hits; undefined for regression
+  double samples = 0;
+  double lr = 0;  // the learning rate this step used
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+};
+
+struct StepHooks {
+  // Runs `forward_and_loss` (one micro-batch) inside, e.g. under autocast.
+  std::function<void(const std::function<void()>& forward_and_loss)> around_forward;
+  // The loss backward starts from (e.g. multiplied by a loss scale).
+  std::function<at::Tensor(const at::Tensor& loss)> scale_loss;
+  // After the gradients are synchronised, before clipping (e.g. unscale_).
+  std::function<void(torch::optim::Optimizer&)> before_clip;
+  // Replaces optimizer.step() (e.g. a scaler that skips, a sharded step).
+  std::function<void(torch::optim::Optimizer&)> optimizer_step;
+  // After the step and its check were started; `step` counts steps done.
+  std::function<void(int64_t step)> after_step;
+};
+
+// The parts of a step: a config's sections, converted once.
+struct StepOptions {
+  int64_t accumulation_steps = 1;
+  double clip_grad_norm = 0;  // 0: no clipping
+  OptimConfig optim;          // the learning-rate schedule
+  int64_t total_steps = 1;    // the schedule's length
+  CheckConfig check;          // check.every 0: no per-step check
+  bool broadcast_buffers = true;
+  // false: every backward runs under no_sync (the check mode's negative
+  // control: ranks that never synchronise must be caught).
+  bool synchronise = true;
+};
+StepOptions step_options_from_config(const Config& config, int64_t total_steps);
+
+// A source of micro-batches: the next one, or nullopt when none is left.
+using BatchSource = std::function<std::optional<Batch>()>;
+
+class TrainStep {
+ public:
+  // `model` is the module `ddp` wraps; `loss` maps (output, target) to the
+  // mean loss. `classification`: hits are counted.
+  TrainStep(ProcessGroup& pg, ClassifierDdp& ddp, Classifier& model,
+            torch::optim::Optimizer& optimizer,
+            std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss,
+            bool classification, StepOptions options);
+  ~TrainStep();
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  // Optimizer step number `step` (0-based: `step` steps were done before).
+  // Throws InternalError when `next` runs dry inside the step.
+  StepStats run(const BatchSource& next, int64_t step);
+
+  // Every verdict still owed (before a checkpoint, at the end).
+  void finish_checks();
+
+  // A divergence found by a per-step check is handled by check.policy
+  // (abort throws ConsistencyError) unless an observer is set: then every
+  // report goes to it, and nothing is enforced (the check mode's table).
+  void set_report_observer(std::function<void(const ConsistencyReport&)> observer);
+  void set_tracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
+
+  // The tensors the per-step check compares: parameters, with check.buffers
+  // the buffers, with check.optimizer_state the optimizer's state.
+  std::vector<NamedTensor> checked_tensors() const;
+  // BatchNorm statistics legitimately differ after a forward in train mode;
+  // DDP re-syncs them before the next forward. Compare them as that forward
+  // will see them (collective; nothing without check.buffers).
+  void sync_buffers_for_check();
+
+  StepHooks hooks;
+
+ private:
+  void handle(const std::vector<ConsistencyReport>& reports);
+  void trace(const char* name, std::chrono::steady_clock::time_point start);
+
+  ProcessGroup& pg_;
+  ClassifierDdp& ddp_;
+  Classifier& model_;
+  torch::optim::Optimizer& optimizer_;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss_;
+  bool classification_;
+  StepOptions options_;
+  std::unique_ptr<StepChecks> checks_;
+  std::function<void(const ConsistencyReport&)> observer_;
+  std::shared_ptr<Tracer> tracer_;
+};
+
+}  // namespace lockstep

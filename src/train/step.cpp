@@ -1,0 +1,188 @@
+#include "lockstep/train/step.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "lockstep/check/step_checks.h"
+#include "lockstep/distributed/coalesced.h"
+#include "lockstep/train/optim.h"
+#include "lockstep/util/error.h"
+#include "lockstep/util/module_tensors.h"
+#include "lockstep/util/trace.h"
+
+namespace lockstep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+at::Tensor add_to(const at::Tensor& sum, const at::Tensor& value) {
+  return sum.defined() ? sum + value : value;
+}
+
+}  // namespace
+
+StepOptions step_options_from_config(const Config& config, int64_t total_steps) {
+  StepOptions options;
+  options.accumulation_steps = config.train.accumulation_steps;
+  options.clip_grad_norm = config.train.clip_grad_norm;
+  options.optim = config.optim;
+  options.total_steps = total_steps;
+  options.check = config.check;
+  options.broadcast_buffers = config.ddp.broadcast_buffers;
+  return options;
+}
+
+TrainStep::TrainStep(ProcessGroup& pg, ClassifierDdp& ddp, Classifier& model,
+                     torch::optim::Optimizer& optimizer,
+                     std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss,
+                     bool classification, StepOptions options)
+    : pg_(pg),
+      ddp_(ddp),
+      model_(model),
+      optimizer_(optimizer),
+      loss_(std::move(loss)),
+      classification_(classification),
+      options_(std::move(options)) {
+  if (options_.accumulation_steps < 1) {
+    throw ConfigError("train.accumulation_steps=" + std::to_string(options_.accumulation_steps) +
+                      " must be >= 1");
+  }
+}
+
+TrainStep::~TrainStep() = default;
+
+void TrainStep::set_report_observer(std::function<void(const ConsistencyReport&)> observer) {
+  observer_ = std::move(observer);
+}
+
+void TrainStep::trace(const char* name, Clock::time_point start) {
+  if (tracer_) tracer_->complete(name, "step", start, Clock::now());
+}
+
+std::vector<NamedTensor> TrainStep::checked_tensors() const {
+  auto tensors = fingerprint_tensors(model_, options_.check.buffers);
+  if (options_.check.optimizer_state) {
+    for (auto& t : optimizer_state_tensors(optimizer_, module_tensors(model_, false)))
+      tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
+void TrainStep::sync_buffers_for_check() {
+  if (!options_.check.buffers || !options_.broadcast_buffers) return;
+  std::vector<at::Tensor> buffers;
+  for (const auto& b : model_.buffers()) buffers.push_back(b);
+  broadcast_coalesced(pg_, buffers, 0);
+}
+
+void TrainStep::handle(const std::vector<ConsistencyReport>& reports) {
+  for (const auto& report : reports) {
+    if (observer_) {
+      observer_(report);
+      continue;
+    }
+    if (report.consistent) continue;  // the per-step path: nothing more to build
+    spdlog::error("step {}: {}", report.step, report.message);
+    fingerprint_enforce(pg_, report, options_.check.policy, checked_tensors());
+    if (options_.check.policy == CheckPolicy::kResync) {
+      // Checks still in flight saw the weights before the resync: their
+      // verdicts are known already (a collective: every rank drops them).
+      checks_->drain();
+      return;
+    }
+  }
+}
+
+void TrainStep::finish_checks() {
+  if (checks_) handle(checks_->drain());
+}
+
+StepStats TrainStep::run(const BatchSource& next, int64_t step) {
+  StepStats stats;
+  const int64_t acc = options_.accumulation_steps;
+  optimizer_.zero_grad();
+  for (int64_t m = 0; m < acc; ++m) {
+    auto batch = next();
+    if (!batch) {
+      throw InternalError("the batches ran out in step " + std::to_string(step + 1) +
+                          " at micro-batch " + std::to_string(m + 1) + " of " +
+                          std::to_string(acc));
+    }
+    const bool synced = options_.synchronise && m == acc - 1;
+    std::optional<DdpCore::NoSyncGuard> guard;
+    if (!synced) guard.emplace(ddp_);
+    auto t = Clock::now();
+    at::Tensor out, loss;
+    const auto forward_and_loss = [&] {
+      out = ddp_.forward(batch->x);
+      loss = loss_(out, batch->y);
+    };
+    if (hooks.around_forward) {
+      hooks.around_forward(forward_and_loss);
+    } else {
+      forward_and_loss();
+    }
+    stats.forward_ms += ms_since(t);
+    trace("forward", t);
+    t = Clock::now();
+    const at::Tensor start = hooks.scale_loss ? hooks.scale_loss(loss) : loss;
+    (start / static_cast<double>(acc)).backward();
+    trace(synced ? "backward" : "backward (no_sync)", t);
+    double wait = 0;
+    if (synced && ddp_.reducer() != nullptr) wait = ddp_.reducer()->last_stats().wait_ms;
+    stats.backward_ms += ms_since(t) - wait;
+    stats.comm_ms += wait;
+    const double rows = static_cast<double>(batch->x.size(0));
+    stats.loss_sum = add_to(stats.loss_sum, loss.detach().to(at::kDouble) * rows);
+    stats.samples += rows;
+    if (classification_) {
+      stats.correct =
+          add_to(stats.correct, (out.detach().argmax(1) == batch->y).sum().to(at::kDouble));
+    }
+  }
+  auto t = Clock::now();
+  if (checks_) handle(checks_->before_update());  // before the weights change
+  stats.check_ms += ms_since(t);
+
+  t = Clock::now();
+  if (hooks.before_clip) hooks.before_clip(optimizer_);
+  stats.lr = lr_at(options_.optim, step, options_.total_steps);
+  optimizer_set_lr(optimizer_, stats.lr);
+  if (options_.clip_grad_norm > 0) {
+    // After synchronisation: every rank clips the same averaged gradients.
+    torch::nn::utils::clip_grad_norm_(model_.parameters(), options_.clip_grad_norm);
+  }
+  if (hooks.optimizer_step) {
+    hooks.optimizer_step(optimizer_);
+  } else {
+    optimizer_.step();
+  }
+  stats.optimizer_ms += ms_since(t);
+  trace("optimizer step", t);
+
+  const int64_t done = step + 1;
+  if (options_.check.every > 0 && done % options_.check.every == 0) {
+    t = Clock::now();
+    sync_buffers_for_check();
+    if (!checks_) {
+      checks_ = std::make_unique<StepChecks>(pg_, options_.check.mode,
+                                             check_hashing_for(options_.check.buffers));
+    }
+    checks_->start(checked_tensors(), done);
+    stats.check_ms += ms_since(t);
+    trace("consistency check", t);
+  }
+  if (hooks.after_step) hooks.after_step(done);
+  return stats;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,257 @@
+// The one training step (train/step.h) with values: two ranks with
+// accumulation, clipping and a warmup-then-cosine schedule against one
+// process that steps on the concatenated batch; and the check mode, which
+// now runs the same step, ending on the weights of `lockstep train`.
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/sgd.h>
+
+#include "lockstep/train/check_run.h"
+#include "lockstep/train/optim.h"
+#include "lockstep/train/recipe.h"
+#include "lockstep/train/step.h"
+#include "lockstep/train/trainer.h"
+#include "support/catch.h"
+#include "support/temp_dir.h"
+#include "support/thread_world.h"
+
+using namespace lockstep;
+using namespace lockstep::testing;
+
+namespace {
+
+constexpr int kRanks = 2;
+constexpr int64_t kAcc = 2, kRows = 3, kSteps = 4, kFeatures = 5, kClasses = 3;
+
+ModelConfig small_mlp() {
+  ModelConfig model;
+  model.name = "mlp";
+  model.hidden = 7;
+  model.layers = 2;
+  return model;
+}
+
+OptimConfig schedule() {
+  OptimConfig optim;
+  optim.name = OptimizerKind::kSgd;
+  optim.lr = 0.5;
+  optim.momentum = 0.9;
+  optim.schedule = Schedule::kCosine;
+  optim.warmup_steps = 2;
+  optim.min_lr = 0.01;
+  return optim;
+}
+
+std::vector<at::Tensor> copy_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("two ranks' step with accumulation, clipping and the schedule equals one process",
+          "[step][ddp]") {
+  const double clip = 0.05;  // small: it clips every step, so a per-rank norm would show
+  at::manual_seed(3);
+  // x[step][rank][micro]: every micro-batch of every rank of every step.
+  const auto x = at::randn({kSteps, kRanks, kAcc, kRows, kFeatures});
+  const auto y = at::randint(0, kClasses, {kSteps, kRanks, kAcc, kRows}, at::kLong);
+  std::vector<std::shared_ptr<Classifier>> models;
+  for (int r = 0; r < kRanks; ++r) {
+    at::manual_seed(11);
+    models.push_back(model_create(small_mlp(), {kFeatures}, kClasses));
+  }
+  at::manual_seed(11);
+  auto reference = model_create(small_mlp(), {kFeatures}, kClasses);
+  const auto cross_entropy = [](const at::Tensor& out, const at::Tensor& target) {
+    return torch::nn::functional::cross_entropy(out, target);
+  };
+
+  StepOptions options;
+  options.accumulation_steps = kAcc;
+  options.clip_grad_norm = clip;
+  options.optim = schedule();
+  options.total_steps = 6;
+  options.check.every = 1;
+  struct Outcome {
+    std::vector<at::Tensor> weights;
+    std::vector<double> lrs, losses;
+  };
+  auto outcomes = run_ranks<Outcome>(kRanks, [&](ProcessGroup& pg) {
+    auto& model = models[pg.rank()];
+    ClassifierDdp ddp(model, pg.shared_from_this());
+    auto optimizer = optimizer_create(options.optim, model->parameters());
+    TrainStep step(pg, ddp, *model, *optimizer, cross_entropy, true, options);
+    Outcome outcome;
+    for (int64_t s = 0; s < kSteps; ++s) {
+      int64_t micro = 0;
+      const auto stats = step.run(
+          [&]() -> std::optional<Batch> {
+            const auto i = micro++;
+            return Batch{x[s][pg.rank()][i], y[s][pg.rank()][i]};
+          },
+          s);
+      outcome.lrs.push_back(stats.lr);
+      outcome.losses.push_back(stats.loss_sum.item<double>() / stats.samples);
+    }
+    step.finish_checks();  // every per-step check passed (abort policy)
+    outcome.weights = copy_of(model->parameters());
+    return outcome;
+  });
+  for (const auto& o : outcomes) REQUIRE(error_text(o.error) == "");
+
+  // One process on the concatenated batch: the mean loss over all ranks'
+  // micro-batches, the global norm clipped, the schedule's lr.
+  auto optimizer = optimizer_create(schedule(), reference->parameters());
+  for (int64_t s = 0; s < kSteps; ++s) {
+    optimizer->zero_grad();
+    const auto all_x = x[s].reshape({kRanks * kAcc * kRows, kFeatures});
+    const auto all_y = y[s].reshape({kRanks * kAcc * kRows});
+    const auto loss = cross_entropy(reference->forward(all_x), all_y);
+    loss.backward();
+    const double lr = lr_at(schedule(), s, 6);
+    optimizer_set_lr(*optimizer, lr);
+    const double norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), clip);
+    CHECK(norm > clip);  // the clipping is exercised
+    optimizer->step();
+    for (int r = 0; r < kRanks; ++r) CHECK(outcomes[r].result.lrs[s] == Approx(lr));
+  }
+  // Warmup then cosine: the lr really changes from step to step.
+  CHECK(outcomes[0].result.lrs[0] < outcomes[0].result.lrs[1]);
+  CHECK(outcomes[0].result.lrs[1] > outcomes[0].result.lrs[3]);
+  const auto want = reference->parameters();
+  for (int r = 0; r < kRanks; ++r) {
+    const auto& got = outcomes[r].result.weights;
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("rank " << r << " parameter " << i);
+      CHECK(at::allclose(got[i], want[i].detach(), 1e-5, 1e-6));
+      CHECK(at::equal(got[i], outcomes[0].result.weights[i]));
+    }
+  }
+}
+
+TEST_CASE("a step whose batches run dry is an internal error naming the micro-batch", "[step]") {
+  at::manual_seed(11);
+  auto model = model_create(small_mlp(), {kFeatures}, kClasses);
+  StepOptions options;
+  options.accumulation_steps = 3;
+  auto outcomes = run_ranks<int>(1, [&](ProcessGroup& pg) {
+    ClassifierDdp ddp(model, pg.shared_from_this());
+    auto optimizer = optimizer_create(OptimConfig{}, model->parameters());
+    TrainStep step(
+        pg, ddp, *model, *optimizer,
+        [](const at::Tensor& o, const at::Tensor& t) {
+          return torch::nn::functional::cross_entropy(o, t);
+        },
+        true, options);
+    int given = 0;
+    step.run(
+        [&]() -> std::optional<Batch> {
+          if (given++ == 2) return std::nullopt;
+          return Batch{at::randn({2, kFeatures}), at::zeros({2}, at::kLong)};
+        },
+        4);
+    return 0;
+  });
+  CHECK_THAT(error_text(outcomes[0].error),
+             Contains("the batches ran out in step 5 at micro-batch 3 of 3"));
+}
+
+TEST_CASE("check mode honours accumulation, clipping and the schedule: lockstep train's weights",
+          "[step][check]") {
+  TempDir dir;
+  Config config;
+  config.run.dir = dir.path;
+  config.data.name = DatasetKind::kSynthetic;
+  config.data.synthetic_size = 96;
+  config.data.synthetic_features = 6;
+  config.data.synthetic_classes = 3;
+  config.data.batch_size = 8;
+  config.train.accumulation_steps = 2;
+  config.train.clip_grad_norm = 0.05;
+  config.train.epochs = 3;
+  config.train.max_steps = 7;  // past the first epoch (4 steps): the sampler's next epoch
+  config.optim = schedule();
+  config.log.every = 1000;
+  config.log.progress = Progress::kPlain;
+  config.model = small_mlp();
+  auto fingerprints = [&](const Config& c) {
+    auto outcomes = run_ranks<std::pair<std::string, std::string>>(1, [&](ProcessGroup& pg) {
+      WorldInfo world;
+      auto shared = pg.shared_from_this();
+      Trainer trainer(c, world, shared);
+      const auto trained = trainer.run();
+      CheckRunOptions options;
+      options.steps = c.train.max_steps;
+      const auto checked = check_run(c, world, shared, options);
+      if (!checked.passed) throw std::runtime_error(checked.summary);
+      return std::make_pair(trained.fingerprint, checked.fingerprint);
+    });
+    REQUIRE(error_text(outcomes[0].error) == "");
+    return outcomes[0].result;
+  };
+  const auto [trained, checked] = fingerprints(config);
+  CHECK(trained == checked);
+  CHECK(trained.size() == 32);
+  // Without accumulation the weights differ: the comparison can fail.
+  Config plain = config;
+  plain.run.name = "plain";
+  plain.train.accumulation_steps = 1;
+  const auto [plain_trained, plain_checked] = fingerprints(plain);
+  CHECK(plain_trained == plain_checked);
+  CHECK(plain_trained != trained);
+}
+
+TEST_CASE("a data file the config names but that is missing names the key and the resolved path",
+          "[config][step]") {
+  TempDir dir;
+  const auto path = dir.write("run.yaml", "data:\n  name: csv\n  path: missing.csv\n");
+  const Config config = config_load(path);
+  REQUIRE_THROWS_WITH(dataset_from_config(config),
+                      Contains("data.path: cannot open '" + dir.path + "/missing.csv'"));
+}
+
+TEST_CASE("the recipe: the step plan, and each section converted once", "[step][config]") {
+  Config config;  // the digits: 1,797 examples, 20% validation
+  config.train.accumulation_steps = 2;
+  config.train.epochs = 3;
+  const auto split = dataset_from_config(config);
+  CHECK(split.train.size() == 1438);
+  WorldInfo world;
+  world.world_size = 2;
+  world.rank = 1;
+  const auto sampler = sampler_from_config(config, world, split.train.size());
+  const StepPlan plan = step_plan(config, sampler, split.train.size());
+  CHECK(plan.micro_per_epoch == 22);  // 719 per rank: 23 batches of 32, 22 fill 11 steps
+  CHECK(plan.steps_per_epoch == 11);
+  CHECK(plan.total_steps == 33);
+  config.train.accumulation_steps = 24;
+  REQUIRE_THROWS_WITH(step_plan(config, sampler, split.train.size()),
+                      Contains("gives 23 micro-batch(es) of data.batch_size=32 per rank per "
+                               "epoch, fewer than train.accumulation_steps=24"));
+
+  config.dist.shm_chunk_mb = 1.5;
+  config.dist.timeout_s = 2.5;
+  config.dist.backend = BackendKind::kGloo;
+  const InitOptions init = init_options_from_config(config);
+  CHECK(init.shm_chunk_bytes == 1572864);
+  CHECK(init.timeout == std::chrono::milliseconds(2500));
+  CHECK(init.backend == BackendKind::kGloo);
+  config.dist.shm_chunk_mb = 0.0625 + 1e-7;  // rounded down to a multiple of 64 bytes
+  CHECK(init_options_from_config(config).shm_chunk_bytes == 65536);
+  CHECK(Config{}.dist.shm_chunk_mb == 1);  // ShmOptions' default, in MiB
+
+  const DdpOptions plain = ddp_options_from_config(Config{}.ddp);
+  CHECK(plain.bucket_cap_mb == 25);  // DDP's own defaults, through the config
+  CHECK(plain.first_bucket_cap_mb == 1);
+  CHECK(plain.comm_hook == nullptr);
+  DdpConfig fp16;
+  fp16.comm_hook = CommHookKind::kFp16;
+  fp16.bucket_cap_mb = 4;
+  const DdpOptions compressed = ddp_options_from_config(fp16);
+  REQUIRE(compressed.comm_hook != nullptr);
+  CHECK(compressed.comm_hook->name() == "fp16");
+  CHECK(compressed.bucket_cap_mb == 4);
+}
