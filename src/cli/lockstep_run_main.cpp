@@ -22,8 +22,7 @@ namespace {
 cxxopts::Options make_parser() {
   cxxopts::Options options("lockstep-run",
                            "Start N workers per node with torchrun's environment contract.");
-  options.custom_help("[OPTION...]");
-  options.positional_help("PROGRAM [ARGS...]");
+  options.custom_help("[OPTION...] PROGRAM [ARGS...]");
   // clang-format off
   options.add_options()
       ("nproc-per-node", "workers on this node", cxxopts::value<int>()->default_value("1"))
