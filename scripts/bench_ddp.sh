@@ -13,7 +13,9 @@
 # buckets vs one flat all-reduce of all gradients; they have no PyTorch peer.
 #   JSON=out.jsonl scripts/bench_ddp.sh   # also keep every raw row
 #   BACKEND=gloo scripts/bench_ddp.sh     # lockstep's backend (default auto: shm on one host;
-#                                         # PyTorch's DDP runs on Gloo either way)
+#                                         # PyTorch's DDP runs on TORCH_BACKEND, default gloo)
+#   DEVICE=cuda BACKEND=nccl TORCH_BACKEND=nccl NPROC=1 scripts/bench_ddp.sh   # on a GPU
+#   BUILD=build-gpu PYTHON=python3 ...    # another build folder, another Python (a GPU machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
@@ -21,25 +23,28 @@ ROUNDS=${ROUNDS:-5}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-10}
 # Gloo all-reduces bfloat16 from PyTorch 2.0 on: the bf16 hook's row only there.
-bf16=$(/usr/bin/python3 -c 'import torch; print(",ddp-bf16" if int(torch.__version__.split(".")[0]) >= 2 else "")')
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+DEVICE=${DEVICE:-cpu}
+bf16=$("$PYTHON" -c 'import torch; print(",ddp-bf16" if int(torch.__version__.split(".")[0]) >= 2 else "")')
 MODES=${MODES:-local,ddp,ddp-fp16$bf16,ddp-bucket1,ddp-bucket5,ddp-bucket25,ddp-bucket100,ddp-accum4,exchange-bucketed,exchange-flat}
 MODELS=${MODELS:-small,large}
-[ -x build/lockstep ] || scripts/setup.sh
+[ -x "$BUILD/lockstep" ] || scripts/setup.sh
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export USE_LIBUV=0  # PyTorch 2.6 from Debian has no libuv TCPStore (tests/multiproc/lib.sh)
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
-  build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
-    build/lockstep bench ddp --backend "${BACKEND:-auto}" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
+  "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 \
+    "$BUILD/lockstep" bench ddp --backend "${BACKEND:-auto}" --device "$DEVICE" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
-  build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 \
-    /usr/bin/python3 scripts/bench_ddp_torch.py --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
+  "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 \
+    "$PYTHON" scripts/bench_ddp_torch.py --backend "${TORCH_BACKEND:-gloo}" --device "$DEVICE" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
 done
 [ -n "${JSON:-}" ] && cp "$raw" "$JSON"
-/usr/bin/python3 - "$raw" "$ROUNDS" <<'PY'
+"$PYTHON" - "$raw" "$ROUNDS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 keys = []

@@ -30,15 +30,22 @@ def make_mlp(dims):
     return nn.Sequential(*layers)
 
 
-def time_steps(dims, batch, mode, warmup, steps):
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(dims, batch, mode, warmup, steps, device):
     torch.manual_seed(0)
-    model = make_mlp(dims)
+    model = make_mlp(dims).to(device)
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(batch, dims[0])
-    y = torch.randint(0, dims[-1], (batch,))
+    x = torch.randn(batch, dims[0]).to(device)
+    y = torch.randint(0, dims[-1], (batch,)).to(device)
     run = model
     if mode != "local":
         kwargs = {}
+        if device.type == "cuda":
+            kwargs["device_ids"] = [device.index]
         if mode.startswith("ddp-bucket"):
             kwargs["bucket_cap_mb"] = float(mode[len("ddp-bucket"):])
         run = DDP(model, **kwargs)
@@ -68,12 +75,14 @@ def time_steps(dims, batch, mode, warmup, steps):
 
     for _ in range(warmup):
         step()
+    synchronize(device)
     dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
         step()
+    synchronize(device)
     ms = (time.perf_counter() - start) * 1000 / steps
-    slowest = torch.tensor([ms], dtype=torch.float64)
+    slowest = torch.tensor([ms], dtype=torch.float64, device=device if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.item()
 
@@ -84,18 +93,25 @@ def main():
     parser.add_argument("--modes", default="local,ddp")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (GPU LOCAL_RANK)")
+    parser.add_argument("--backend", default="gloo", help="gloo | nccl")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     for name in args.models.split(","):
         dims, batch = MODELS[name]
         for mode in args.modes.split(","):
             if mode.startswith("exchange-") or mode.startswith("ddp+check"):
                 continue  # lockstep-only rows
-            ms = time_steps(dims, batch, mode, args.warmup, args.steps)
+            ms = time_steps(dims, batch, mode, args.warmup, args.steps, device)
             if rank == 0:
                 print(json.dumps({"bench": "ddp", "impl": "pytorch", "model": name, "mode": mode,
-                                  "world": world, "batch": batch, "ms_per_step": round(ms, 4)}),
+                                  "world": world, "device": device.type, "batch": batch,
+                                  "ms_per_step": round(ms, 4)}),
                       flush=True)
     dist.destroy_process_group()
 

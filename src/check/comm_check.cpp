@@ -71,7 +71,7 @@ class Runner {
 
   void run() {
     const bool corrupt = pg_.rank() == options_.corrupt_rank;
-    const auto device = pg_.device();
+    const auto device = options_.device.value_or(pg_.device());
     for (const auto& rc : reduce_cases()) {
       for (const auto& dt : kDtypes) {
         for (int64_t numel : options_.sizes) {
@@ -134,6 +134,7 @@ class Runner {
     CommCheckReport report;
     report.world_size = pg_.size();
     report.backend = backend_kind_name(pg_.kind());
+    report.device = options_.device.value_or(pg_.device()).str();
     for (int64_t c = 0; c < count; ++c) {
       cases_[c].max_ms = times[c].item<double>();
       for (int r = 0; r < pg_.size(); ++r) {
@@ -194,8 +195,10 @@ std::string CommCheckReport::table() const {
                   c.dtype.c_str(), static_cast<long long>(c.numel), c.max_ms, result.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "comm check (%s, %d ranks): %d passed, %d failed\n",
-                backend.c_str(), world_size, static_cast<int>(cases.size()) - failed, failed);
+  const std::string on = device == "cpu" ? "" : ", tensors on " + device;
+  std::snprintf(line, sizeof line, "comm check (%s, %d ranks%s): %d passed, %d failed\n",
+                backend.c_str(), world_size, on.c_str(), static_cast<int>(cases.size()) - failed,
+                failed);
   out += line;
   return out;
 }

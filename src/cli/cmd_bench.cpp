@@ -2,6 +2,7 @@
 // MLPs with and without DistributedDataParallel, one JSON line per row on
 // rank 0. scripts/bench_ddp.sh runs it beside PyTorch's own DDP
 // (scripts/bench_ddp_torch.py) and prints the ratios.
+#include <torch/cuda.h>
 #include <torch/nn.h>
 #include <torch/optim.h>
 
@@ -19,6 +20,8 @@
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/agree.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/text.h"
 
@@ -63,13 +66,19 @@ struct Timing {
 // Modes ddp+check, ddp+check-inplace and ddp+check-sha256 run the cross-rank
 // fingerprint check after every optimizer step, as the trainer does with
 // check.every: 1.
+// GPU work is asynchronous: the clock reads after the device has finished.
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
-                  int steps, const DdpOptions& base) {
+                  int steps, const DdpOptions& base, const at::Device& device) {
   torch::manual_seed(0);
   auto model = make_mlp(spec.dims);
+  model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
-  const auto x = torch::randn({spec.batch, spec.dims.front()});
-  const auto y = torch::randint(0, spec.dims.back(), {spec.batch});
+  const auto x = torch::randn({spec.batch, spec.dims.front()}).to(device);
+  const auto y = torch::randint(0, spec.dims.back(), {spec.batch}).to(device);
   std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp;
   if (mode != "local") {
     DdpOptions options = base;
@@ -120,6 +129,7 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
     if (checks) timed([&] { checks->start(fingerprint_tensors(*model, false), ++step_number); });
   };
   for (int i = 0; i < warmup; ++i) step();
+  synchronize(device);
   check_ms = 0;
   const size_t idle_before = checks ? checks->idle_bytes() : 0;
   const size_t hashed_before = checks ? checks->hashed_bytes() : 0;
@@ -127,6 +137,7 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
   if (checks) timed([&] { verdicts(checks->drain()); });
+  synchronize(device);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
       steps;
@@ -188,9 +199,10 @@ int cmd_bench(int argc, char** argv) {
         ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only)", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
+        ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
         ("h,help", "this help");
@@ -243,19 +255,24 @@ int cmd_bench(int argc, char** argv) {
     ddp_options.bucket_cap_mb = args["bucket-cap-mb"].as<double>();
     ddp_options.first_bucket_cap_mb = args["first-bucket-cap-mb"].as<double>();
     auto dist = dist_setup(args);
+    Config where;  // the device rule of train.device
+    where.train.device =
+        parse_named(kDeviceKindNames, args["device"].as<std::string>(), "--device");
+    const at::Device device = device_from_config(where, dist.world, dist.pg->kind(), "--device");
     for (const auto& spec : models) {
       for (const auto& mode : modes) {
         const Timing t = mode.rfind("exchange-", 0) == 0
                              ? time_exchange(*dist.pg, spec, mode, warmup, steps, ddp_options)
-                             : time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options);
+                             : time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options, device);
         if (dist.world.rank == 0) {
           std::printf(
               "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
-              "\"world\": %d, \"batch\": %lld, \"ms_per_step\": %.4f, \"check_ms\": %.4f, "
+              "\"world\": %d, \"device\": \"%s\", \"batch\": %lld, \"ms_per_step\": %.4f, "
+              "\"check_ms\": %.4f, "
               "\"check_share\": %.5f, \"check_idle_share\": %.4f}\n",
               spec.name.c_str(), mode.c_str(), dist.world.world_size,
-              static_cast<long long>(spec.batch), t.ms_per_step, t.check_ms,
-              t.check_ms / t.ms_per_step, t.idle_share);
+              device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(spec.batch), t.ms_per_step,
+              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share);
           std::fflush(stdout);
         }
       }

@@ -65,6 +65,7 @@ int cmd_check(int argc, char** argv) {
         ("inject", "with --config: fault to inject: none | lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value("none"))
         ("fault-rank", "with --config: the rank that misbehaves (-1: the last)", cxxopts::value<int>()->default_value("-1"))
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
+        ("device", "--comm: where the tensors live: auto (the backend's: cuda for nccl) | cpu | cuda (GPU LOCAL_RANK; gloo reduces CUDA tensors too)", cxxopts::value<std::string>()->default_value("auto"))
         ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"))
         ("h,help", "this help");
     // clang-format on
@@ -81,7 +82,12 @@ int cmd_check(int argc, char** argv) {
     CommCheckOptions check;
     check.sizes = parse_sizes(args["sizes"].as<std::string>());
     check.corrupt_rank = args["corrupt-rank"].as<int>();
+    Config where;  // the device rule of train.device, for the check's tensors
+    where.train.device =
+        parse_named(kDeviceKindNames, args["device"].as<std::string>(), "--device");
     auto dist = dist_setup(args);
+    if (where.train.device != DeviceKind::kAuto)
+      check.device = device_from_config(where, dist.world, dist.pg->kind(), "--device");
     const auto report = comm_check_run(*dist.pg, check);
     if (dist.world.rank == 0) {
       std::fputs(report.table().c_str(), stdout);

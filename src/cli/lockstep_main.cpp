@@ -27,8 +27,8 @@ void add_dist_options(cxxopts::Options& options) {
   // clang-format off
   options.add_options("distributed")
       ("backend", "process group backend: auto | gloo | shm | hierarchical | nccl | mpi (auto: shm on one host, hierarchical across hosts with as many ranks each, else gloo; mpi: under mpirun, LibTorch built with MPI)", cxxopts::value<std::string>()->default_value("auto"))
-      ("timeout-s", "seconds before a collective that a peer misses fails", cxxopts::value<double>()->default_value("300"))
-      ("rdzv-timeout-s", "seconds to reach the store and for every rank to arrive", cxxopts::value<double>()->default_value("300"))
+      ("timeout-s", "seconds before a collective that a peer misses fails", cxxopts::value<double>()->default_value(std::to_string(kCollectiveTimeout.count())))
+      ("rdzv-timeout-s", "seconds to reach the store and for every rank to arrive", cxxopts::value<double>()->default_value(std::to_string(kRendezvousTimeout.count())))
       ("log-level", "trace|debug|info|warn|error (default: LOCKSTEP_LOG_LEVEL or info)", cxxopts::value<std::string>()->default_value(""));
   // clang-format on
 }

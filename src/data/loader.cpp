@@ -34,9 +34,10 @@ BatchLoader::BatchLoader(std::shared_ptr<const Dataset> data, std::vector<int64_
   start_pass();
 }
 
-BatchLoader::BatchLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler,
-                         LoaderOptions options)
+BatchLoader::BatchLoader(std::shared_ptr<const Dataset> data,
+                         std::shared_ptr<DistributedSampler> sampler, LoaderOptions options)
     : data_(std::move(data)), sampler_(std::move(sampler)), options_(options) {
+  if (!sampler_) throw UsageError("BatchLoader: the sampler is null");
   start_pass();
 }
 
@@ -44,7 +45,7 @@ BatchLoader::BatchLoader(const TensorDataset& data, std::vector<int64_t> indices
                          LoaderOptions options)
     : BatchLoader(std::make_shared<TensorExamples>(data), std::move(indices), options) {}
 
-BatchLoader::BatchLoader(const TensorDataset& data, DistributedSampler sampler,
+BatchLoader::BatchLoader(const TensorDataset& data, std::shared_ptr<DistributedSampler> sampler,
                          LoaderOptions options)
     : BatchLoader(std::make_shared<TensorExamples>(data), std::move(sampler), options) {}
 
@@ -69,7 +70,10 @@ void BatchLoader::start_pass() {
   if (!data_ || data_->size() == 0) {
     throw DataError("dataset '" + (data_ ? data_->name() : std::string("(none)")) + "' is empty");
   }
-  if (sampler_) indices_ = sampler_->indices();
+  if (sampler_) {
+    indices_ = sampler_->indices();
+    pass_epoch_ = sampler_->epoch();
+  }
   for (int64_t i : indices_) {
     if (i < 0 || i >= data_->size()) {
       throw DataError("index " + std::to_string(i) + " is outside dataset '" + data_->name() +
@@ -97,7 +101,7 @@ void BatchLoader::set_epoch(int64_t epoch) {
 }
 
 BatchLoader::iterator BatchLoader::begin() {
-  if (consumed_ > 0) start_pass();
+  if (consumed_ > 0 || (sampler_ && sampler_->epoch() != pass_epoch_)) start_pass();
   return iterator(this);
 }
 

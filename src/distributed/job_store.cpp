@@ -210,6 +210,9 @@ class JobStore::Reply {
     if (status_ == wire::Status::kError)
       throw CommError("store at " + store.where() + " refused a request: " + in_->bytes(1 << 16));
   }
+  // in_ reads body_: never copied or moved.
+  Reply(const Reply&) = delete;
+  Reply& operator=(const Reply&) = delete;
   wire::Status status() const { return status_; }
   wire::Reader& in() { return *in_; }
   std::string bytes() { return in_->bytes(body_.size()); }

@@ -194,6 +194,15 @@ ProcessGroup::ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank,
       size_(size),
       local_rank_(local_rank) {}
 
+ProcessGroup::~ProcessGroup() {
+  if (kind_ != BackendKind::kNccl || !backend_) return;
+  try {
+    nccl_backend_shutdown(*backend_);
+  } catch (const std::exception& e) {
+    spdlog::warn("process group: NCCL shutdown: {}", what_of(e));
+  }
+}
+
 at::Device ProcessGroup::device() const {
   return kind_ == BackendKind::kNccl ? at::Device(at::kCUDA, local_rank_) : at::Device(at::kCPU);
 }

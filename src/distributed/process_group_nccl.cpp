@@ -17,4 +17,8 @@ Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>& store, int rank, int 
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 
+void nccl_backend_shutdown(C10dBackend& backend) {
+  if (auto* nccl = dynamic_cast<c10d::ProcessGroupNCCL*>(&backend)) shutdown_if_supported(*nccl);
+}
+
 }  // namespace lockstep

@@ -20,4 +20,6 @@ Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>&, int, int, std::chron
       "print(torch.utils.cmake_prefix_path)')\" (docs/environment.md)");
 }
 
+void nccl_backend_shutdown(C10dBackend&) {}
+
 }  // namespace lockstep

@@ -14,6 +14,7 @@ void StoreCore::set(const std::string& key, std::string value) {
   }
   data_[key] = std::move(value);
   stored_bytes_ = stored_bytes_ - before + after;
+  ++changes_;
 }
 
 std::optional<std::string> StoreCore::get(const std::string& key) const {
@@ -61,6 +62,7 @@ bool StoreCore::erase(const std::string& key) {
   if (it == data_.end()) return false;
   stored_bytes_ -= key.size() + it->second.size();
   data_.erase(it);
+  ++changes_;
   return true;
 }
 

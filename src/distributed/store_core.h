@@ -44,6 +44,8 @@ class StoreCore {
   bool erase(const std::string& key);
   int64_t num_keys() const { return static_cast<int64_t>(data_.size()); }
   std::size_t stored_bytes() const { return stored_bytes_; }
+  // Counts the changes to keys: waiters need a rescan only after one.
+  uint64_t changes() const { return changes_; }
 
   // true when every key is present now; otherwise `waiter` waits until
   // released() or expired() hands it back (deadline max(): no limit).
@@ -66,6 +68,7 @@ class StoreCore {
 
   std::size_t max_total_bytes_;
   std::size_t stored_bytes_ = 0;
+  uint64_t changes_ = 0;
   std::unordered_map<std::string, std::string> data_;
   std::vector<Waiter> waiters_;
 };

@@ -362,6 +362,7 @@ void StoreServer::Impl::op_num_keys(int, Conn& c, wire::Reader&) {
 
 void StoreServer::Impl::handle(int fd, Conn& c, std::string_view body) {
   using Handler = void (Impl::*)(int, Conn&, wire::Reader&);
+  const uint64_t changes = core->changes();
   wire::Reader in(body);
   try {
     const auto op = static_cast<wire::Op>(in.u8());
@@ -404,8 +405,10 @@ void StoreServer::Impl::handle(int fd, Conn& c, std::string_view body) {
     w.bytes(e.what());
     send(c, w);
   }
-  count_stored();
-  wake_waiters();
+  if (core->changes() != changes) {  // a rescan of the waiters only after a change
+    count_stored();
+    wake_waiters();
+  }
 }
 
 void StoreServer::Impl::wake_waiters() {

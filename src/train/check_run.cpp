@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <optional>
 
 #include "lockstep/check/comm_check.h"
 #include "lockstep/check/fingerprint.h"
@@ -29,6 +28,7 @@ struct Phase {
   int64_t first_divergence = -1;  // step, or -1
   std::string first_message;
   std::string fingerprint;  // the final weights (and buffers), as TrainResult's
+  int64_t total_steps = 0;  // the config's: past them lockstep train would stop
 };
 
 // K steps of training through the trainer's own step (train/step.h), with
@@ -44,6 +44,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   config.check.every = 1;
   if (faulty && options.fault == CheckFault::kLr) config.optim.lr *= 1.5;
   auto model = model_from_config(config, data.train);
+  model->to(device_from_config(config, world, pg->kind()));
   if (options.fault == CheckFault::kNoBufferBroadcast) {
     if (model->buffers().empty()) {
       throw ConfigError(
@@ -61,7 +62,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
     auto p = model->parameters().front();
     p.copy_(at::randn(p.sizes(), at::detail::createCPUGenerator(
                                      std::chrono::steady_clock::now().time_since_epoch().count())) *
-            0.05);
+            0.05);  // copy_ moves it to the parameter's device
   }
   auto optimizer = optimizer_create(config.optim, model->parameters());
   auto sampler = sampler_from_config(config, world, data.train.size());
@@ -95,6 +96,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
       break;
     }
   }
+  phase.total_steps = plan.total_steps;
   phase.fingerprint =
       hex_of(fingerprint_digest(fingerprint_tensors(*model, true), DigestMode::kXxh3));
   return phase;
@@ -174,7 +176,10 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
   }
   out += "(c) negative control, no sync      " + control_text + "\n";
   out += "(b)'s final weights " + healthy.fingerprint +
-         " (as lockstep train with train.max_steps=" + std::to_string(options.steps) + ")\n";
+         (options.steps <= healthy.total_steps
+              ? " (as lockstep train with train.max_steps=" + std::to_string(options.steps) + ")\n"
+              : " (past the config's " + std::to_string(healthy.total_steps) +
+                    " steps, where lockstep train would stop)\n");
   CheckRunResult result;
   result.passed = a_ok && b_ok && c_ok;
   result.fingerprint = healthy.fingerprint;

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -216,6 +217,9 @@ const std::vector<Field>& fields() {
                  1 << 20),
       make_field("train", "clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, Type::kDouble,
                  "clip gradients to this global norm after synchronisation (0: off)", 0, kInf),
+      make_choice("train", "device", &C::train, &TrainConfig::device, kDeviceKindNames,
+                  "where the model and batches live (auto: cuda with dist.backend nccl, else "
+                  "cpu; cuda: GPU LOCAL_RANK modulo the GPUs seen)"),
       make_choice("optim", "name", &C::optim, &OptimConfig::name, kOptimizerKindNames, "optimizer"),
       make_field("optim", "lr", &C::optim, &OptimConfig::lr, Type::kDouble, "peak learning rate", 0,
                  1e6),
@@ -351,6 +355,8 @@ std::string mark(const std::string& path, const YAML::Node& node) {
 // model.path, model.init_from, checkpoint.resume) is relative to the file's
 // folder, so that a config and its data move together; on the command line
 // (--set) it is relative to the working directory, as a shell user expects.
+// A path resolved against the file's folder is made absolute, so that the
+// resolved config (<run dir>/config.yaml) reads back the same from anywhere.
 // run.dir is output, always relative to the working directory.
 bool is_input_path(const Field& f) {
   const std::string p = f.path();
@@ -360,9 +366,10 @@ bool is_input_path(const Field& f) {
 
 std::string resolved_against(const std::string& config_path, const std::string& value) {
   if (value.empty() || value.front() == '/' || value == "auto") return value;
-  const auto slash = config_path.rfind('/');
-  if (slash == std::string::npos) return value;  // the file is in the working directory
-  return config_path.substr(0, slash + 1) + value;
+  const std::filesystem::path folder = std::filesystem::path(config_path).parent_path();
+  std::error_code error;
+  const auto absolute = std::filesystem::absolute(folder / value, error);
+  return (error ? folder / value : absolute).lexically_normal().string();
 }
 
 }  // namespace

@@ -113,6 +113,23 @@ StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int6
   return plan;
 }
 
+at::Device device_from_config(const Config& config, const WorldInfo& world, BackendKind backend,
+                              const std::string& what) {
+  const DeviceKind kind = config.train.device;
+  if (kind == DeviceKind::kCpu || (kind == DeviceKind::kAuto && backend != BackendKind::kNccl))
+    return at::Device(at::kCPU);
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+    throw ConfigError(
+        what + ": " +
+        (kind == DeviceKind::kAuto ? "auto chose cuda for the nccl backend" : "cuda") + ", but " +
+        (at::hasCUDA() ? "no GPU is visible (CUDA_VISIBLE_DEVICES?)"
+                       : "this lockstep was built against a LibTorch without CUDA") +
+        "; use the cpu device with the gloo backend");
+  }
+  const int gpus = static_cast<int>(at::getNumGPUs());
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank % gpus));
+}
+
 at::Tensor loss_for(const TensorDataset& data, const at::Tensor& output, const at::Tensor& target) {
   return data.num_classes > 0 ? torch::nn::functional::cross_entropy(output, target)
                               : torch::nn::functional::mse_loss(output, target);

@@ -51,7 +51,9 @@ TrainStep::TrainStep(ProcessGroup& pg, ClassifierDdp& ddp, Classifier& model,
       optimizer_(optimizer),
       loss_(std::move(loss)),
       classification_(classification),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      device_(model.parameters().empty() ? at::Device(at::kCPU)
+                                         : model.parameters().front().device()) {
   if (options_.accumulation_steps < 1) {
     throw ConfigError("train.accumulation_steps=" + std::to_string(options_.accumulation_steps) +
                       " must be >= 1");
@@ -117,6 +119,9 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
                           " at micro-batch " + std::to_string(m + 1) + " of " +
                           std::to_string(acc));
     }
+    // Batches come from the host; the model may live on a GPU.
+    batch->x = batch->x.to(device_, /*non_blocking=*/true);
+    batch->y = batch->y.to(device_, /*non_blocking=*/true);
     const bool synced = options_.synchronise && m == acc - 1;
     std::optional<DdpCore::NoSyncGuard> guard;
     if (!synced) guard.emplace(ddp_);

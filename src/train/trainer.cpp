@@ -1,12 +1,11 @@
-// Size (~440 lines): the lifecycle, the step and the loop of one run. What a
-// config makes is in recipe.cpp, reports in metrics.cpp, signals in
+// The lifecycle and the loop of one run, around the one step (step.cpp).
+// What a config makes is in recipe.cpp, reports in metrics.cpp, signals in
 // stop_signals.cpp.
 #include "lockstep/train/trainer.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -16,7 +15,6 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
-#include "lockstep/distributed/coalesced.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/fault.h"
 #include "lockstep/train/optim.h"
@@ -25,7 +23,6 @@
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
-#include "lockstep/util/module_tensors.h"
 #include "lockstep/util/sha256.h"
 #include "lockstep/util/trace.h"
 #include "metrics.h"
@@ -42,6 +39,7 @@ struct Trainer::Impl {
   TensorDataset train_data, val_data;
   std::unique_ptr<DistributedSampler> sampler;
   std::shared_ptr<Classifier> model;
+  at::Device device{at::kCPU};  // train.device, resolved
   std::unique_ptr<DistributedDataParallel<std::shared_ptr<Classifier>>> ddp;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<Checkpointer> checkpointer;
@@ -116,9 +114,11 @@ struct Trainer::Impl {
 
   void build_model() {
     model = model_from_config(config, train_data);
+    device = device_from_config(config, world, pg->kind());
+    model->to(device);  // before the optimizer and the resume: their state lives there too
     int64_t count = 0;
     for (const auto& p : model->parameters()) count += p.numel();
-    spdlog::info("model: {} with {} parameters", config.model.name, count);
+    spdlog::info("model: {} with {} parameters on {}", config.model.name, count, device.str());
   }
 
   void build_optimizer() {
@@ -138,13 +138,19 @@ struct Trainer::Impl {
       }
       folder = *newest;
     }
-    auto loaded = Checkpointer::load(folder, *optimizer);
+    auto loaded = [&] {
+      try {
+        return Checkpointer::load(folder, *optimizer);
+      } catch (const DataError& e) {
+        throw DataError(std::string("checkpoint.resume: ") + e.what());
+      }
+    }();
     if (loaded.state.world_size != world.world_size) {
-      throw ConfigError(
-          "checkpoint '" + folder + "' was written by " + std::to_string(loaded.state.world_size) +
-          " rank(s), this run has " + std::to_string(world.world_size) +
-          ": the data order would differ (start fresh with model.init_from: " + folder +
-          "/model.pt)");
+      throw ConfigError("checkpoint '" + folder + "' was written by " +
+                        std::to_string(loaded.state.world_size) + " rank(s), this run has " +
+                        std::to_string(world.world_size) +
+                        ": the data order would differ (start fresh with model.init_from: " +
+                        absolute_path(folder + "/model.pt") + ")");
     }
     if (loaded.state.model != config.model.name) {
       throw ConfigError("checkpoint '" + folder + "' holds a '" + loaded.state.model +
@@ -181,7 +187,7 @@ struct Trainer::Impl {
       for (const auto& s : states) rows.push_back(s.cpu());
       last_checkpoint = checkpointer->save(state, state_dict_of(*model), *optimizer,
                                            at::stack(rows), config_yaml);
-      spdlog::info("checkpoint: {}", last_checkpoint);
+      spdlog::info("checkpoint: {}", absolute_path(last_checkpoint));
     });
     if (!problem.empty()) {
       if (config.checkpoint.on_error == OnCheckpointError::kFail) throw DataError(problem);
@@ -194,7 +200,7 @@ struct Trainer::Impl {
   }
 
   // `whole_epoch` false: a stop (train.max_steps) inside the epoch.
-  void evaluate(TrainResult& result, bool whole_epoch = true) {
+  void evaluate(TrainResult& result, bool whole_epoch) {
     if (val_data.size() == 0) return;  // the same on every rank: the split is deterministic
     model->eval();
     at::NoGradGuard no_grad;
@@ -204,9 +210,10 @@ struct Trainer::Impl {
     if (!mine.empty()) {
       BatchLoader loader(val_data, mine, LoaderOptions{256, false, false});
       while (auto batch = loader.next()) {
-        const auto out = model->forward(batch->x);
-        loss_sum += loss_for(train_data, out, batch->y).item<double>() * batch->x.size(0);
-        if (val_data.num_classes > 0) correct += (out.argmax(1) == batch->y).sum().item<double>();
+        const auto x = batch->x.to(device), y = batch->y.to(device);
+        const auto out = model->forward(x);
+        loss_sum += loss_for(train_data, out, y).item<double>() * x.size(0);
+        if (val_data.num_classes > 0) correct += (out.argmax(1) == y).sum().item<double>();
       }
     }
     const auto sums = sum_over_ranks(*pg, {loss_sum, correct, static_cast<double>(mine.size())});
@@ -220,13 +227,20 @@ struct Trainer::Impl {
   }
 
   void train_step(BatchLoader& loader, Interval& in) {
-    const StepStats stats = step->run(
-        [&]() -> std::optional<Batch> {
-          auto batch = loader.next();
-          if (batch) ++state.batch_in_epoch;
-          return batch;
-        },
-        state.step);
+    StepStats stats;
+    try {
+      stats = step->run(
+          [&]() -> std::optional<Batch> {
+            auto batch = loader.next();
+            if (batch) ++state.batch_in_epoch;
+            return batch;
+          },
+          state.step);
+    } catch (const InternalError& e) {  // where in the epoch: the clue for a resume mismatch
+      throw InternalError(std::string(e.what()) + " (epoch " + std::to_string(state.epoch + 1) +
+                          ", micro-batch " + std::to_string(state.batch_in_epoch) + " of " +
+                          std::to_string(plan.micro_per_epoch) + ")");
+    }
     in.add(stats);
     ++state.step;
   }
@@ -289,8 +303,8 @@ TrainResult Trainer::run() {
     while (s.state.batch_in_epoch < s.plan.micro_per_epoch && s.state.step < stop) {
       fault_maybe_fire(s.fault, s.world, s.state.step);
       s.train_step(loader, interval);
-      if (s.state.step % s.config.log.every == 0) s.end_interval(interval, result);
       const bool end = s.state.step == stop;
+      if (s.state.step % s.config.log.every == 0 || end) s.end_interval(interval, result);
       if (s.config.checkpoint.every > 0 && s.state.step % s.config.checkpoint.every == 0 && !end) {
         s.save_checkpoint();
       }
@@ -308,11 +322,10 @@ TrainResult Trainer::run() {
         }
       }
     }
+    // An epoch's end is evaluated; so is a stop inside one (marked partial).
     const bool epoch_done = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
-    if (epoch_done) s.evaluate(result);
+    if (epoch_done || s.state.step == stop) s.evaluate(result, /*whole_epoch=*/epoch_done);
     if (s.state.step == stop) {
-      if (interval.steps > 0) s.end_interval(interval, result);
-      if (!epoch_done) s.evaluate(result, /*whole_epoch=*/false);
       s.save_checkpoint();
       break;
     }

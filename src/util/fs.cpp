@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "lockstep/util/error.h"
 
@@ -65,6 +66,12 @@ void write_file(const std::string& path, const std::string& bytes) {
     throw DataError("cannot write '" + path +
                     "': " + std::strerror(synced != 0 ? sync_err : errno));
   }
+}
+
+std::string absolute_path(const std::string& path) {
+  std::error_code error;
+  const auto absolute = std::filesystem::absolute(path, error);
+  return error ? path : absolute.lexically_normal().string();
 }
 
 }  // namespace lockstep

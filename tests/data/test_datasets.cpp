@@ -181,7 +181,7 @@ TEST_CASE("batches follow the indices - prefetch changes nothing", "[loader]") {
                       Contains("index 10 is outside dataset"));
   TensorDataset empty;
   empty.name = "nothing";
-  REQUIRE_THROWS_WITH(BatchLoader(empty, {}, LoaderOptions{1, false, true}),
+  REQUIRE_THROWS_WITH(BatchLoader(empty, std::vector<int64_t>{}, LoaderOptions{1, false, true}),
                       Contains("dataset 'nothing' is empty"));
 }
 
@@ -200,27 +200,35 @@ TEST_CASE("a loader over a sampler reshuffles per epoch, range-for, any dataset"
   auto data = std::make_shared<Counting>();
   SamplerOptions shard{2, 1, true, 4, false};
   for (bool prefetch : {false, true}) {
-    BatchLoader loader(data, DistributedSampler(data->size(), shard), {4, false, prefetch});
-    for (int64_t epoch : {0, 1, 0}) {
-      loader.set_epoch(epoch);
-      DistributedSampler reference(data->size(), shard);
-      reference.set_epoch(epoch);
-      std::vector<int64_t> seen;
-      for (const Batch& batch : loader) {
-        for (int64_t k = 0; k < batch.x.size(0); ++k) {
-          const auto i = batch.x[k][0].item<int64_t>();
-          CHECK(batch.x[k][1].item<float>() == 2.0f * i);
-          CHECK(batch.y[k].item<int64_t>() == i % 3);
-          seen.push_back(i);
+    for (bool through_sampler : {false, true}) {
+      auto sampler = std::make_shared<DistributedSampler>(data->size(), shard);
+      BatchLoader loader(data, sampler, {4, false, prefetch});
+      for (int64_t epoch : {0, 1, 0, 2}) {
+        // PyTorch's habit (the sampler's own set_epoch) or the loader's.
+        if (through_sampler) {
+          sampler->set_epoch(epoch);
+        } else {
+          loader.set_epoch(epoch);
         }
+        DistributedSampler reference(data->size(), shard);
+        reference.set_epoch(epoch);
+        std::vector<int64_t> seen;
+        for (const Batch& batch : loader) {
+          for (int64_t k = 0; k < batch.x.size(0); ++k) {
+            const auto i = batch.x[k][0].item<int64_t>();
+            CHECK(batch.x[k][1].item<float>() == 2.0f * i);
+            CHECK(batch.y[k].item<int64_t>() == i % 3);
+            seen.push_back(i);
+          }
+        }
+        CHECK(seen == reference.indices());  // the sampler's order for this epoch
+        std::vector<int64_t> again;          // a second pass: the same epoch again
+        for (const Batch& batch : loader) {
+          for (int64_t k = 0; k < batch.x.size(0); ++k)
+            again.push_back(batch.x[k][0].item<int64_t>());
+        }
+        CHECK(again == seen);
       }
-      CHECK(seen == reference.indices());  // the sampler's order for this epoch
-      std::vector<int64_t> again;          // a second pass: the same epoch again
-      for (const Batch& batch : loader) {
-        for (int64_t k = 0; k < batch.x.size(0); ++k)
-          again.push_back(batch.x[k][0].item<int64_t>());
-      }
-      CHECK(again == seen);
     }
   }
   DistributedSampler e0(11, shard), e1(11, shard);
@@ -228,13 +236,21 @@ TEST_CASE("a loader over a sampler reshuffles per epoch, range-for, any dataset"
   CHECK(e0.indices() != e1.indices());  // epochs differ, so the test above can fail
 }
 
-TEST_CASE("a loader shares its dataset: a temporary cannot dangle", "[loader]") {
-  // BatchLoader once held a const& to its dataset.
-  BatchLoader loader(dataset_synthetic_classification(9, 2, 2, 3), std::vector<int64_t>{8, 1},
-                     LoaderOptions{2, false, true});
-  const auto reference = dataset_synthetic_classification(9, 2, 2, 3);
-  auto batch = loader.next();
-  REQUIRE(batch);
-  CHECK(at::equal(batch->x, reference.features.index_select(0, at::tensor({8, 1}, at::kLong))));
-  REQUIRE_THROWS_WITH(loader.set_epoch(1), Contains("fixed list of indices"));
+TEST_CASE("a loader shares its dataset: it lives as long as the loader", "[loader]") {
+  // BatchLoader once held a const& to its dataset: a temporary dangled.
+  auto data = std::make_shared<Counting>();
+  std::weak_ptr<Counting> watch = data;
+  {
+    BatchLoader loader(std::move(data), std::vector<int64_t>{8, 1, 3},
+                       LoaderOptions{2, false, false});
+    CHECK_FALSE(watch.expired());  // the loader holds it; the caller's handle is gone
+    auto first = loader.next();
+    auto second = loader.next();
+    REQUIRE(first);
+    REQUIRE(second);
+    CHECK(first->x[0][0].item<float>() == 8);
+    CHECK(second->x[0][0].item<float>() == 3);
+    REQUIRE_THROWS_WITH(loader.set_epoch(1), Contains("fixed list of indices"));
+  }
+  CHECK(watch.expired());  // released with the loader
 }

@@ -402,10 +402,19 @@ TEST_CASE("store core: c10d's key-value semantics and waits, without sockets", "
   CHECK_FALSE(core.check({"absent"}));
   CHECK(core.check({"a", "fresh"}));
   CHECK(core.num_keys() == 4);  // a, n, big, fresh
+  // a=new 4, n=-2 3, big=INT64_MAX 22, fresh=v 6: replaced values counted once.
+  CHECK(core.stored_bytes() == 35);
+  const auto changes = core.changes();
+  CHECK(core.get("a"));
+  CHECK(core.changes() == changes);  // reads change nothing
   // Bounded: a value that would pass 64 bytes in all is refused, nothing changes.
   const auto held = core.stored_bytes();
   REQUIRE_THROWS_WITH(core.set("huge", std::string(60, 'x')), Contains("the store is full (64"));
   CHECK(core.stored_bytes() == held);
+  core.set("edge", std::string(64 - 35 - 4, 'x'));  // exactly full: allowed
+  CHECK(core.stored_bytes() == 64);
+  REQUIRE_THROWS(core.set("e", ""));  // one byte over
+  CHECK(core.erase("edge"));
   CHECK(core.erase("a"));
   CHECK_FALSE(core.erase("a"));
   CHECK(core.stored_bytes() == held - 4);

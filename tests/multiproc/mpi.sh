@@ -46,7 +46,7 @@ common=(train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" --
 mpi 2 "${common[@]}" --set run.name=mpi --set dist.backend=mpi >"$WORK/mpi.out" 2>&1
 expect_eq "$?" 0 "a 40-step DDP run under mpirun on the mpi backend exits 0"
 expect_grep "$WORK/mpi.out" "trained 40 steps" "it trained 40 steps"
-expect_grep "$WORK/mpi.out" '^  backend: "mpi"$' "on the mpi backend (resolved config)"
+expect_grep "$WORK/runs/mpi/config.yaml" '^  backend: "mpi"$' "on the mpi backend (resolved config)"
 expect_grep "$WORK/mpi.out" "from openmpi" "with the world read from Open MPI's variables"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" "${common[@]}" --set run.name=gloo \
   --set dist.backend=gloo >"$WORK/gloo.out" 2>&1

@@ -2,6 +2,7 @@
 #include "support/catch.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "lockstep/train/config.h"
@@ -107,6 +108,16 @@ TEST_CASE("input paths in a file resolve against its folder, on the command line
   const Config file = config_load(path);
   CHECK(file.data.path == "/tmp/tables/x.csv");
   CHECK(file.model.init_from == "/tmp/w.pt");
+  // A relative config path: the resolved paths are absolute, so the saved
+  // config (config_to_yaml) reads back the same from any folder.
+  const std::string cwd = std::filesystem::current_path().string();
+  std::filesystem::create_directories("lockstep-config-test-dir");
+  std::ofstream("lockstep-config-test-dir/run.yaml") << "data:\n  path: ../data/x.csv\n";
+  const Config relative = config_load("lockstep-config-test-dir/run.yaml");
+  CHECK(relative.data.path == cwd + "/data/x.csv");
+  const auto saved = write_config("saved", config_to_yaml(relative));
+  CHECK(config_load(saved).data.path == relative.data.path);
+  std::filesystem::remove_all("lockstep-config-test-dir");
   CHECK(file.model.path == "/abs/m.pt");    // absolute: as written
   CHECK(file.checkpoint.resume == "auto");  // a word, not a path
   CHECK(file.run.dir == "out");             // output: the working directory's
@@ -119,7 +130,7 @@ TEST_CASE("an unknown key far from every valid one lists them instead of a wrong
   // 'amp' once drew "did you mean 'train.epochs'?".
   REQUIRE_THROWS_WITH(config_load("", {"train.amp=true"}),
                       Contains("unknown key 'train.amp' (valid: train.epochs, train.max_steps, "
-                               "train.accumulation_steps, train.clip_grad_norm)"));
+                               "train.accumulation_steps, train.clip_grad_norm, train.device)"));
   REQUIRE_THROWS_WITH(config_load("", {"train.epoch=3"}), Contains("did you mean 'train.epochs'?"));
 }
 

@@ -59,8 +59,9 @@ TEST_CASE("optimizer state joins the fingerprint when asked", "[optim]") {
       optimizer->step();
       auto state = optimizer_state_tensors(*optimizer, params);
       REQUIRE_FALSE(state.empty());
-      CHECK(state.front().name == (name == "sgd" ? "optim layers.0.weight.momentum_buffer"
-                                                 : "optim layers.0.weight.exp_avg"));
+      CHECK(state.front().name == (kind == OptimizerKind::kSgd
+                                       ? "optim layers.0.weight.momentum_buffer"
+                                       : "optim layers.0.weight.exp_avg"));
       const auto before = fingerprint_digest(state, DigestMode::kXxh3);
       {
         torch::NoGradGuard no_grad;

@@ -52,82 +52,95 @@ std::vector<at::Tensor> copy_of(const std::vector<at::Tensor>& params) {
 
 TEST_CASE("two ranks' step with accumulation, clipping and the schedule equals one process",
           "[step][ddp]") {
-  const double clip = 0.05;  // small: it clips every step, so a per-rank norm would show
-  at::manual_seed(3);
-  // x[step][rank][micro]: every micro-batch of every rank of every step.
-  const auto x = at::randn({kSteps, kRanks, kAcc, kRows, kFeatures});
-  const auto y = at::randint(0, kClasses, {kSteps, kRanks, kAcc, kRows}, at::kLong);
-  std::vector<std::shared_ptr<Classifier>> models;
-  for (int r = 0; r < kRanks; ++r) {
-    at::manual_seed(11);
-    models.push_back(model_create(small_mlp(), {kFeatures}, kClasses));
-  }
-  at::manual_seed(11);
-  auto reference = model_create(small_mlp(), {kFeatures}, kClasses);
-  const auto cross_entropy = [](const at::Tensor& out, const at::Tensor& target) {
-    return torch::nn::functional::cross_entropy(out, target);
-  };
+  // 0.05 clips every step, so a per-rank norm would show; 0 does not clip,
+  // so a gradient off by a factor (a missing division by the accumulation
+  // count, a sum over ranks) would show.
+  for (const double clip : {0.05, 0.0}) {
+    DYNAMIC_SECTION("clip_grad_norm " << clip) {
+      at::manual_seed(3);
+      // x[step][rank][micro]: every micro-batch of every rank of every step.
+      const auto x = at::randn({kSteps, kRanks, kAcc, kRows, kFeatures});
+      const auto y = at::randint(0, kClasses, {kSteps, kRanks, kAcc, kRows}, at::kLong);
+      std::vector<std::shared_ptr<Classifier>> models;
+      for (int r = 0; r < kRanks; ++r) {
+        at::manual_seed(11);
+        models.push_back(model_create(small_mlp(), {kFeatures}, kClasses));
+      }
+      at::manual_seed(11);
+      auto reference = model_create(small_mlp(), {kFeatures}, kClasses);
+      const auto cross_entropy = [](const at::Tensor& out, const at::Tensor& target) {
+        return torch::nn::functional::cross_entropy(out, target);
+      };
 
-  StepOptions options;
-  options.accumulation_steps = kAcc;
-  options.clip_grad_norm = clip;
-  options.optim = schedule();
-  options.total_steps = 6;
-  options.check.every = 1;
-  struct Outcome {
-    std::vector<at::Tensor> weights;
-    std::vector<double> lrs, losses;
-  };
-  auto outcomes = run_ranks<Outcome>(kRanks, [&](ProcessGroup& pg) {
-    auto& model = models[pg.rank()];
-    ClassifierDdp ddp(model, pg.shared_from_this());
-    auto optimizer = optimizer_create(options.optim, model->parameters());
-    TrainStep step(pg, ddp, *model, *optimizer, cross_entropy, true, options);
-    Outcome outcome;
-    for (int64_t s = 0; s < kSteps; ++s) {
-      int64_t micro = 0;
-      const auto stats = step.run(
-          [&]() -> std::optional<Batch> {
-            const auto i = micro++;
-            return Batch{x[s][pg.rank()][i], y[s][pg.rank()][i]};
-          },
-          s);
-      outcome.lrs.push_back(stats.lr);
-      outcome.losses.push_back(stats.loss_sum.item<double>() / stats.samples);
-    }
-    step.finish_checks();  // every per-step check passed (abort policy)
-    outcome.weights = copy_of(model->parameters());
-    return outcome;
-  });
-  for (const auto& o : outcomes) REQUIRE(error_text(o.error) == "");
+      StepOptions options;
+      options.accumulation_steps = kAcc;
+      options.clip_grad_norm = clip;
+      options.optim = schedule();
+      options.total_steps = 6;
+      options.check.every = 1;
+      struct Outcome {
+        std::vector<at::Tensor> weights;
+        std::vector<double> lrs, losses;
+      };
+      auto outcomes = run_ranks<Outcome>(kRanks, [&](ProcessGroup& pg) {
+        auto& model = models[pg.rank()];
+        ClassifierDdp ddp(model, pg.shared_from_this());
+        auto optimizer = optimizer_create(options.optim, model->parameters());
+        TrainStep step(pg, ddp, *model, *optimizer, cross_entropy, true, options);
+        Outcome outcome;
+        for (int64_t s = 0; s < kSteps; ++s) {
+          int64_t micro = 0;
+          const auto stats = step.run(
+              [&]() -> std::optional<Batch> {
+                const auto i = micro++;
+                return Batch{x[s][pg.rank()][i], y[s][pg.rank()][i]};
+              },
+              s);
+          outcome.lrs.push_back(stats.lr);
+          outcome.losses.push_back(stats.loss_sum.item<double>() / stats.samples);
+        }
+        step.finish_checks();  // every per-step check passed (abort policy)
+        outcome.weights = copy_of(model->parameters());
+        return outcome;
+      });
+      for (const auto& o : outcomes) REQUIRE(error_text(o.error) == "");
 
-  // One process on the concatenated batch: the mean loss over all ranks'
-  // micro-batches, the global norm clipped, the schedule's lr.
-  auto optimizer = optimizer_create(schedule(), reference->parameters());
-  for (int64_t s = 0; s < kSteps; ++s) {
-    optimizer->zero_grad();
-    const auto all_x = x[s].reshape({kRanks * kAcc * kRows, kFeatures});
-    const auto all_y = y[s].reshape({kRanks * kAcc * kRows});
-    const auto loss = cross_entropy(reference->forward(all_x), all_y);
-    loss.backward();
-    const double lr = lr_at(schedule(), s, 6);
-    optimizer_set_lr(*optimizer, lr);
-    const double norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), clip);
-    CHECK(norm > clip);  // the clipping is exercised
-    optimizer->step();
-    for (int r = 0; r < kRanks; ++r) CHECK(outcomes[r].result.lrs[s] == Approx(lr));
-  }
-  // Warmup then cosine: the lr really changes from step to step.
-  CHECK(outcomes[0].result.lrs[0] < outcomes[0].result.lrs[1]);
-  CHECK(outcomes[0].result.lrs[1] > outcomes[0].result.lrs[3]);
-  const auto want = reference->parameters();
-  for (int r = 0; r < kRanks; ++r) {
-    const auto& got = outcomes[r].result.weights;
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      INFO("rank " << r << " parameter " << i);
-      CHECK(at::allclose(got[i], want[i].detach(), 1e-5, 1e-6));
-      CHECK(at::equal(got[i], outcomes[0].result.weights[i]));
+      // One process on the concatenated batch: the mean loss over all ranks'
+      // micro-batches, the global norm clipped, the schedule's lr.
+      auto optimizer = optimizer_create(schedule(), reference->parameters());
+      for (int64_t s = 0; s < kSteps; ++s) {
+        optimizer->zero_grad();
+        const auto all_x = x[s].reshape({kRanks * kAcc * kRows, kFeatures});
+        const auto all_y = y[s].reshape({kRanks * kAcc * kRows});
+        const auto loss = cross_entropy(reference->forward(all_x), all_y);
+        loss.backward();
+        const double lr = lr_at(schedule(), s, 6);
+        optimizer_set_lr(*optimizer, lr);
+        if (clip > 0) {
+          const double norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), clip);
+          CHECK(norm > clip);  // the clipping is exercised
+        }
+        optimizer->step();
+        double mean_loss = 0;  // each rank reports its own mean; equal shares
+        for (int r = 0; r < kRanks; ++r) {
+          CHECK(outcomes[r].result.lrs[s] == Approx(lr));
+          mean_loss += outcomes[r].result.losses[s] / kRanks;
+        }
+        CHECK(mean_loss == Approx(loss.item<double>()).epsilon(1e-6));
+      }
+      // Warmup then cosine: the lr really changes from step to step.
+      CHECK(outcomes[0].result.lrs[0] < outcomes[0].result.lrs[1]);
+      CHECK(outcomes[0].result.lrs[1] > outcomes[0].result.lrs[3]);
+      const auto want = reference->parameters();
+      for (int r = 0; r < kRanks; ++r) {
+        const auto& got = outcomes[r].result.weights;
+        REQUIRE(got.size() == want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          INFO("rank " << r << " parameter " << i);
+          CHECK(at::allclose(got[i], want[i].detach(), 1e-5, 1e-6));
+          CHECK(at::equal(got[i], outcomes[0].result.weights[i]));
+        }
+      }
     }
   }
 }
@@ -172,11 +185,12 @@ TEST_CASE("check mode honours accumulation, clipping and the schedule: lockstep 
   config.train.accumulation_steps = 2;
   config.train.clip_grad_norm = 0.05;
   config.train.epochs = 3;
-  config.train.max_steps = 7;  // past the first epoch (4 steps): the sampler's next epoch
+  config.train.max_steps = 7;  // past the first epoch (5 steps): the sampler's next epoch
   config.optim = schedule();
   config.log.every = 1000;
   config.log.progress = Progress::kPlain;
   config.model = small_mlp();
+  config.model.dropout = 0.1;  // each rank's generator, seeded as the trainer seeds it
   auto fingerprints = [&](const Config& c) {
     auto outcomes = run_ranks<std::pair<std::string, std::string>>(1, [&](ProcessGroup& pg) {
       WorldInfo world;

@@ -4,6 +4,8 @@
 
 #include <cxxopts.hpp>
 
+#include <set>
+
 #include "lockstep/check/check_kinds.h"
 #include "lockstep/ddp/ddp_options.h"
 #include "lockstep/distributed/backend_kind.h"

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ struct CommCheckOptions {
   // Fault injection, to show that the check can fail: this rank contributes
   // wrong values to every case (-1: none).
   int corrupt_rank = -1;
+  // Where the tensors live; unset: the backend's device (CUDA for NCCL). Gloo
+  // also reduces CUDA tensors (two ranks sharing one GPU, say).
+  std::optional<at::Device> device;
 };
 
 struct CommCheckCase {
@@ -35,6 +39,7 @@ struct CommCheckCase {
 struct CommCheckReport {
   int world_size = 1;
   std::string backend;
+  std::string device = "cpu";  // where the tensors lived
   std::vector<CommCheckCase> cases;
   bool passed() const;
   std::string table() const;  // one row per case, then a summary line

@@ -4,14 +4,16 @@
 // never depends on timing: the same indices give the same batches, prefetch
 // or not. As PyTorch's DataLoader(dataset, sampler=sampler):
 //
+//   auto sampler = std::make_shared<lockstep::DistributedSampler>(n, shard);
 //   lockstep::BatchLoader loader(dataset, sampler, {batch_size});
 //   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-//     loader.set_epoch(epoch);                   // sampler.set_epoch: reshuffled
+//     sampler->set_epoch(epoch);                 // or loader.set_epoch(epoch)
 //     for (const lockstep::Batch& batch : loader) { ... }
 //   }
 //
 // The loader shares its dataset (a TensorDataset's tensors, or a Dataset
-// held by shared_ptr): a temporary passed in cannot dangle.
+// held by shared_ptr) and its sampler: a temporary passed in cannot dangle,
+// and the sampler's set_epoch reaches the loader.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -80,12 +82,13 @@ class BatchLoader {
   // DataError for an empty dataset or an index outside it.
   BatchLoader(std::shared_ptr<const Dataset> data, std::vector<int64_t> indices,
               LoaderOptions options);
-  // The sampler's order; each pass reads it for the sampler's epoch.
-  BatchLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler,
+  // The sampler's order; each pass reads it for the sampler's epoch then.
+  BatchLoader(std::shared_ptr<const Dataset> data, std::shared_ptr<DistributedSampler> sampler,
               LoaderOptions options);
   // The same over a TensorDataset, whose tensors the loader shares.
   BatchLoader(const TensorDataset& data, std::vector<int64_t> indices, LoaderOptions options);
-  BatchLoader(const TensorDataset& data, DistributedSampler sampler, LoaderOptions options);
+  BatchLoader(const TensorDataset& data, std::shared_ptr<DistributedSampler> sampler,
+              LoaderOptions options);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -97,7 +100,8 @@ class BatchLoader {
   // The next batch of this pass, or nullopt after its last one.
   std::optional<Batch> next();
 
-  // Range-for: begin() starts a new pass (unless this one is untouched).
+  // Range-for: begin() starts a new pass, unless this one is untouched and
+  // the sampler's epoch is still the one it was read for.
   class iterator {
    public:
     using iterator_category = std::input_iterator_tag;
@@ -131,7 +135,8 @@ class BatchLoader {
   void produce();
 
   std::shared_ptr<const Dataset> data_;
-  std::optional<DistributedSampler> sampler_;
+  std::shared_ptr<DistributedSampler> sampler_;
+  int64_t pass_epoch_ = 0;  // the sampler's epoch this pass was read for
   std::vector<int64_t> indices_;
   LoaderOptions options_;
   int64_t num_batches_ = 0;

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "lockstep/distributed/process_group.h"
+#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
 
@@ -29,9 +30,9 @@ struct InitOptions {
   // shm backend: bytes per step through each rank's slot.
   std::size_t shm_chunk_bytes = ShmOptions{}.chunk_bytes;
   // Per collective: a peer that misses one makes it fail after this long.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{kCollectiveTimeout};
   // To reach the store and for every rank to arrive.
-  std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds rendezvous_timeout{kRendezvousTimeout};
   // spdlog level (trace ... off); empty: LOCKSTEP_LOG_LEVEL or info.
   std::string log_level;
   // false: leave spdlog's default logger as the program set it.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/distributed/store_server.h"
+#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 
 namespace lockstep {
@@ -18,8 +19,8 @@ struct JobStoreOptions {
   std::string host;  // the server's address (MASTER_ADDR)
   int port = 0;
   std::string secret;  // presented first; empty when the job has none
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};          // each wait and get
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // server not up yet
+  std::chrono::milliseconds timeout{kCollectiveTimeout};          // each wait and get
+  std::chrono::milliseconds connect_timeout{kRendezvousTimeout};  // server not up yet
 };
 
 class JobStore : public C10dStore {

@@ -17,6 +17,7 @@
 
 #include "lockstep/distributed/backend_kind.h"
 #include "lockstep/distributed/shm_options.h"
+#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
 
@@ -33,7 +34,7 @@ struct ProcessGroupOptions {
   std::size_t shm_chunk_bytes = ShmOptions{}.chunk_bytes;
   // Per collective: a peer that does not take part within this time makes
   // the collective fail instead of hanging.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{kCollectiveTimeout};
   // The backend's keys live under lockstep/pg/<name>/ in the store. Every
   // rank must use the same name; two groups on one store need two names.
   std::string name = "default";
@@ -50,6 +51,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                                               const ProcessGroupOptions& options);
 
   ProcessGroup(Ptr<C10dBackend> backend, BackendKind kind, int rank, int size, int local_rank);
+  ~ProcessGroup();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -128,6 +130,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 Ptr<C10dBackend> nccl_backend_create(const Ptr<C10dStore>& store, int rank, int size,
                                      std::chrono::milliseconds timeout);
 bool nccl_available();
+// Releases NCCL's communicators before the backend is destroyed (2.4+ warns
+// and aborts them when a ProcessGroupNCCL dies without it); a no-op where
+// LibTorch has no such call or no NCCL. ~ProcessGroup calls it.
+void nccl_backend_shutdown(C10dBackend& backend);
 
 // Implemented by process_group_mpi.cpp (LibTorch built with MPI, e.g.
 // Debian 13's) or process_group_mpi_absent.cpp: CMake picks one. The world

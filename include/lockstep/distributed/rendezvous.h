@@ -13,6 +13,7 @@
 
 #include <chrono>
 
+#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
 
@@ -21,7 +22,7 @@ namespace lockstep {
 struct RendezvousOptions {
   // How long to wait for the store to be reachable and for every rank to
   // arrive. A rank that has not arrived by then is named in the error.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{kCollectiveTimeout};
 };
 
 // The address rank 0's store listens on: MASTER_ADDR's loopback address for a

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 
+#include "lockstep/distributed/timeouts.h"
 #include "lockstep/util/units.h"
 
 namespace lockstep {
@@ -15,7 +16,7 @@ struct ShmOptions {
   std::size_t chunk_bytes = kMiB;
   // A rank that does not arrive within this time fails the collective; a
   // rank whose process is gone fails it at once.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{kCollectiveTimeout};
 };
 
 // A chunk of `mib` MiB, rounded down to a multiple of 64 bytes.

@@ -81,6 +81,20 @@ void use_classic_store_server(Options& options) {
 }
 }  // namespace compat_detail
 
+namespace compat_detail {
+template <typename T, typename = void>
+struct HasShutdown : std::false_type {};
+template <typename T>
+struct HasShutdown<T, std::void_t<decltype(std::declval<T&>().shutdown())>> : std::true_type {};
+}  // namespace compat_detail
+
+// Backends that own device resources (ProcessGroupNCCL) gained shutdown() in
+// 2.x; 1.13's release them in their destructor.
+template <typename Backend>
+void shutdown_if_supported(Backend& backend) {
+  if constexpr (compat_detail::HasShutdown<Backend>::value) backend.shutdown();
+}
+
 // TCPStoreOptions with the defaults every LibTorch build can serve.
 inline c10d::TCPStoreOptions tcp_store_options() {
   c10d::TCPStoreOptions options;

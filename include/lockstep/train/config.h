@@ -14,6 +14,7 @@
 #include "lockstep/ddp/ddp_options.h"
 #include "lockstep/distributed/backend_kind.h"
 #include "lockstep/distributed/shm_options.h"
+#include "lockstep/distributed/timeouts.h"
 #include "lockstep/util/names.h"
 
 namespace lockstep {
@@ -35,6 +36,11 @@ inline constexpr NameTable<OptimizerKind, 3> kOptimizerKindNames{
 enum class Schedule { kConstant, kStep, kCosine };
 inline constexpr NameTable<Schedule, 3> kScheduleNames{
     {{Schedule::kConstant, "constant"}, {Schedule::kStep, "step"}, {Schedule::kCosine, "cosine"}}};
+// Where the model, its gradients and batches live: auto is cuda with the
+// nccl backend, cpu otherwise; cuda is GPU LOCAL_RANK (modulo the GPUs seen).
+enum class DeviceKind { kAuto, kCpu, kCuda };
+inline constexpr NameTable<DeviceKind, 3> kDeviceKindNames{
+    {{DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}}};
 enum class OnCheckpointError { kFail, kWarn };
 inline constexpr NameTable<OnCheckpointError, 2> kOnCheckpointErrorNames{
     {{OnCheckpointError::kFail, "fail"}, {OnCheckpointError::kWarn, "warn"}}};
@@ -51,8 +57,8 @@ struct RunConfig {
 struct DistConfig {
   BackendKind backend = BackendKind::kAuto;
   double shm_chunk_mb = bytes_to_mib(ShmOptions{}.chunk_bytes);
-  double timeout_s = 300;
-  double rdzv_timeout_s = 300;
+  double timeout_s = kCollectiveTimeout.count();
+  double rdzv_timeout_s = kRendezvousTimeout.count();
 };
 
 struct ModelConfig {
@@ -87,6 +93,7 @@ struct TrainConfig {
   int64_t max_steps = 0;
   int64_t accumulation_steps = 1;
   double clip_grad_norm = 0;
+  DeviceKind device = DeviceKind::kAuto;
 };
 
 struct OptimConfig {

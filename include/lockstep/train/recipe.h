@@ -50,6 +50,12 @@ struct StepPlan {
 // Throws ConfigError when an epoch holds no optimizer step.
 StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int64_t train_size);
 
+// The device train.device asks for on this rank; throws ConfigError for
+// cuda where this LibTorch has no CUDA or no GPU is visible, naming `what`
+// (the key or flag that asked).
+at::Device device_from_config(const Config& config, const WorldInfo& world, BackendKind backend,
+                              const std::string& what = "train.device");
+
 // The loss the data calls for: cross-entropy over classes, MSE for regression.
 at::Tensor loss_for(const TensorDataset& data, const at::Tensor& output, const at::Tensor& target);
 

@@ -61,7 +61,8 @@ struct StepHooks {
   std::function<void(torch::optim::Optimizer&)> before_clip;
   // Replaces optimizer.step() (e.g. a scaler that skips, a sharded step).
   std::function<void(torch::optim::Optimizer&)> optimizer_step;
-  // After the step and its check were started; `step` counts steps done.
+  // After the step and its check were started; `step` counts the steps done,
+  // this one included (the trainer counts it only after run() returns).
   std::function<void(int64_t step)> after_step;
 };
 
@@ -84,8 +85,9 @@ using BatchSource = std::function<std::optional<Batch>()>;
 
 class TrainStep {
  public:
-  // `model` is the module `ddp` wraps; `loss` maps (output, target) to the
-  // mean loss. `classification`: hits are counted.
+  // `model` is the module `ddp` wraps, already on its device (batches are
+  // moved there); `loss` maps (output, target) to the mean loss.
+  // `classification`: hits are counted.
   TrainStep(ProcessGroup& pg, ClassifierDdp& ddp, Classifier& model,
             torch::optim::Optimizer& optimizer,
             std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss,
@@ -128,6 +130,7 @@ class TrainStep {
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss_;
   bool classification_;
   StepOptions options_;
+  at::Device device_;  // the model's: batches are moved there
   std::unique_ptr<StepChecks> checks_;
   std::function<void(const ConsistencyReport&)> observer_;
   std::shared_ptr<Tracer> tracer_;

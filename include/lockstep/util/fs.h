@@ -19,4 +19,9 @@ std::string read_regular_file(const std::string& path);
 // naming the file and the errno, never a silently short file.
 void write_file(const std::string& path, const std::string& bytes);
 
+// `path` made absolute against the working directory (normalised), for
+// messages a user may paste into a config from anywhere; `path` itself when
+// the working directory cannot be read.
+std::string absolute_path(const std::string& path);
+
 }  // namespace lockstep
