@@ -12,7 +12,9 @@
 #        (a CMake prefix holding Torch/TorchConfig.cmake, when the Python
 #        torch ships none), LOCKSTEP_GPU_FROM_SOURCE=1 (build the compiled
 #        dependencies from their Debian sources even if the binaries run),
-#        LOCKSTEP_GPU_QUICK=1 (fewer benchmark rounds: a rehearsal)
+#        LOCKSTEP_GPU_QUICK=1 (a rehearsal: one benchmark round; without a
+#        GPU, the training and benchmark steps run on the CPU over Gloo as
+#        stand-ins, so that their commands and parsing are exercised too)
 #
 # Steps: environment -> dependencies (unpack with dpkg -x or ar+tar into a
 # private prefix, never into /; probe the binaries; build from source what
@@ -99,6 +101,10 @@ unpack() {  # unpack DEB: dpkg -x where dpkg exists, else ar + tar
   fi
 }
 lib=$prefix/usr/lib/x86_64-linux-gnu
+# Debian keeps architecture-specific headers (OpenSSL's opensslconf.h) in a
+# multiarch folder that only the system's own /usr/include/<triplet> search
+# covers: name it for the carried prefix.
+arch_include=$prefix/usr/include/x86_64-linux-gnu
 # Builds one upstream tarball from DEPS/sources into $prefix/usr.
 from_source() {  # from_source NAME
   local name=$1 src tarball
@@ -111,6 +117,8 @@ from_source() {  # from_source NAME
   echo "building $name from $(basename "$tarball")"
   case $name in
     openssl)
+      command -v perl >/dev/null && perl -MFindBin -e 1 2>/dev/null ||
+        { echo "OpenSSL's build needs a full perl, which this machine lacks"; return 1; }
       (cd "$src" && ./Configure --prefix="$prefix/usr" --libdir=lib/x86_64-linux-gnu no-tests >/dev/null &&
         make -j"$JOBS" build_libs >/dev/null && make install_dev >/dev/null) ;;
     zlib)
@@ -145,9 +153,26 @@ int main() {
   return EVP_sha256() == nullptr;
 }
 CPP
-  c++ -std=c++17 -D_GLIBCXX_USE_CXX11_ABI="$abi" -DSPDLOG_FMT_EXTERNAL -I"$prefix/usr/include" \
+  c++ -std=c++17 -D_GLIBCXX_USE_CXX11_ABI="$abi" -DSPDLOG_FMT_EXTERNAL -I"$prefix/usr/include" -I"$arch_include" \
     "$dir/probe.cpp" -o "$dir/probe" -L"$lib" -Wl,-rpath,"$lib" \
     -lyaml-cpp -lspdlog -lfmt -lcrypto -lz -lxxhash && "$dir/probe"
+}
+# OpenSSL 3 keeps its ABI across 3.x. Where this machine has its own
+# libcrypto.so.3 (any Python does), link that one: a carried copy on the
+# RPATH would shadow it for the libssl that the torch's libraries load,
+# which may need a newer libcrypto (seen in the rehearsal: OPENSSL_3.4.0).
+system_ssl=0
+use_system_openssl() {
+  local sys dir
+  sys=$(ldconfig -p 2>/dev/null | awk '$1 == "libcrypto.so.3" && $NF ~ /^\// {print $NF; exit}')
+  [ -n "$sys" ] || { echo "OpenSSL: the carried libcrypto.so.3 (this machine has none)"; return 0; }
+  dir=$(dirname "$sys")
+  [ -e "$dir/libssl.so.3" ] || return 0
+  rm -f "$lib/libcrypto.so.3" "$lib/libssl.so.3"
+  ln -sf "$dir/libcrypto.so.3" "$lib/libcrypto.so"
+  ln -sf "$dir/libssl.so.3" "$lib/libssl.so"
+  system_ssl=1
+  echo "OpenSSL: this machine's $sys (the carried 3.0 headers, same ABI)"
 }
 dependencies() {
   [ -d "$deps/debs" ] || { echo "no $deps/debs: run scripts/gpu_fetch_deps.sh on a Debian machine and carry the folder"; return 1; }
@@ -157,11 +182,15 @@ dependencies() {
   for d in "$deps"/debs/*.deb; do unpack "$d" || { echo "cannot unpack $d"; return 1; }; done
   # Gloo's headers apart: only used when the torch ships none.
   mkdir -p "$prefix/gloo-include" && mv "$prefix/usr/include/gloo" "$prefix/gloo-include/"
+  use_system_openssl
   local how="Debian 12 binaries"
   if [ "${LOCKSTEP_GPU_FROM_SOURCE:-0}" = 1 ] || [ "$abi" != 1 ] || ! probe; then
     echo "the carried binaries do not fit here (or LOCKSTEP_GPU_FROM_SOURCE=1): building from source"
     local n
-    for n in zlib openssl xxhash fmtlib spdlog yaml-cpp; do from_source "$n" || return 1; done
+    for n in zlib openssl xxhash fmtlib spdlog yaml-cpp; do
+      [ "$n" = openssl ] && [ "$system_ssl" = 1 ] && continue
+      from_source "$n" || return 1
+    done
     probe || { echo "the probe fails even with the libraries built here"; return 1; }
     how="built from Debian 12 sources"
   fi
@@ -178,16 +207,17 @@ if [ ! -f "$torch_prefix/Torch/TorchConfig.cmake" ]; then
 fi
 configure() {
   echo "$torch_note"
-  local torch_include extra=""
+  local torch_include extra="-isystem $arch_include"
   torch_include=$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
   if [ ! -f "$torch_include/gloo/algorithm.h" ] && [ ! -f /usr/include/gloo/algorithm.h ]; then
-    extra="-isystem $prefix/gloo-include"
+    extra="$extra -isystem $prefix/gloo-include"
     echo "gloo headers: carried (Debian 13's libgloo-dev)"
   else
     echo "gloo headers: the torch's own"
   fi
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_INSTALL=OFF \
-    -DCMAKE_PREFIX_PATH="$torch_prefix;$prefix/usr" -DOPENSSL_ROOT_DIR="$prefix/usr" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$prefix/usr" -DOPENSSL_INCLUDE_DIR="$prefix/usr/include" \
+    -DOPENSSL_CRYPTO_LIBRARY="$lib/libcrypto.so" -DOPENSSL_SSL_LIBRARY="$lib/libssl.so" \
     -DZLIB_ROOT="$prefix/usr" -DXXHASH_INCLUDE_DIR="$prefix/usr/include" \
     -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_BUILD_RPATH="$lib" \
     2>&1 | tee "$build/configure.txt"
@@ -252,14 +282,24 @@ train_gpu() {
     "$out/runs/$name/checkpoints/step_00000100/model.pt" '{"hidden": 128, "layers": 2}') || return 1
   echo "Python on the checkpoint: $got"
   [ "$(echo "$got" | awk '{printf "%.4f", $1}')" = "$acc" ] || { echo "Python's accuracy differs from lockstep's $acc"; return 1; }
-  echo "figures: 100 steps checked every step, $line; the checkpoint in Python: accuracy $(echo "$got" | awk '{printf "%.4f", $1}')"
+  echo "figures: ${stand_in}100 steps checked every step, $line; the checkpoint in Python: accuracy $(echo "$got" | awk '{printf "%.4f", $1}')"
 }
 train_nccl() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
   train_gpu nccl 1 --set dist.backend=nccl
 }
+quick=${LOCKSTEP_GPU_QUICK:-0}
+stand_in=""  # "CPU stand-in: " before the figures of a step that ran on the CPU
 train_gloo_cuda() {
-  [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
+  if [ "$has_gpu" != 1 ]; then
+    [ "$quick" = 1 ] || { echo "figures: no GPU"; return 77; }
+    echo "no GPU: the CPU stand-in of this step (a rehearsal)"
+    stand_in="CPU stand-in: "
+    train_gpu gloo2 2 --set dist.backend=gloo --set train.device=cpu
+    local rc=$?
+    stand_in=""
+    return $rc
+  fi
   train_gpu gloo2 2 --set dist.backend=gloo --set train.device=cuda
 }
 step "train digits on the GPU (nccl, world 1)" train_nccl
@@ -273,18 +313,28 @@ gpt() {
 step "train the GPT config on the GPU" gpt
 rounds=3
 [ "${LOCKSTEP_GPU_QUICK:-0}" = 1 ] && rounds=1
-bench_ddp() {  # bench_ddp LABEL NPROC BACKEND TORCH_BACKEND DEVICE
+bench_ddp() {  # bench_ddp LABEL NPROC BACKEND TORCH_BACKEND DEVICE [MODELS]
   [ "$has_gpu" = 1 ] || [ "$5" = cpu ] || { echo "figures: no GPU"; return 77; }
   BUILD=$build PYTHON=$PYTHON NPROC=$2 BACKEND=$3 TORCH_BACKEND=$4 DEVICE=$5 ROUNDS=$rounds \
-    MODELS=small,large,xl MODES=local,ddp STEPS=30 WARMUP=10 bash "$root/scripts/bench_ddp.sh" \
+    MODELS=${6:-small,large,xl} MODES=local,ddp STEPS=30 WARMUP=10 bash "$root/scripts/bench_ddp.sh" \
     >"$out/bench_ddp_$1.txt" 2>&1
   local rc=$?
   cat "$out/bench_ddp_$1.txt"
-  echo "figures: $(awk '$2 == "ddp" {printf "%s %s/PyTorch %s; ", $1, "lockstep", $7}' "$out/bench_ddp_$1.txt")"
+  echo "figures: ${stand_in}$(awk '$2 == "ddp" {printf "%s %s/PyTorch %s; ", $1, "lockstep", $7}' "$out/bench_ddp_$1.txt")"
   return $rc
 }
 bench_nccl() { bench_ddp nccl 1 nccl nccl cuda; }
-bench_gloo_cuda() { bench_ddp gloo_cuda 2 gloo gloo cuda; }
+bench_gloo_cuda() {
+  if [ "$has_gpu" != 1 ] && [ "$quick" = 1 ]; then
+    echo "no GPU: the CPU stand-in of this step (a rehearsal)"
+    stand_in="CPU stand-in: "
+    bench_ddp gloo_cpu 2 gloo gloo cpu small,large
+    local rc=$?
+    stand_in=""
+    return $rc
+  fi
+  bench_ddp gloo_cuda 2 gloo gloo cuda
+}
 step "bench ddp on the GPU beside PyTorch's DDP (nccl, world 1)" bench_nccl
 step "bench ddp on the GPU beside PyTorch's DDP (gloo over CUDA, 2 ranks)" bench_gloo_cuda
 bench_allreduce() {

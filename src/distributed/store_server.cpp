@@ -365,42 +365,16 @@ void StoreServer::Impl::handle(int fd, Conn& c, std::string_view body) {
   const uint64_t changes = core->changes();
   wire::Reader in(body);
   try {
-    const auto op = static_cast<wire::Op>(in.u8());
-    Handler handler = nullptr;
-    switch (op) {
-      case wire::Op::kSet:
-        handler = &Impl::op_set;
-        break;
-      case wire::Op::kGet:
-        handler = &Impl::op_get;
-        break;
-      case wire::Op::kAdd:
-        handler = &Impl::op_add;
-        break;
-      case wire::Op::kCompareSet:
-        handler = &Impl::op_compare_set;
-        break;
-      case wire::Op::kCheck:
-        handler = &Impl::op_check;
-        break;
-      case wire::Op::kWait:
-        handler = &Impl::op_wait;
-        break;
-      case wire::Op::kDelete:
-        handler = &Impl::op_delete;
-        break;
-      case wire::Op::kNumKeys:
-        handler = &Impl::op_num_keys;
-        break;
-    }
-    if (handler == nullptr)
-      throw wire::WireError("unknown operation " + std::to_string(static_cast<int>(op)));
+    // One handler per operation, indexed by its code (store_wire.h's Op).
+    static constexpr Handler kHandlers[] = {
+        nullptr,         &Impl::op_set,    &Impl::op_get,      &Impl::op_add, &Impl::op_compare_set,
+        &Impl::op_check, &Impl::op_delete, &Impl::op_num_keys, &Impl::op_wait};
+    static_assert(static_cast<int>(wire::Op::kWait) == 8 && static_cast<int>(wire::Op::kSet) == 1);
+    const std::uint8_t code = in.u8();
+    const Handler handler = code < std::size(kHandlers) ? kHandlers[code] : nullptr;
+    if (handler == nullptr) throw wire::WireError("unknown operation " + std::to_string(code));
     (this->*handler)(fd, c, in);
-  } catch (const wire::WireError& e) {
-    auto w = answer(wire::Status::kError);
-    w.bytes(e.what());
-    send(c, w);
-  } catch (const StoreRefusal& e) {
+  } catch (const std::runtime_error& e) {  // wire::WireError (the frame), StoreRefusal (the core)
     auto w = answer(wire::Status::kError);
     w.bytes(e.what());
     send(c, w);
