@@ -16,6 +16,8 @@
 #                                         # PyTorch's DDP runs on TORCH_BACKEND, default gloo)
 #   DEVICE=cuda BACKEND=nccl TORCH_BACKEND=nccl NPROC=1 scripts/bench_ddp.sh   # on a GPU
 #   BUILD=build-gpu PYTHON=python3 ...    # another build folder, another Python (a GPU machine)
+#   ERRLOG=FILE scripts/bench_ddp.sh      # keep the contenders' stderr (default: dropped)
+#   ERRLOG=FILE                           # keep the contenders' stderr (default: dropped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
@@ -37,10 +39,10 @@ export USE_LIBUV=0  # PyTorch 2.6 from Debian has no libuv TCPStore (tests/multi
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 \
-    "$BUILD/lockstep" bench ddp --backend "${BACKEND:-auto}" --device "$DEVICE" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
+    "$BUILD/lockstep" bench ddp --backend "${BACKEND:-auto}" --device "$DEVICE" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>>"${ERRLOG:-/dev/null}" |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
   "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 \
-    "$PYTHON" scripts/bench_ddp_torch.py --backend "${TORCH_BACKEND:-gloo}" --device "$DEVICE" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null |
+    "$PYTHON" scripts/bench_ddp_torch.py --backend "${TORCH_BACKEND:-gloo}" --device "$DEVICE" --models "$MODELS" --modes "$MODES" --steps "$STEPS" --warmup "$WARMUP" 2>>"${ERRLOG:-/dev/null}" |
     sed -n 's/^\[rank0\]: //p' >>"$raw"
 done
 [ -n "${JSON:-}" ] && cp "$raw" "$JSON"

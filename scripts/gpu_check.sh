@@ -35,6 +35,11 @@ prefix=$build/deps
 mkdir -p "$out" "$build"
 log=$out/gpu_check.log
 summary=$out/summary.md
+# Work files (per-step outputs, training runs) stay in build-gpu/work: OUT
+# holds only the log (every step's output is copied into it) and the
+# summary, since a device returns few files.
+work=$build/work
+rm -rf "$work" && mkdir -p "$work"
 : >"$log"
 echo "# gpu_check $(date -u +%Y-%m-%dT%H:%MZ)" >"$summary"
 failed=0
@@ -51,22 +56,27 @@ record() {  # record STATUS NAME SECONDS DETAILS
 step() {
   local name=$1 fn=$2 start=$SECONDS rc figures
   say "== $name"
-  "$fn" >"$out/step.out" 2>&1
+  "$fn" >"$work/step.out" 2>&1
   rc=$?
-  cat "$out/step.out" >>"$log"
-  figures=$(grep '^figures:' "$out/step.out" | tail -n 1 | cut -d' ' -f2-)
+  cat "$work/step.out" >>"$log"
+  figures=$(grep '^figures:' "$work/step.out" | tail -n 1 | cut -d' ' -f2-)
   case $rc in
     0) record PASS "$name" $((SECONDS - start)) "$figures" ;;
     77) record SKIP "$name" $((SECONDS - start)) "$figures" ;;
-    *) record FAIL "$name" $((SECONDS - start)) "exit $rc; $(tail -n 3 "$out/step.out" | tr '\n' ' ' | cut -c1-300)" ;;
+    *) record FAIL "$name" $((SECONDS - start)) "exit $rc; $(tail -n 3 "$work/step.out" | tr '\n' ' ' | cut -c1-300)" ;;
   esac
-  rm -f "$out/step.out"
+  rm -f "$work/step.out"
   return $rc
 }
 printf '| status | step | time | figures |\n| --- | --- | --- | --- |\n' >>"$summary"
 
 # ------------------------------------------------------------ environment
 has_gpu=0
+for d in /usr/local/nvidia/bin /usr/local/cuda/bin; do
+  [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH=$PATH:$d ;; esac
+done
+export PATH
+torch_include=$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))' 2>/dev/null)
 env_report() {
   uname -a
   echo "cores: $(nproc)"
@@ -82,11 +92,14 @@ PY
   cmake --version | head -n 1
   ninja --version
   c++ --version | head -n 1
-  command -v nvcc >/dev/null && nvcc --version | tail -n 1
+  command -v nvcc >/dev/null && { command -v nvcc; nvcc --version | tail -n 1; }
+  echo "torch include: $torch_include"
+  ls -d "$torch_include"/fmt "$torch_include"/gloo "$torch_include"/spdlog 2>/dev/null
   echo "figures: $("$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)')"
 }
 step "environment" env_report || { say "no usable Python torch: stop"; exit 1; }
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
+"$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && has_gpu=1
 abi=$("$PYTHON" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 
 # ------------------------------------------------------------ dependencies
@@ -130,11 +143,23 @@ from_source() {  # from_source NAME
       cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_INSTALL_PREFIX="$prefix/usr" -DCMAKE_INSTALL_LIBDIR=lib/x86_64-linux-gnu \
         -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CXX_FLAGS="$flags" -DBUILD_SHARED_LIBS=ON \
+        -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
         -DFMT_TEST=OFF -DFMT_DOC=OFF -DSPDLOG_FMT_EXTERNAL=ON -DSPDLOG_BUILD_SHARED=ON \
         -DSPDLOG_BUILD_EXAMPLE=OFF -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=OFF \
         -DYAML_BUILD_SHARED_LIBS=ON >/dev/null &&
         cmake --build "$src/build" -j "$JOBS" >/dev/null && cmake --install "$src/build" >/dev/null ;;
   esac
+}
+# A pip torch ships its own fmt (and maybe spdlog) headers; spdlog 1.10
+# compiled against fmt 11 fails. The carried fmt and spdlog go in a folder
+# searched with -I, before every -isystem one (the torch's included).
+first_includes() {
+  if [ -d "$torch_include/fmt" ] || [ -d "$torch_include/spdlog" ]; then
+    mkdir -p "$build/first"
+    ln -sfn "$prefix/usr/include/fmt" "$build/first/fmt"
+    ln -sfn "$prefix/usr/include/spdlog" "$build/first/spdlog"
+    echo "-I$build/first"
+  fi
 }
 # Does a program linking the carried libraries build and run here, with
 # this torch's C++ ABI?
@@ -153,7 +178,7 @@ int main() {
   return EVP_sha256() == nullptr;
 }
 CPP
-  c++ -std=c++17 -D_GLIBCXX_USE_CXX11_ABI="$abi" -DSPDLOG_FMT_EXTERNAL -I"$prefix/usr/include" -I"$arch_include" \
+  c++ -std=c++17 -D_GLIBCXX_USE_CXX11_ABI="$abi" -DSPDLOG_FMT_EXTERNAL $(first_includes) -I"$prefix/usr/include" -I"$arch_include" -isystem "$torch_include" \
     "$dir/probe.cpp" -o "$dir/probe" -L"$lib" -Wl,-rpath,"$lib" \
     -lyaml-cpp -lspdlog -lfmt -lcrypto -lz -lxxhash && "$dir/probe"
 }
@@ -207,8 +232,27 @@ if [ ! -f "$torch_prefix/Torch/TorchConfig.cmake" ]; then
 fi
 configure() {
   echo "$torch_note"
-  local torch_include extra="-isystem $arch_include"
-  torch_include=$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+  local extra cuda_args=() nccl_include
+  extra="$(first_includes) -isystem $arch_include"
+  # pip keeps nccl.h (and cuBLAS/cuSPARSE headers that ATen's CUDA headers
+  # include) in site-packages/nvidia/*/include, outside torch's include.
+  nccl_include=$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "include"))' 2>/dev/null)
+  [ -f "$nccl_include/nccl.h" ] && extra="$extra -isystem $nccl_include" && echo "nccl.h: $nccl_include"
+  local d
+  for d in $("$PYTHON" -c 'import glob, os, nvidia; print(" ".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "include"))))' 2>/dev/null); do
+    extra="$extra -idirafter $d"
+  done
+  if [ "$has_gpu" = 1 ] && command -v nvcc >/dev/null; then
+    local cap
+    cap=$("$PYTHON" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null)
+    cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
+    [ -n "$cap" ] && cuda_args+=(-DTORCH_CUDA_ARCH_LIST="$cap" -DCMAKE_CUDA_ARCHITECTURES="${cap/./}")
+  fi
+  local nccl=AUTO
+  if ! [ -f "$nccl_include/nccl.h" ] && ! [ -f /usr/include/nccl.h ] && ! [ -f /usr/local/cuda/include/nccl.h ]; then
+    nccl=OFF
+    echo "no nccl.h anywhere: the NCCL backend is left out (LOCKSTEP_NCCL=OFF)"
+  fi
   if [ ! -f "$torch_include/gloo/algorithm.h" ] && [ ! -f /usr/include/gloo/algorithm.h ]; then
     extra="$extra -isystem $prefix/gloo-include"
     echo "gloo headers: carried (Debian 13's libgloo-dev)"
@@ -219,6 +263,9 @@ configure() {
     -DCMAKE_PREFIX_PATH="$torch_prefix;$prefix/usr" -DOPENSSL_INCLUDE_DIR="$prefix/usr/include" \
     -DOPENSSL_CRYPTO_LIBRARY="$lib/libcrypto.so" -DOPENSSL_SSL_LIBRARY="$lib/libssl.so" \
     -DZLIB_ROOT="$prefix/usr" -DXXHASH_INCLUDE_DIR="$prefix/usr/include" \
+    -DXXHASH_LIBRARY="$lib/libxxhash.so" -Dspdlog_DIR="$lib/cmake/spdlog" -Dfmt_DIR="$lib/cmake/fmt" \
+    -Dyaml-cpp_DIR="$lib/cmake/yaml-cpp" -Dcxxopts_DIR="$prefix/usr/lib/cmake/cxxopts" \
+    -DCatch2_DIR="$prefix/usr/lib/cmake/Catch2" -DLOCKSTEP_MPI=OFF -DLOCKSTEP_NCCL="$nccl" "${cuda_args[@]}" \
     -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_BUILD_RPATH="$lib" \
     2>&1 | tee "$build/configure.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || return 1
@@ -238,31 +285,37 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} USE_LIBUV=0
 run=$build/lockstep-run
 bin=$build/lockstep
 unit_suite() {
-  ctest --test-dir "$build" -L unit -j "$JOBS" --output-on-failure --timeout 600 >"$out/ctest_unit.txt" 2>&1
+  # unit.cuda runs in the next step, on its own
+  timeout -k 5 240 ctest --test-dir "$build" -L unit -LE cuda -j "$JOBS" --output-on-failure --timeout 120 \
+    >"$work/ctest_unit.txt" 2>&1
   local rc=$?
-  tail -n 25 "$out/ctest_unit.txt"
-  echo "figures: $(grep -E '% tests passed' "$out/ctest_unit.txt")"
+  tail -n 25 "$work/ctest_unit.txt"
+  echo "figures: $(grep -E '% tests passed' "$work/ctest_unit.txt")"
   return $rc
 }
-step "unit suite (ctest -L unit, with unit.cuda)" unit_suite
+step "unit suite (ctest -L unit -LE cuda)" unit_suite
 cuda_tests() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  "$build/tests/lockstep_tests" "[.cuda]" || return 1
+  timeout -k 5 180 "$build/tests/lockstep_tests" "[.cuda]" || return 1
   echo "figures: the [.cuda] cases passed"
 }
 step "CUDA tests ([.cuda])" cuda_tests
 comm_nccl() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  "$bin" check --comm --backend nccl || return 1
-  echo "figures: $("$bin" check --comm --backend nccl 2>/dev/null | grep 'comm check (')"
+  timeout -k 5 120 "$bin" check --comm --backend nccl >"$work/comm_nccl.txt" 2>&1
+  local rc=$?
+  cat "$work/comm_nccl.txt"
+  echo "figures: $(grep -o 'comm check (.*' "$work/comm_nccl.txt" | head -n 1)"
+  return $rc
 }
 step "check --comm --backend nccl (world 1)" comm_nccl
 comm_gloo_cuda() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda >"$out/comm_gloo.txt" 2>&1
+  timeout -k 5 120 "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda \
+    >"$work/comm_gloo.txt" 2>&1
   local rc=$?
-  cat "$out/comm_gloo.txt"
-  echo "figures: $(grep -o 'comm check (.*' "$out/comm_gloo.txt" | head -n 1)"
+  cat "$work/comm_gloo.txt"
+  echo "figures: $(grep -o 'comm check (.*' "$work/comm_gloo.txt" | head -n 1)"
   return $rc
 }
 step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
@@ -271,17 +324,20 @@ step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
 train_gpu() {
   local name=$1 nproc=$2
   shift 2
-  "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/digits.yaml" \
-    --set run.dir="$out/runs" --set run.name="$name" --set train.max_steps=100 --set check.every=1 \
-    "$@" >"$out/train_$name.txt" 2>&1 || { cat "$out/train_$name.txt"; return 1; }
-  tail -n 5 "$out/train_$name.txt"
+  timeout -k 5 150 "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/digits.yaml" \
+    --set run.dir="$work/runs" --set run.name="$name" --set train.max_steps=100 --set check.every=1 \
+    "$@" >"$work/train_$name.txt" 2>&1 || { cat "$work/train_$name.txt"; return 1; }
+  tail -n 5 "$work/train_$name.txt"
   local line acc got
-  line=$(grep -o 'validation accuracy [0-9.]*, loss [0-9.]*' "$out/train_$name.txt")
+  line=$(grep -o 'validation accuracy [0-9.]*, loss [0-9.]*' "$work/train_$name.txt")
   acc=$(echo "$line" | sed 's/.*accuracy \([0-9.]*\),.*/\1/')
   got=$("$PYTHON" "$root/tests/python/rebuild.py" "$root/docs/models.md" "$root/data/digits.csv.gz" mlp \
-    "$out/runs/$name/checkpoints/step_00000100/model.pt" '{"hidden": 128, "layers": 2}') || return 1
+    "$work/runs/$name/checkpoints/step_00000100/model.pt" '{"hidden": 128, "layers": 2}') || return 1
   echo "Python on the checkpoint: $got"
-  [ "$(echo "$got" | awk '{printf "%.4f", $1}')" = "$acc" ] || { echo "Python's accuracy differs from lockstep's $acc"; return 1; }
+  # lockstep evaluated on the GPU, Python on the CPU: one prediction of 359
+  # may flip (0.0028).
+  awk -v a="$(echo "$got" | awk '{print $1}')" -v b="$acc" 'BEGIN{d=a-b; exit !(d <= 0.003 && d >= -0.003)}' ||
+    { echo "Python's accuracy $got differs from lockstep's $acc"; return 1; }
   echo "figures: ${stand_in}100 steps checked every step, $line; the checkpoint in Python: accuracy $(echo "$got" | awk '{printf "%.4f", $1}')"
 }
 train_nccl() {
@@ -306,21 +362,22 @@ step "train digits on the GPU (nccl, world 1)" train_nccl
 step "train digits on the GPU (gloo over CUDA, 2 ranks)" train_gloo_cuda
 gpt() {
   [ -f "$root/configs/gpt-text.yaml" ] || { echo "figures: no configs/gpt-text.yaml yet (issue 25)"; return 77; }
-  "$bin" train --config "$root/configs/gpt-text.yaml" --set dist.backend=nccl --set run.dir="$out/runs" \
+  "$bin" train --config "$root/configs/gpt-text.yaml" --set dist.backend=nccl --set run.dir="$work/runs" \
     --set train.max_steps=50 || return 1
   echo "figures: 50 steps"
 }
 step "train the GPT config on the GPU" gpt
-rounds=3
-[ "${LOCKSTEP_GPU_QUICK:-0}" = 1 ] && rounds=1
+rounds=1
+deadline=${LOCKSTEP_GPU_DEADLINE_S:-420}  # seconds into the run after which benchmarks are skipped
 bench_ddp() {  # bench_ddp LABEL NPROC BACKEND TORCH_BACKEND DEVICE [MODELS]
   [ "$has_gpu" = 1 ] || [ "$5" = cpu ] || { echo "figures: no GPU"; return 77; }
-  BUILD=$build PYTHON=$PYTHON NPROC=$2 BACKEND=$3 TORCH_BACKEND=$4 DEVICE=$5 ROUNDS=$rounds \
-    MODELS=${6:-small,large,xl} MODES=local,ddp STEPS=30 WARMUP=10 bash "$root/scripts/bench_ddp.sh" \
-    >"$out/bench_ddp_$1.txt" 2>&1
+  [ "$SECONDS" -lt "$deadline" ] || { echo "figures: skipped, past ${deadline} s (the device's time)"; return 77; }
+  ERRLOG=$work/bench_ddp_$1.err timeout -k 5 150 env BUILD=$build PYTHON=$PYTHON NPROC=$2 BACKEND=$3 TORCH_BACKEND=$4 DEVICE=$5 ROUNDS=$rounds \
+    MODELS=${6:-small,xl} MODES=local,ddp STEPS=30 WARMUP=10 bash "$root/scripts/bench_ddp.sh" \
+    >"$work/bench_ddp_$1.txt" 2>&1
   local rc=$?
-  cat "$out/bench_ddp_$1.txt"
-  echo "figures: ${stand_in}$(awk '$2 == "ddp" {printf "%s %s/PyTorch %s; ", $1, "lockstep", $7}' "$out/bench_ddp_$1.txt")"
+  cat "$work/bench_ddp_$1.txt" "$work/bench_ddp_$1.err" 2>/dev/null
+  echo "figures: ${stand_in}$(awk '$2 == "ddp" {printf "%s %s/PyTorch %s; ", $1, "lockstep", $7}' "$work/bench_ddp_$1.txt")"
   return $rc
 }
 bench_nccl() { bench_ddp nccl 1 nccl nccl cuda; }
@@ -339,9 +396,10 @@ step "bench ddp on the GPU beside PyTorch's DDP (nccl, world 1)" bench_nccl
 step "bench ddp on the GPU beside PyTorch's DDP (gloo over CUDA, 2 ranks)" bench_gloo_cuda
 bench_allreduce() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  "$bin" bench allreduce --backends nccl --max-bytes $((256 << 20)) >"$out/bench_allreduce.txt" 2>&1
+  [ "$SECONDS" -lt "$deadline" ] || { echo "figures: skipped, past ${deadline} s (the device's time)"; return 77; }
+  timeout -k 5 90 "$bin" bench allreduce --backends nccl --max-bytes $((256 << 20)) >"$work/bench_allreduce.txt" 2>&1
   local rc=$?
-  cat "$out/bench_allreduce.txt"
+  cat "$work/bench_allreduce.txt"
   echo "figures: world size 1 (one GPU): no ring to measure; see docs/gpu.md"
   return $rc
 }

@@ -40,6 +40,7 @@ present=$(chroot "$root" dpkg-query -W -f='${Package} ${Status}\n' libyaml-cpp-d
   awk '/install ok installed/ {print $1}' | tr '\n' ' ' || true)
 echo "gpu_rehearse: lockstep -dev packages in the root: ${present:-none}"
 
+rm -rf "$root/home/lockstep/gpu-out"
 rc=0
 inner="cd $src && PYTHON=python3 LOCKSTEP_TORCH_PREFIX=/usr/lib/x86_64-linux-gnu/cmake LOCKSTEP_GPU_QUICK=1"
 inner="$inner LOCKSTEP_GPU_FROM_SOURCE=${FROM_SOURCE:-0} bash scripts/gpu_check.sh /home/lockstep/gpu-out gpu-deps"
