@@ -300,24 +300,23 @@ cuda_tests() {
   echo "figures: the [.cuda] cases passed"
 }
 step "CUDA tests ([.cuda])" cuda_tests
-comm_nccl() {
+# comm_check FILE CMD...: one communication self-check; the summary line of
+# its table becomes the step's figures.
+comm_check() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  timeout -k 5 120 "$bin" check --comm --backend nccl >"$work/comm_nccl.txt" 2>&1
+  local file=$work/$1
+  shift
+  timeout -k 5 120 "$@" >"$file" 2>&1
   local rc=$?
-  cat "$work/comm_nccl.txt"
-  echo "figures: $(grep -o 'comm check (.*' "$work/comm_nccl.txt" | head -n 1)"
+  cat "$file"
+  echo "figures: $(grep -o 'comm check (.*' "$file" | head -n 1)"
   return $rc
+}
+comm_nccl() { comm_check comm_nccl.txt "$bin" check --comm --backend nccl; }
+comm_gloo_cuda() {
+  comm_check comm_gloo.txt "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda
 }
 step "check --comm --backend nccl (world 1)" comm_nccl
-comm_gloo_cuda() {
-  [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  timeout -k 5 120 "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda \
-    >"$work/comm_gloo.txt" 2>&1
-  local rc=$?
-  cat "$work/comm_gloo.txt"
-  echo "figures: $(grep -o 'comm check (.*' "$work/comm_gloo.txt" | head -n 1)"
-  return $rc
-}
 step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
 # train NAME NPROC SETTINGS...: digits with per-step checks, then the
 # checkpoint loaded and evaluated in Python (docs/models.md's own code).
