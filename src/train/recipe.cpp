@@ -14,25 +14,10 @@
 
 namespace lockstep {
 
-namespace {
-
-// A file a config names: its errors name the key too (Note [Paths in a
-// config], config.cpp: the path is already resolved).
-template <typename Body>
-auto reading(const char* key, Body&& body) {
-  try {
-    return body();
-  } catch (const DataError& e) {
-    throw DataError(std::string(key) + ": " + e.what());
-  }
-}
-
-}  // namespace
-
 DatasetSplit dataset_from_config(const Config& config) {
   const auto& d = config.data;
   if (d.name == DatasetKind::kMnist) {
-    return reading("data.path", [&] {
+    return reading_key("data.path", [&] {
       return DatasetSplit{dataset_mnist(d.path, true), dataset_mnist(d.path, false)};
     });
   }
@@ -46,7 +31,7 @@ DatasetSplit dataset_from_config(const Config& config) {
     CsvOptions csv;
     csv.label_column = d.label_column;
     csv.max_classes = d.max_classes;
-    all = reading("data.path", [&] { return dataset_csv(d.path, csv); });
+    all = reading_key("data.path", [&] { return dataset_csv(d.path, csv); });
   }
   return dataset_split(all, d.validation_fraction, config.run.seed);
 }
@@ -56,7 +41,7 @@ std::shared_ptr<Classifier> model_from_config(const Config& config, const Tensor
   std::vector<int64_t> shape(data.features.sizes().begin() + 1, data.features.sizes().end());
   auto model = model_create(config.model, shape, data.num_classes);
   if (!config.model.init_from.empty()) {
-    reading("model.init_from", [&] {
+    reading_key("model.init_from", [&] {
       state_dict_load(*model, state_dict_load_file(config.model.init_from), config.model.init_from);
       return 0;
     });

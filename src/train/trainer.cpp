@@ -138,13 +138,8 @@ struct Trainer::Impl {
       }
       folder = *newest;
     }
-    auto loaded = [&] {
-      try {
-        return Checkpointer::load(folder, *optimizer);
-      } catch (const DataError& e) {
-        throw DataError(std::string("checkpoint.resume: ") + e.what());
-      }
-    }();
+    auto loaded =
+        reading_key("checkpoint.resume", [&] { return Checkpointer::load(folder, *optimizer); });
     if (loaded.state.world_size != world.world_size) {
       throw ConfigError("checkpoint '" + folder + "' was written by " +
                         std::to_string(loaded.state.world_size) + " rank(s), this run has " +

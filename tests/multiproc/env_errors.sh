@@ -18,6 +18,16 @@ expect_grep "$WORK/err" "RANK=3 must be smaller than the world size 2" "RANK >= 
 expect_eq "$?" 2 "an unknown backend exits 2"
 expect_grep "$WORK/err" "--backend: 'ucc' is not one of auto, gloo, shm, hierarchical, nccl, mpi" "and lists the valid ones"
 
+"$LOCKSTEP" check --comm --device gpu 2>"$WORK/err"
+expect_eq "$?" 2 "an unknown --device exits 2"
+expect_grep "$WORK/err" "--device: 'gpu' is not one of auto, cpu, cuda" "and lists the valid ones"
+"$LOCKSTEP" check --comm --device cuda 2>"$WORK/err"
+expect_eq "$?" 2 "--device cuda on a CPU LibTorch exits 2"
+expect_grep "$WORK/err" "--device: cuda, but this lockstep was built against a LibTorch without CUDA" "and says why"
+"$LOCKSTEP" check --config "$(dirname "$0")/../../configs/digits.yaml" --inject typo 2>"$WORK/err"
+expect_eq "$?" 2 "an unknown --inject fault exits 2"
+expect_grep "$WORK/err" "--inject: 'typo' is not one of none, lr, init, no-buffer-broadcast" "and lists the faults"
+
 "$LOCKSTEP" check --comm --backend nccl 2>"$WORK/err"
 expect_eq "$?" 2 "nccl on a CPU LibTorch exits 2"
 expect_grep "$WORK/err" "backend 'nccl' is not available" "and says how to get it"

@@ -18,8 +18,21 @@
 #include "lockstep/distributed/world.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/models.h"
+#include "lockstep/util/error.h"
 
 namespace lockstep {
+
+// Runs `body`, which reads a file a config names under `key`; a DataError
+// from it names the key too ("data.path: cannot open '/abs/x.csv': ...").
+// Note [Paths in a config] (config.cpp): the path is already resolved.
+template <typename Body>
+auto reading_key(const char* key, Body&& body) {
+  try {
+    return body();
+  } catch (const DataError& e) {
+    throw DataError(std::string(key) + ": " + e.what());
+  }
+}
 
 // The configured dataset, split into train and validation (MNIST: its train
 // and test files).
