@@ -15,6 +15,8 @@
 #include <thread>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/hex.h"
+#include "lockstep/util/sha256.h"
 #include "store_wire.h"
 
 namespace lockstep {
@@ -72,6 +74,35 @@ int connect_one(const addrinfo& a, Clock::time_point deadline, std::string& erro
   return fd;
 }
 
+// Sends all of `data` before `deadline`; false (errno set) when it could not.
+bool send_exact(int fd, std::string_view data, Clock::time_point deadline) {
+  std::size_t sent = 0;
+  while (sent < data.size()) {
+    if (!ready(fd, POLLOUT, deadline)) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Reads up to `size` bytes before `deadline`; returns how many arrived
+// before the peer closed, failed or the deadline passed.
+std::size_t recv_exact(int fd, char* out, std::size_t size, Clock::time_point deadline) {
+  std::size_t got = 0;
+  while (got < size && ready(fd, POLLIN, deadline)) {
+    const ssize_t n = ::recv(fd, out + got, size - got, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  return got;
+}
+
 }  // namespace
 
 JobStore::JobStore(JobStoreOptions options, std::shared_ptr<StoreServer> server)
@@ -94,6 +125,10 @@ void JobStore::lost(const std::string& what) {
   throw CommError("store at " + where() + ": " + what);
 }
 
+// Connects and completes the handshake, retrying with back-off until
+// connect_timeout while the server is not up, busy (Note [Store admission])
+// or the connection drops; a server that cannot prove the secret is refused
+// at once.
 void JobStore::connect() {
   const auto start = Clock::now();
   const auto deadline = start + options_.connect_timeout;
@@ -107,7 +142,19 @@ void JobStore::connect() {
       for (const addrinfo* a = addresses.get(); a && fd_ < 0; a = a->ai_next)
         fd_ = connect_one(*a, deadline, error);
     }
-    if (fd_ >= 0) break;
+    if (fd_ >= 0) {
+      bool admitted = false;
+      try {
+        admitted = handshake(deadline, error);
+      } catch (...) {  // refused: the constructor throws, so no destructor closes it
+        ::close(fd_);
+        fd_ = -1;
+        throw;
+      }
+      if (admitted) return;
+      ::close(fd_);
+      fd_ = -1;
+    }
     if (Clock::now() + pause >= deadline) {
       const double waited = std::chrono::duration<double>(Clock::now() - start).count();
       throw TimeoutError("store at " + where() + " not reachable after " +
@@ -116,25 +163,68 @@ void JobStore::connect() {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
+}
 
-  const std::string hello = wire::hello(options_.secret);
-  const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(30));
-  if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size()))
-    lost("could not send the hello: " + std::string(std::strerror(errno)));
-  char answer = 0;
-  if (!ready(fd_, POLLIN, hello_deadline)) lost("no answer to the hello within 30 s");
-  if (::recv(fd_, &answer, 1, 0) != 1)
-    lost("closed the connection during the hello (is it lockstep's store?)");
-  if (answer == wire::kHelloRefused) {
-    ::close(fd_);
-    fd_ = -1;
-    throw ConfigError(
-        "store at " + where() + " refused this process: " +
-        (options_.secret.empty()
-             ? std::string("the job requires LOCKSTEP_STORE_SECRET and this process has none")
-             : std::string("LOCKSTEP_STORE_SECRET differs from rank 0's")));
+// Note [Store handshake], the client's half. True when admitted; false, with
+// `error` saying why, when worth another try; throws ConfigError when either
+// side cannot prove the secret to the other.
+bool JobStore::handshake(Clock::time_point deadline, std::string& error) {
+  const auto limit = std::min(deadline, Clock::now() + std::chrono::seconds(10));
+  const std::string client_nonce = random_bytes(wire::kNonce);
+  std::string hello(wire::kMagic);
+  hello += client_nonce;
+  if (!send_exact(fd_, hello, limit)) {
+    error = "could not send the hello: " + std::string(std::strerror(errno));
+    return false;
   }
-  if (answer != wire::kHelloAccepted) lost("answered the hello with an unknown byte");
+  std::string answer(wire::kServerHello, '\0');
+  const std::size_t got = recv_exact(fd_, answer.data(), answer.size(), limit);
+  if (got >= 1 && answer[0] == wire::kHelloBusy) {
+    error = "it was busy with other connections";
+    return false;
+  }
+  const std::size_t seen = std::min(got, wire::kMagic.size());
+  if (answer.compare(0, seen, wire::kMagic.substr(0, seen)) == 0 && got < answer.size()) {
+    error = got == 0 ? "no hello from it (is it lockstep's store?)"
+                     : "it closed the connection during the hello";
+    return false;
+  }
+  if (answer.compare(0, wire::kMagic.size(), wire::kMagic) != 0) {
+    throw ConfigError("store at " + where() +
+                      " does not speak lockstep's store protocol: another program holds "
+                      "MASTER_PORT on rank 0's host");
+  }
+  const bool has_secret = (static_cast<std::uint8_t>(answer[8]) & wire::kHasSecret) != 0;
+  const std::string_view server_nonce = std::string_view(answer).substr(9, wire::kNonce);
+  const std::string_view proof = std::string_view(answer).substr(9 + wire::kNonce, wire::kProof);
+  if (has_secret && options_.secret.empty())
+    throw ConfigError("store at " + where() +
+                      " refused this process: the job requires LOCKSTEP_STORE_SECRET and this "
+                      "process has none");
+  if (!has_secret && !options_.secret.empty())
+    throw ConfigError("store at " + where() +
+                      " has no secret while this process has LOCKSTEP_STORE_SECRET: rank 0 was "
+                      "started without it, or the process on that port is not this job's store");
+  if (!equal_in_constant_time(proof,
+                              wire::server_proof(options_.secret, client_nonce, server_nonce)))
+    throw ConfigError("store at " + where() +
+                      " could not prove it holds this process's LOCKSTEP_STORE_SECRET: the "
+                      "secret differs from rank 0's, or the process on that port is not this "
+                      "job's store");
+  if (!send_exact(fd_, wire::client_proof(options_.secret, client_nonce, server_nonce), limit)) {
+    error = "could not send the proof: " + std::string(std::strerror(errno));
+    return false;
+  }
+  char verdict = 0;
+  if (recv_exact(fd_, &verdict, 1, limit) != 1 || verdict == wire::kHelloBusy) {
+    error = "it closed the connection before admitting this process";
+    return false;
+  }
+  if (verdict == wire::kHelloRefused)
+    throw ConfigError("store at " + where() + " refused this process's proof of the secret");
+  if (verdict != wire::kHelloAccepted)
+    throw CommError("store at " + where() + " answered the handshake with an unknown byte");
+  return true;
 }
 
 std::string JobStore::round_trip(const std::string& frame, std::chrono::milliseconds limit) {

@@ -93,6 +93,7 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
   const auto start = Clock::now();
   const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
   const bool host = world.rank == 0 && !world.use_agent_store;
+  bool hosting = false;  // rank 0's server is up: later failures are not the port's
   Ptr<C10dStore> store;
   try {
     if (world.use_agent_store) {
@@ -117,6 +118,7 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
         serve.port = world.master_port;
         serve.secret = world.store_secret;
         server = std::make_shared<StoreServer>(serve);
+        hosting = true;
         client.host = serve.host;
         if (world.store_secret.empty()) {
           spdlog::warn(
@@ -132,9 +134,13 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
   } catch (const EnvError&) {
     throw;
   } catch (const std::exception& e) {
-    if (host) {
+    if (host && !hosting) {
       throw CommError("rendezvous: rank 0 could not host the store on " + where +
-                      " (MASTER_ADDR:MASTER_PORT; is the port in use?): " + what_of(e));
+                      " (MASTER_ADDR:MASTER_PORT): " + what_of(e));
+    }
+    if (host) {
+      throw CommError("rendezvous: rank 0 could not join the store it hosts on " + where + ": " +
+                      what_of(e));
     }
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     throw TimeoutError("rendezvous: rank " + std::to_string(world.rank) +

@@ -46,11 +46,16 @@
 // After a failure the backend is broken: later collectives fail at once.
 // Collectives run in issue order on one worker thread per backend, as
 // asynchronous works with futures (the Reducer overlaps them with backward).
+// A rank's death is seen through a pidfd of each peer (ShmSegment::
+// watch_peers), so a dead rank its parent has not reaped yet is dead too.
 // The segment is named /dev/shm/lockstep-<random>-<creator pid>, created
 // O_EXCL by rank 0, and unlinked as soon as every rank has mapped it: no exit
-// path, SIGKILL included, leaves it behind after that. A SIGKILL inside that
-// window leaves a name whose creator is dead; the next job removes it
-// (ShmSegment::remove_orphans).
+// path, SIGKILL included, leaves it behind after that. Before that, ShmName
+// unlinks it on every exit path of rank 0's set-up, SIGTERM included (Note
+// [Segment name]); a rank that fails to map it says so through the store,
+// so rank 0 unlinks at once rather than wait out the timeout. Only a SIGKILL
+// inside that window leaves a name whose creator is dead; the next job
+// removes it (ShmSegment::remove_orphans).
 
 namespace lockstep {
 namespace {
@@ -236,6 +241,23 @@ std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 
+// A set-up failure as the others read it from the store: "!", the kind
+// ('c' bad input, exit 2; 'm' otherwise), the message. Every rank then fails
+// with the same kind, so a too-small /dev/shm is exit 2 on all of them.
+std::string failure_text(const Error& e) {
+  return std::string("!") + (dynamic_cast<const ConfigError*>(&e) ? 'c' : 'm') + e.what();
+}
+
+bool is_failure(const std::string& value) {
+  return value.size() >= 2 && value[0] == '!';
+}
+
+[[noreturn]] void throw_failure(const std::string& value, const std::string& who) {
+  const std::string text = "shm backend: " + who + ": " + value.substr(2);
+  if (value[1] == 'c') throw ConfigError(text);
+  throw CommError(text);
+}
+
 std::string this_host() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -281,31 +303,41 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
     try {
       segment.emplace(ShmSegment::create(name, world.world_size, options.chunk_bytes));
     } catch (const Error& e) {
-      store->set("shm/name", bytes(std::string("!") + e.what()));
+      store->set("shm/name", bytes(failure_text(e)));
       throw;
     }
+    const ShmName held(name);  // unlinked on every way out of this block
     store->set("shm/name", bytes(name));
     segment->publish_pid(0);
     store->set(all[0], bytes("1"));
     try {
       store->wait(all, options.timeout);
     } catch (const std::exception& e) {
-      ShmSegment::unlink(name);
       throw CommError("shm backend: not every rank mapped the segment within the timeout: " +
                       what_of(e));
     }
-    ShmSegment::unlink(name);
   } else {
     store->wait({"shm/name"}, options.timeout);
     const std::string name = text(store->get("shm/name"));
-    if (!name.empty() && name[0] == '!')
-      throw CommError("rank 0 could not create the segment: " + name.substr(1));
-    segment.emplace(ShmSegment::open(name, world.world_size, options.chunk_bytes));
+    if (is_failure(name)) throw_failure(name, "rank 0 could not create the segment");
+    try {
+      segment.emplace(ShmSegment::open(name, world.world_size, options.chunk_bytes));
+    } catch (const Error& e) {
+      store->set(all[world.rank], bytes(failure_text(e)));  // rank 0 unlinks at once
+      throw;
+    }
     segment->publish_pid(world.rank);
     store->set(all[world.rank], bytes("1"));
   }
-  // Every rank's pid is published before anyone waits on it.
+  // Every rank's pid is published (or its failure) before anyone waits on it.
   store->wait(all, options.timeout);
+  for (int r = 0; r < world.world_size; ++r) {
+    if (r == world.rank) continue;
+    const std::string mapped = text(store->get(all[r]));
+    if (is_failure(mapped))
+      throw_failure(mapped, "rank " + std::to_string(r) + " could not map the segment");
+  }
+  segment->watch_peers(world.rank);
   return c10::make_intrusive<ShmBackend>(std::move(*segment), world.rank, world.world_size,
                                          options.timeout);
 }

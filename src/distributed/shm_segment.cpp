@@ -3,13 +3,16 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -31,8 +34,48 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
 
-bool alive(int pid) {
-  return pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH;
+// Whether pid is a process that has not ended: a zombie (ended, not yet
+// reaped by its parent) has ended. /proc/<pid>/stat's state, after the
+// command name's last ')'.
+bool running(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno != ENOENT && errno != ESRCH;  // unreadable: assume alive
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;  // it went while we read
+  buf[n] = 0;
+  const char* paren = std::strrchr(buf, ')');
+  if (paren == nullptr || paren[1] != ' ') return true;
+  return paren[2] != 'Z' && paren[2] != 'X';
+}
+
+// A pidfd (Linux 5.3+): readable once the process has ended, whether or not
+// it was reaped, and never confused with a later process given the same pid.
+int open_pidfd(int pid) {
+#ifndef SYS_pidfd_open
+  constexpr long SYS_pidfd_open = 434;  // the same number on every architecture
+#endif
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+}
+
+bool pidfd_ended(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+std::string mib(std::size_t bytes) {
+  return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB";
+}
+
+// "/dev/shm has F free of T" for messages, or "" when statvfs fails.
+std::string dev_shm_space() {
+  struct statvfs v {};
+  if (statvfs("/dev/shm", &v) != 0) return "";
+  return "/dev/shm has " + mib(static_cast<std::size_t>(v.f_bavail) * v.f_frsize) + " free of " +
+         mib(static_cast<std::size_t>(v.f_blocks) * v.f_frsize);
 }
 
 // `value` has reached `generation` (wrapping counters).
@@ -55,12 +98,37 @@ ShmSegment::ShmSegment(void* base, std::size_t size, int world, std::size_t chun
     : base_(base), size_(size), world_(world), chunk_(chunk) {}
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept
-    : base_(other.base_), size_(other.size_), world_(other.world_), chunk_(other.chunk_) {
+    : base_(other.base_),
+      size_(other.size_),
+      world_(other.world_),
+      chunk_(other.chunk_),
+      pidfds_(std::move(other.pidfds_)) {
   other.base_ = nullptr;
+  other.pidfds_.clear();
 }
 
 ShmSegment::~ShmSegment() {
   if (base_ != nullptr) munmap(base_, size_);
+  for (int fd : pidfds_)
+    if (fd >= 0) ::close(fd);
+}
+
+void ShmSegment::watch_peers(int me) {
+  pidfds_.assign(world_, -1);
+  for (int r = 0; r < world_; ++r) {
+    if (r == me || pid_of(r) <= 0) continue;
+    pidfds_[r] = open_pidfd(pid_of(r));
+    if (pidfds_[r] < 0 && errno == ESRCH) pidfds_[r] = kGone;
+  }
+}
+
+bool ShmSegment::peer_alive(int rank) const {
+  if (rank < static_cast<int>(pidfds_.size())) {
+    if (pidfds_[rank] == kGone) return false;
+    if (pidfds_[rank] >= 0) return !pidfd_ended(pidfds_[rank]);
+  }
+  const int pid = pid_of(rank);
+  return pid <= 0 || running(pid);
 }
 
 ShmSegment ShmSegment::create(const std::string& name, int world, std::size_t chunk) {
@@ -76,10 +144,13 @@ ShmSegment ShmSegment::create(const std::string& name, int world, std::size_t ch
     const int err = errno;
     close(fd);
     shm_unlink(name.c_str());
-    throw ConfigError("shm backend: cannot reserve " + std::to_string(size >> 20) +
-                      " MiB in /dev/shm (" + std::strerror(err) +
-                      "): make /dev/shm larger, or dist.shm_chunk_mb smaller (" +
-                      std::to_string(2 * (world + 1)) + " chunks are held)");
+    const std::string space = dev_shm_space();
+    throw ConfigError("shm backend: /dev/shm is too small: the segment needs " + mib(size) + " (" +
+                      std::to_string(2 * (world + 1)) + " chunks of " + mib(chunk) + ") and " +
+                      (space.empty() ? "/dev/shm could not hold it" : space) + " (" +
+                      std::strerror(err) +
+                      "); make /dev/shm larger (e.g. docker run --shm-size) or "
+                      "dist.shm_chunk_mb smaller");
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -106,8 +177,9 @@ ShmSegment ShmSegment::open(const std::string& name, int world, std::size_t chun
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != size) {
     close(fd);
-    throw CommError("shm backend: /dev/shm" + name +
-                    " has the wrong size (ranks with different dist.shm_chunk_mb?)");
+    throw ConfigError("shm backend: /dev/shm" + name + " is " + mib(st.st_size) +
+                      " where this rank expects " + mib(size) +
+                      ": the ranks were given different dist.shm_chunk_mb");
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -133,10 +205,59 @@ int ShmSegment::remove_orphans() {
     if (name.rfind("lockstep-", 0) != 0) continue;
     const auto dash = name.rfind('-');
     const int pid = std::atoi(name.c_str() + dash + 1);
-    if (pid > 0 && !alive(pid) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    if (pid > 0 && !running(pid) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   closedir(dir);
   return removed;
+}
+
+// Note [Segment name]: between create and unlink the name is all that
+// keeps the segment alive once every rank has unmapped it, so ShmName
+// removes it on every exit path: its destructor (returns and exceptions),
+// and a handler for the terminating signals a launcher sends (SIGTERM,
+// SIGINT, SIGHUP), which unlinks and then does what the signal would have
+// done. Only SIGKILL is left, for ShmSegment::remove_orphans.
+namespace {
+
+constexpr int kNameSignals[] = {SIGTERM, SIGINT, SIGHUP};
+char g_armed_path[256];  // "/dev/shm/<name>", or "" when disarmed
+struct sigaction g_previous[3];
+
+void unlink_then_chain(int sig) {
+  const int saved = errno;
+  if (g_armed_path[0] != 0) ::unlink(g_armed_path);  // async-signal-safe
+  g_armed_path[0] = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (kNameSignals[i] != sig) continue;
+    const struct sigaction& old = g_previous[i];
+    if (old.sa_handler == SIG_DFL) {
+      sigaction(sig, &old, nullptr);
+      raise(sig);  // delivered when this handler returns: the default, death
+    } else if (old.sa_handler != SIG_IGN && !(old.sa_flags & SA_SIGINFO)) {
+      old.sa_handler(sig);
+    }
+  }
+  errno = saved;
+}
+
+}  // namespace
+
+ShmName::ShmName(std::string name) : name_(std::move(name)) {
+  const std::string path = "/dev/shm" + name_;
+  if (path.size() >= sizeof(g_armed_path) || g_armed_path[0] != 0) return;  // one at a time
+  std::memcpy(g_armed_path, path.c_str(), path.size() + 1);
+  struct sigaction action {};
+  action.sa_handler = unlink_then_chain;
+  sigemptyset(&action.sa_mask);
+  for (int i = 0; i < 3; ++i) sigaction(kNameSignals[i], &action, &g_previous[i]);
+  armed_ = true;
+}
+
+ShmName::~ShmName() {
+  ShmSegment::unlink(name_);
+  if (!armed_) return;
+  for (int i = 0; i < 3; ++i) sigaction(kNameSignals[i], &g_previous[i], nullptr);
+  g_armed_path[0] = 0;
 }
 
 ShmSegment::Header* ShmSegment::header() const {
@@ -195,7 +316,7 @@ std::string ShmSegment::wait_all(uint32_t generation,
       if (stop.load()) return "the process group is shutting down";
       if (header()->departed[r].load())
         return "rank " + std::to_string(r) + " left the process group";
-      if (!alive(pid_of(r)))
+      if (!peer_alive(r))
         return "rank " + std::to_string(r) + " (pid " + std::to_string(pid_of(r)) + ") died";
       if (std::chrono::steady_clock::now() >= deadline)
         return "rank " + std::to_string(r) + " did not arrive within the timeout";

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lockstep {
 
@@ -39,6 +40,12 @@ class ShmSegment {
 
   void publish_pid(int rank);
   int pid_of(int rank) const;
+  // Once every rank's pid is published: holds a pidfd of each other rank,
+  // so that wait_all sees a death at once, reaped or not (a zombie's pid
+  // still answers kill(pid, 0)), and never mistakes a reused pid for it.
+  // Without pidfds (kernels before 5.3), /proc/<pid>/stat's state decides.
+  void watch_peers(int me);
+  bool peer_alive(int rank) const;
   // This rank leaves (its backend is destroyed): waiters learn it at once.
   void depart(int rank);
 
@@ -59,10 +66,28 @@ class ShmSegment {
   Header* header() const;
   Flag* flag(int rank) const;
 
+  static constexpr int kGone = -2;  // a pidfd slot whose process had ended already
+
   void* base_ = nullptr;
   std::size_t size_ = 0;
   int world_ = 0;
   std::size_t chunk_ = 0;
+  std::vector<int> pidfds_;  // by rank; -1 where not watched
+};
+
+// The name of a segment rank 0 created, unlinked when this goes out of
+// scope and by SIGTERM, SIGINT or SIGHUP before that (Note [Segment name]).
+class ShmName {
+ public:
+  explicit ShmName(std::string name);
+  ~ShmName();
+  ShmName(const ShmName&) = delete;
+  ShmName& operator=(const ShmName&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  bool armed_ = false;
 };
 
 }  // namespace lockstep

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/hex.h"
+#include "lockstep/util/sha256.h"
 #include "store_core.h"
 #include "store_wire.h"
 
@@ -37,19 +39,47 @@
 //   - it listens on one address: loopback for a single-node job whose
 //     MASTER_ADDR is local, MASTER_ADDR's own address otherwise
 //     (store_listen_host in rendezvous.cpp);
-//   - a connection must first send the hello (magic, secret) within
-//     hello_timeout; until then it may hold at most kMaxHello bytes, and at
-//     most max_unauthenticated such connections exist (a new one evicts the
-//     oldest: a rank sends its hello at once, so stalled strays cannot crowd
-//     it out). A wrong secret gets kHelloRefused and is closed;
-//   - after the hello, a request longer than max_frame_bytes is answered
+//   - a connection must first complete the handshake (Note [Store
+//     handshake]) within hello_timeout; until then it may hold only the
+//     bytes of the handshake's next message;
+//   - admission (Note [Store admission]) bounds connections still in their
+//     handshake without ever starving the job's own;
+//   - after the handshake, a request longer than max_frame_bytes is answered
 //     with an error and its bytes discarded as they arrive (never held), and
 //     the store holds at most max_total_bytes of keys and values;
+//   - a client has one request outstanding at a time (JobStore's round
+//     trip): one that sends another while more than a frame of replies waits
+//     for it does not read them, and is cut off, so queued replies stay
+//     under two frames per connection;
 //   - one thread, poll(), non-blocking sockets: a client that stops reading
 //     or writing blocks nobody. A wait is answered by the server when its
 //     keys appear or its deadline passes, so the stream never desynchronises.
-// The secret is compared in constant time. It is not encryption: a peer that
-// can read the network can read the secret and the keys (docs/environment.md).
+// It is not encryption: a peer that can read the network can read the keys
+// (docs/environment.md), though never the secret.
+//
+// Note [Store handshake]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Each side proves it holds the secret without sending it: the client sends
+// a fresh nonce, the server its own nonce and HMAC-SHA256(secret, "server",
+// both nonces), the client checks that proof before answering with
+// HMAC-SHA256(secret, "client", both nonces). A process that holds the port
+// before rank 0 (a squatter) learns a random nonce and nothing else, and the
+// rank refuses it (ConfigError naming the address); a client without the
+// secret learns one MAC over nonces it cannot choose alone. Proofs are
+// compared in constant time. A store without a secret (a job started by
+// hand) proves with the empty key and says so in its flags, so a rank that
+// has a secret refuses it rather than trust anyone.
+//
+// Note [Store admission]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// At most max_unauthenticated connections may be in their handshake. When
+// a newcomer finds them all taken, it evicts one that has already had a
+// turn to speak (accepted before this round of accepts, whose bytes were
+// read first), preferring one that has sent nothing, the oldest first; when
+// none has had its turn, the newcomer is refused. Both are told kHelloBusy,
+// and JobStore retries with back-off until its deadline. So a flood of idle
+// sockets costs the job at most a few retries: the ranks send their hello
+// at once and are never the silent ones.
 
 namespace lockstep {
 namespace {
@@ -57,15 +87,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace wire = store_wire;
 
+// Beyond one frame, what replies may queue for a client (headers, small
+// answers) before another request of its cuts it off.
+constexpr std::size_t kReplySlack = 64 * 1024;
+
 std::string errno_text(int err) {
   return std::strerror(err);
-}
-
-bool equal_secret(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const std::size_t n = std::min(a.size(), b.size());
-  for (std::size_t i = 0; i < n; ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 std::string numeric_address(const sockaddr_storage& addr) {
@@ -77,9 +104,15 @@ std::string numeric_address(const sockaddr_storage& addr) {
   return (v6 ? "[" : "") + std::string(host) + (v6 ? "]:" : ":") + port;
 }
 
+enum class Stage { kHello, kProof, kReady };
+
 struct Conn {
-  bool authed = false;
+  Stage stage = Stage::kHello;
+  bool authed() const { return stage == Stage::kReady; }
+  bool silent() const { return stage == Stage::kHello && in.empty(); }
+  Clock::time_point accepted_at;
   Clock::time_point hello_deadline;
+  std::string nonces;  // the client's, then the server's, during the handshake
   std::string in;
   std::string out;
   std::size_t skip = 0;  // bytes of an oversized request still to discard
@@ -106,6 +139,8 @@ struct StoreServer::Impl {
   void bind_and_listen();
   void run();
   void accept_clients();
+  int eviction_victim(Clock::time_point round_start) const;
+  void turn_away(int fd);
   void read_from(int fd, Conn& c);
   void handle_hello(int fd, Conn& c);
   void handle_frames(int fd, Conn& c);
@@ -130,6 +165,7 @@ struct StoreServer::Impl {
   void wake_waiters();
   void expire(Clock::time_point now);
   void close_conn(int fd, bool refused);
+  void note_buffered();
   void count_stored() {
     std::lock_guard<std::mutex> lock(stats_mutex);
     stats.stored_bytes = core->stored_bytes();
@@ -174,31 +210,57 @@ void StoreServer::Impl::bind_and_listen() {
   address = numeric_address(bound);
 }
 
+// Note [Store admission].
 void StoreServer::Impl::accept_clients() {
+  const auto round_start = Clock::now();
   for (;;) {
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a client that left before we took it
     if (static_cast<int>(conns.size()) >= options.max_clients) {
-      ::close(fd);
-      count(&Stats::refused);
+      turn_away(fd);
       continue;
     }
-    // Too many connections still in their hello: drop the oldest. A rank
-    // sends its hello at once, so stalled strays cannot crowd it out.
     int pending = 0;
-    int oldest = -1;
-    for (const auto& [other, c] : conns) {
-      if (c.authed || c.close_after_flush) continue;
-      ++pending;
-      if (oldest < 0 || c.hello_deadline < conns.at(oldest).hello_deadline) oldest = other;
+    for (const auto& [_, c] : conns) pending += !c.authed() && !c.close_after_flush ? 1 : 0;
+    if (pending >= options.max_unauthenticated) {
+      const int victim = eviction_victim(round_start);
+      if (victim < 0) {
+        turn_away(fd);
+        continue;
+      }
+      conns.erase(victim);
+      core->forget(victim);
+      turn_away(victim);
     }
-    if (pending >= options.max_unauthenticated && oldest >= 0) close_conn(oldest, true);
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Conn c;
-    c.hello_deadline = Clock::now() + options.hello_timeout;
+    c.accepted_at = Clock::now();
+    c.hello_deadline = c.accepted_at + options.hello_timeout;
     conns.emplace(fd, std::move(c));
   }
+}
+
+int StoreServer::Impl::eviction_victim(Clock::time_point round_start) const {
+  int victim = -1;
+  auto better = [&](const Conn& c) {
+    if (victim < 0) return true;
+    const Conn& v = conns.at(victim);
+    if (c.silent() != v.silent()) return c.silent();
+    return c.accepted_at < v.accepted_at;
+  };
+  for (const auto& [fd, c] : conns) {
+    if (c.authed() || c.close_after_flush || c.accepted_at >= round_start) continue;
+    if (better(c)) victim = fd;
+  }
+  return victim;
+}
+
+// Closes a connection still in its handshake, telling it to try again.
+void StoreServer::Impl::turn_away(int fd) {
+  (void)::send(fd, &wire::kHelloBusy, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::close(fd);
+  count(&Stats::refused);
 }
 
 void StoreServer::Impl::close_conn(int fd, bool refused) {
@@ -211,52 +273,76 @@ void StoreServer::Impl::close_conn(int fd, bool refused) {
 void StoreServer::Impl::read_from(int fd, Conn& c) {
   char buf[65536];
   for (;;) {
-    // Before the hello a connection may hold only kMaxHello bytes: read no more.
-    const std::size_t room = c.authed ? sizeof(buf) : wire::kMaxHello + 1 - c.in.size();
+    // In the handshake a connection may hold only its next message: read no more.
+    const std::size_t want = c.stage == Stage::kHello ? wire::kClientHello : wire::kProof;
+    const std::size_t room = c.authed() ? sizeof(buf) : want - std::min(want, c.in.size());
+    if (room == 0) break;
     const ssize_t n = ::recv(fd, buf, std::min(room, sizeof(buf)), 0);
-    if (n == 0) return close_conn(fd, !c.authed);
+    if (n == 0) return close_conn(fd, !c.authed());
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
-      return close_conn(fd, !c.authed);
+      return close_conn(fd, !c.authed());
     }
     c.in.append(buf, static_cast<std::size_t>(n));
-    if (!c.authed) {
+    if (!c.authed()) {
       handle_hello(fd, c);
       if (!conns.count(fd)) return;
       if (c.close_after_flush) break;
-      if (!c.authed) continue;
+      if (!c.authed()) continue;
     }
     handle_frames(fd, c);
     if (!conns.count(fd)) return;
     if (c.close_after_flush) break;
   }
+  note_buffered();
+}
+
+void StoreServer::Impl::note_buffered() {
   std::size_t buffered = 0;
   for (const auto& [_, other] : conns) buffered += other.in.capacity() + other.out.capacity();
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats.peak_buffered_bytes = std::max(stats.peak_buffered_bytes, buffered);
 }
 
+// Note [Store handshake]: the client's nonce, answered with the server's
+// nonce and proof; then the client's proof, answered with the verdict.
 void StoreServer::Impl::handle_hello(int fd, Conn& c) {
-  const std::size_t magic = wire::kMagic.size();
-  const std::size_t have = std::min(c.in.size(), magic);
-  if (c.in.compare(0, have, wire::kMagic.substr(0, have)) != 0) return close_conn(fd, true);
-  if (c.in.size() < magic + 2) return;
-  const std::size_t length =
-      static_cast<unsigned char>(c.in[magic]) |
-      (static_cast<std::size_t>(static_cast<unsigned char>(c.in[magic + 1])) << 8);
-  if (length > wire::kMaxSecret) return close_conn(fd, true);
-  if (c.in.size() < magic + 2 + length) return;
-  const std::string secret = c.in.substr(magic + 2, length);
-  c.in.erase(0, magic + 2 + length);
-  if (!equal_secret(secret, options.secret)) {
+  if (c.stage == Stage::kHello) {
+    const std::size_t have = std::min(c.in.size(), wire::kMagic.size());
+    if (c.in.compare(0, have, wire::kMagic.substr(0, have)) != 0) return close_conn(fd, true);
+    if (c.in.size() < wire::kClientHello) return;
+    std::string server_nonce;
+    try {
+      server_nonce = random_bytes(wire::kNonce);
+    } catch (const std::exception&) {
+      return close_conn(fd, true);  // no randomness: no handshake (the client retries)
+    }
+    const std::string client_nonce = c.in.substr(wire::kMagic.size(), wire::kNonce);
+    c.in.clear();
+    c.nonces = client_nonce + server_nonce;
+    c.out.append(wire::kMagic.data(), wire::kMagic.size());
+    c.out.push_back(static_cast<char>(options.secret.empty() ? 0 : wire::kHasSecret));
+    c.out += server_nonce;
+    c.out += wire::server_proof(options.secret, client_nonce, server_nonce);
+    c.stage = Stage::kProof;
+    return;
+  }
+  if (c.in.size() < wire::kProof) return;
+  const std::string expected =
+      wire::client_proof(options.secret, std::string_view(c.nonces).substr(0, wire::kNonce),
+                         std::string_view(c.nonces).substr(wire::kNonce));
+  const bool proved =
+      equal_in_constant_time(std::string_view(c.in).substr(0, wire::kProof), expected);
+  c.in.clear();
+  c.nonces.clear();
+  if (!proved) {
     c.out.push_back(wire::kHelloRefused);
     c.close_after_flush = true;
-    c.in.clear();
     count(&Stats::refused);
     return;
   }
-  c.authed = true;
+  c.stage = Stage::kReady;
   c.out.push_back(wire::kHelloAccepted);
   count(&Stats::accepted);
 }
@@ -271,6 +357,12 @@ void StoreServer::Impl::handle_frames(int fd, Conn& c) {
       continue;
     }
     if (c.in.size() - pos < 4) break;
+    if (c.out.size() > options.max_frame_bytes + kReplySlack) {
+      // Another request while a frame of replies waits: it does not read.
+      count(&Stats::cut_off);
+      note_buffered();
+      return close_conn(fd, false);
+    }
     const std::uint32_t length = wire::read_u32(c.in.data() + pos);
     if (length == 0) return close_conn(fd, false);
     if (length > options.max_frame_bytes) {
@@ -393,7 +485,7 @@ void StoreServer::Impl::expire(Clock::time_point now) {
   for (int fd : core->expired(now)) send(conns.at(fd), answer(wire::Status::kTimeout));
   std::vector<int> late;
   for (const auto& [fd, c] : conns)
-    if (!c.authed && !c.close_after_flush && c.hello_deadline <= now) late.push_back(fd);
+    if (!c.authed() && !c.close_after_flush && c.hello_deadline <= now) late.push_back(fd);
   for (int fd : late) close_conn(fd, true);
 }
 
@@ -421,7 +513,7 @@ void StoreServer::Impl::run() {
       short events = c.close_after_flush ? 0 : POLLIN;
       if (!c.out.empty()) events |= POLLOUT;
       fds.push_back({fd, events, 0});
-      if (!c.authed) next = std::min(next, c.hello_deadline);
+      if (!c.authed()) next = std::min(next, c.hello_deadline);
     }
     next = std::min(next, core->next_deadline());
     int timeout_ms = 1000;
@@ -432,13 +524,15 @@ void StoreServer::Impl::run() {
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
     if (fds[0].revents) break;  // asked to stop
-    if (fds[1].revents & POLLIN) accept_clients();
+    // Connections first, then newcomers: everyone accepted earlier has had
+    // its turn to speak before admission may evict it (Note [Store admission]).
     for (std::size_t i = 2; i < fds.size(); ++i) {
       const int fd = fds[i].fd;
       if (!fds[i].revents || !conns.count(fd)) continue;
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_from(fd, conns.at(fd));
       if (conns.count(fd)) flush(fd, conns.at(fd));
     }
+    if (fds[1].revents & POLLIN) accept_clients();
     expire(Clock::now());
     // Answers made by wake_waiters/expire for other connections go out now.
     std::vector<int> pending;

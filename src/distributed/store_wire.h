@@ -1,8 +1,15 @@
 // The wire format of lockstep's rendezvous store (Note [Job store]):
-// framing, opcodes and the bounded reader both ends use. No sockets here.
+// the handshake, framing, opcodes and the bounded reader both ends use. No
+// sockets here.
 //
-// Hello (client -> server, once): "LKSTORE1", u16 secret length, secret.
-// Answer: one byte, kHelloAccepted or kHelloRefused (then the server closes).
+// Handshake (Note [Store handshake]), mutual, the secret never sent:
+//   client: "LKSTORE2", client nonce (32 bytes)
+//   server: "LKSTORE2", flags (u8: kHasSecret), server nonce (32 bytes),
+//           server proof = HMAC-SHA256(secret, "server" nonces)
+//   client: client proof = HMAC-SHA256(secret, "client" nonces)
+//   server: one byte, kHelloAccepted or kHelloRefused (then it closes).
+// A server too busy with unauthenticated connections answers kHelloBusy
+// instead of its hello and closes: the client tries again.
 // Request: u32 length, u8 op, fields. Reply: u32 length, u8 status, fields.
 // Integers little-endian; byte strings as u32 length + bytes.
 #pragma once
@@ -16,14 +23,20 @@
 #include <string>
 #include <string_view>
 
+#include "lockstep/util/sha256.h"
+
 namespace lockstep::store_wire {
 
-constexpr std::string_view kMagic = "LKSTORE1";
-constexpr std::size_t kMinSecret = 16;
+constexpr std::string_view kMagic = "LKSTORE2";
 constexpr std::size_t kMaxSecret = 256;
-constexpr std::size_t kMaxHello = 8 + 2 + kMaxSecret;
+constexpr std::size_t kNonce = 32;
+constexpr std::size_t kProof = 32;  // HMAC-SHA256
+constexpr std::size_t kClientHello = 8 + kNonce;
+constexpr std::size_t kServerHello = 8 + 1 + kNonce + kProof;
+constexpr std::uint8_t kHasSecret = 1;
 constexpr char kHelloAccepted = 'K';
 constexpr char kHelloRefused = 'X';
+constexpr char kHelloBusy = 'B';
 constexpr std::size_t kMaxKey = 4096;
 constexpr std::size_t kMaxKeysPerRequest = 65536;
 
@@ -135,12 +148,22 @@ inline Addresses resolve_tcp(const std::string& host, int port, std::string& err
   return Addresses(found, freeaddrinfo);
 }
 
-inline std::string hello(std::string_view secret) {
-  std::string out(kMagic);
-  out.push_back(static_cast<char>(secret.size() & 0xff));
-  out.push_back(static_cast<char>((secret.size() >> 8) & 0xff));
-  out.append(secret.data(), secret.size());
-  return out;
+// What each side proves: HMAC-SHA256 under the secret of its role and both
+// nonces, so a proof answers one handshake only and neither side's proof
+// can be replayed as the other's.
+inline std::string proof(std::string_view secret, std::string_view role,
+                         std::string_view client_nonce, std::string_view server_nonce) {
+  std::string message = "lockstep store ";
+  message.append(role.data(), role.size());
+  message.append(client_nonce.data(), client_nonce.size());
+  message.append(server_nonce.data(), server_nonce.size());
+  return hmac_sha256(secret, message);
+}
+inline std::string server_proof(std::string_view secret, std::string_view nc, std::string_view ns) {
+  return proof(secret, "server", nc, ns);
+}
+inline std::string client_proof(std::string_view secret, std::string_view nc, std::string_view ns) {
+  return proof(secret, "client", nc, ns);
 }
 
 }  // namespace lockstep::store_wire

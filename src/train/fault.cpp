@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -12,7 +14,7 @@
 
 namespace lockstep {
 
-std::optional<Fault> fault_from_env(const EnvLookup& env) {
+std::optional<Fault> fault_from_env(const EnvLookup& env, int world_size) {
   const auto value = env("LOCKSTEP_FAULT");
   if (!value || value->empty()) return std::nullopt;
   const std::string usage = " (expected crash|hang|exit:rank=R:step=S[:attempt=A])";
@@ -29,12 +31,16 @@ std::optional<Fault> fault_from_env(const EnvLookup& env) {
   for (std::string item; std::getline(parts, item, ':');) {
     const auto eq = item.find('=');
     char* end = nullptr;
+    errno = 0;
     const long long number =
         eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &end, 10);
-    if (eq == std::string::npos || end == nullptr || *end != '\0' || number < 0) {
+    if (eq == std::string::npos || end == nullptr || end == item.c_str() + eq + 1 || *end != '\0' ||
+        number < 0 || errno == ERANGE) {
       throw EnvError("LOCKSTEP_FAULT='" + *value + "': '" + item + "' is not key=number" + usage);
     }
     const std::string key = item.substr(0, eq);
+    if (key != "step" && number > std::numeric_limits<int>::max())
+      throw EnvError("LOCKSTEP_FAULT='" + *value + "': '" + item + "' is out of range" + usage);
     if (key == "rank") {
       fault.rank = static_cast<int>(number), has_rank = true;
     } else if (key == "step") {
@@ -47,6 +53,10 @@ std::optional<Fault> fault_from_env(const EnvLookup& env) {
   }
   if (!has_rank || !has_step)
     throw EnvError("LOCKSTEP_FAULT='" + *value + "': needs rank= and step=" + usage);
+  if (world_size > 0 && fault.rank >= world_size)
+    throw EnvError("LOCKSTEP_FAULT='" + *value + "': rank=" + std::to_string(fault.rank) +
+                   " is outside this job's " + std::to_string(world_size) +
+                   " rank(s), so it would never fire");
   return fault;
 }
 

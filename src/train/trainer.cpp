@@ -47,7 +47,7 @@ struct Trainer::Impl {
   StepPlan plan;  // micro-batches and steps per epoch, steps in all
   std::unique_ptr<Metrics> metrics;
   std::shared_ptr<Tracer> tracer;  // log.trace
-  std::optional<Fault> fault = fault_from_env();
+  std::optional<Fault> fault;      // LOCKSTEP_FAULT, read once the world is known
   std::string last_checkpoint;
 
   // ------------------------------------------------------------ lifecycle
@@ -247,6 +247,7 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   s.config = std::move(config);
   s.world = std::move(world);
   s.pg = std::move(pg);
+  s.fault = fault_from_env(env_process(), s.world.world_size);
   config_validate(s.config, s.world.world_size);
   s.agree_on_config();
   s.prepare_run_dir();
@@ -311,9 +312,12 @@ TrainResult Trainer::run() {
           spdlog::warn("received signal {}: saving a checkpoint at step {} and stopping", sig,
                        s.state.step);
           s.save_checkpoint();
-          throw Interrupted("stopped by signal " + std::to_string(sig) + " after step " +
-                                std::to_string(s.state.step) + "; checkpoint " + s.last_checkpoint,
-                            sig);
+          throw Interrupted(
+              "stopped by signal " + std::to_string(sig) + " after step " +
+                  std::to_string(s.state.step) + "; " +
+                  (s.world.rank == 0 ? "checkpoint " + absolute_path(s.last_checkpoint)
+                                     : std::string("rank 0 saved the checkpoint")),
+              sig);
         }
       }
     }

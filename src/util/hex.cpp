@@ -21,6 +21,10 @@ std::string hex_of(std::string_view bytes) {
 }
 
 std::string random_hex(std::size_t bytes) {
+  return hex_of(random_bytes(bytes));
+}
+
+std::string random_bytes(std::size_t bytes) {
   std::string raw(bytes, '\0');
   std::size_t got = 0;
   while (got < bytes) {
@@ -29,7 +33,7 @@ std::string random_hex(std::size_t bytes) {
     if (n <= 0) throw SystemError(std::string("getrandom: ") + std::strerror(errno));
     got += static_cast<std::size_t>(n);
   }
-  return hex_of(raw);
+  return raw;
 }
 
 }  // namespace lockstep

@@ -1,7 +1,10 @@
 #include "lockstep/util/sha256.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
+#include "lockstep/util/error.h"
 #include "lockstep/util/hex.h"
 
 namespace lockstep {
@@ -29,6 +32,23 @@ std::string sha256_hex(const std::string& bytes) {
   Sha256 h;
   h.update(bytes.data(), bytes.size());
   return hex_of(h.finish());
+}
+
+std::string hmac_sha256(std::string_view key, std::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  // An empty key is valid HMAC; OpenSSL wants a non-null pointer for it.
+  static const unsigned char kEmpty = 0;
+  const void* k = key.empty() ? static_cast<const void*>(&kEmpty) : key.data();
+  if (HMAC(EVP_sha256(), k, static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &size) == nullptr)
+    throw SystemError("HMAC-SHA256 failed in OpenSSL");
+  return std::string(reinterpret_cast<char*>(out), size);
+}
+
+bool equal_in_constant_time(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  return a.empty() || CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace lockstep

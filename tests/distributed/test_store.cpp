@@ -12,15 +12,18 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "distributed/store_core.h"
+#include "distributed/store_wire.h"
 #include "lockstep/distributed/job_store.h"
 #include "lockstep/distributed/rendezvous.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/hex.h"
 #include "support/local_world.h"
 
 using namespace lockstep;
@@ -79,6 +82,33 @@ bool closed_within(int fd, int ms) {
     }
   }
   return false;
+}
+
+// The client's half of the handshake (Note [Store handshake]) on a raw
+// socket: returns the server's verdict byte, or 0 when it closed.
+char raw_handshake(int fd, const std::string& secret) {
+  namespace wire = store_wire;
+  const std::string nonce = random_bytes(wire::kNonce);
+  const std::string hello = std::string(wire::kMagic) + nonce;
+  REQUIRE(send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+  std::string answer(wire::kServerHello, '\0');
+  if (recv(fd, answer.data(), answer.size(), MSG_WAITALL) != static_cast<ssize_t>(answer.size()))
+    return 0;
+  const std::string proof = wire::client_proof(secret, nonce, answer.substr(9, wire::kNonce));
+  REQUIRE(send(fd, proof.data(), proof.size(), 0) == static_cast<ssize_t>(proof.size()));
+  char verdict = 0;
+  return recv(fd, &verdict, 1, 0) == 1 ? verdict : 0;
+}
+
+// Polls `done` for up to `ms`: the server counts what it sees on its thread.
+template <class F>
+bool eventually(F done, int ms = 3000) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 double seconds_since(Clock::time_point start) {
@@ -171,7 +201,7 @@ TEST_CASE("job store: refuses a client without the job's secret and serves the j
     JobStore wrong(client_of(server, "ffffffffffffffffffffffffffffffff"));
     FAIL("a wrong secret was admitted");
   } catch (const ConfigError& e) {
-    CHECK_THAT(e.what(), Contains("LOCKSTEP_STORE_SECRET differs"));
+    CHECK_THAT(e.what(), Contains("the secret differs from rank 0's"));
   }
   try {
     JobStore none(client_of(server, ""));
@@ -182,6 +212,7 @@ TEST_CASE("job store: refuses a client without the job's secret and serves the j
   // A secret that shares a prefix with the job's is no better.
   CHECK_THROWS_AS(JobStore(client_of(server, kSecret.substr(0, 31))), ConfigError);
   CHECK_THROWS_AS(JobStore(client_of(server, kSecret + "0")), ConfigError);
+  CHECK(eventually([&] { return server.stats().refused == 4; }));
   CHECK(server.stats().refused == 4);
   JobStore good(client_of(server));
   good.set("k", bytes("v"));
@@ -202,17 +233,16 @@ TEST_CASE("job store: a stray that announces a huge value and stalls costs bytes
   CHECK(closed_within(stray, 2000));
   close(stray);
 
-  // 2. Our magic, a secret length over the limit.
-  const int too_long = raw_connect(server.port());
-  const std::string hello = std::string("LKSTORE1") + "\xff\xff";
-  REQUIRE(send(too_long, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
-  CHECK(closed_within(too_long, 2000));
-  close(too_long);
+  // 2. Our handshake with a proof made under another secret: refused.
+  const int impostor = raw_connect(server.port());
+  CHECK(raw_handshake(impostor, "another-secret-of-another-job") == store_wire::kHelloRefused);
+  CHECK(closed_within(impostor, 2000));
+  close(impostor);
 
   // 3. A hello begun and never finished: the job is served meanwhile, and the
   //    stray is cut off after hello_timeout.
   const int stalled = raw_connect(server.port());
-  const std::string part = std::string("LKSTORE1") + std::string("\x20\x00", 2) + "0123";
+  const std::string part = std::string(store_wire::kMagic) + "0123";
   REQUIRE(send(stalled, part.data(), part.size(), 0) == static_cast<ssize_t>(part.size()));
   const auto start = Clock::now();
   JobStore good(client_of(server));
@@ -246,11 +276,7 @@ TEST_CASE("job store: an oversized request is refused without being held, and th
   // A request announced at 1 GiB whose bytes keep coming: answered with an
   // error at once, its bytes discarded as they arrive.
   const int fd = raw_connect(server.port());
-  const std::string hello = std::string("LKSTORE1") + char(kSecret.size()) + '\0' + kSecret;
-  REQUIRE(send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
-  char answer = 0;
-  REQUIRE(recv(fd, &answer, 1, 0) == 1);
-  CHECK(answer == 'K');
+  CHECK(raw_handshake(fd, kSecret) == store_wire::kHelloAccepted);
   const uint32_t big = 1u << 30;
   REQUIRE(send(fd, &big, 4, 0) == 4);
   const std::string chunk(1 << 20, 'z');
@@ -373,7 +399,7 @@ TEST_CASE("job store: the rendezvous admits ranks with the job's secret only",
     rendezvous_connect(world(1, "not-the-secret-of-this-job"), options);
     FAIL("rank 1 with another secret joined");
   } catch (const ConfigError& e) {
-    CHECK_THAT(e.what(), Contains("LOCKSTEP_STORE_SECRET differs"));
+    CHECK_THAT(e.what(), Contains("the secret differs from rank 0's"));
   }
   auto joined = rendezvous_connect(world(1, kSecret), options);
   rank0.join();
@@ -434,4 +460,121 @@ TEST_CASE("store core: c10d's key-value semantics and waits, without sockets", "
   CHECK(core.expired(now + std::chrono::seconds(4)).empty());
   CHECK(core.expired(now + std::chrono::seconds(10)) == std::vector<int>{3});
   CHECK(core.next_deadline() == StoreCore::Clock::time_point::max());
+}
+
+TEST_CASE(
+    "job store: the secret never crosses the wire, and a squatter that cannot prove it is "
+    "refused at once, naming the address",
+    "[store]") {
+  // A process that took the port before rank 0: it records what a rank
+  // sends and answers with lockstep's magic and a proof it made up.
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(listen(listener, 4) == 0);
+  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  std::string heard;
+  std::thread squatter([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    char buf[4096];
+    pollfd p{fd, POLLIN, 0};
+    while (poll(&p, 1, 500) > 0) {  // everything the rank sends within half a second
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      heard.append(buf, static_cast<std::size_t>(n));
+      if (heard.size() >= store_wire::kClientHello) {
+        const std::string fake = std::string(store_wire::kMagic) + char(store_wire::kHasSecret) +
+                                 random_bytes(store_wire::kNonce + store_wire::kProof);
+        (void)!send(fd, fake.data(), fake.size(), MSG_NOSIGNAL);
+      }
+    }
+    close(fd);
+  });
+  JobStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.secret = kSecret;
+  options.connect_timeout = std::chrono::seconds(10);
+  const auto start = Clock::now();
+  try {
+    JobStore rank(options);
+    FAIL("a rank trusted a store that could not prove the secret");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("store at 127.0.0.1:" + std::to_string(port)));
+    CHECK_THAT(e.what(), Contains("could not prove it holds this process's LOCKSTEP_STORE_SECRET"));
+  }
+  CHECK(seconds_since(start) < 2);  // at once, not after the connect timeout
+  squatter.join();
+  close(listener);
+  // All it learnt: the magic and a random nonce. No secret, nor any
+  // function of it.
+  CHECK(heard.size() == store_wire::kClientHello);
+  CHECK(heard.find(kSecret) == std::string::npos);
+  CHECK(heard.find(kSecret.substr(0, 8)) == std::string::npos);
+  CHECK(heard.compare(0, 8, std::string(store_wire::kMagic)) == 0);
+}
+
+TEST_CASE("job store: a flood of 300 idle sockets during start-up never keeps a rank out",
+          "[store]") {
+  StoreServer server(serve());
+  for (int round = 0; round < 3; ++round) {
+    // The ranks connect while the flood arrives: some before, some amid it.
+    std::vector<int> flood;
+    std::vector<std::thread> ranks;
+    std::atomic<int> joined{0};
+    std::vector<std::string> failures(4);
+    for (int i = 0; i < 300; ++i) {
+      if (i % 75 == 0) {
+        ranks.emplace_back([&, k = i / 75] {
+          try {
+            JobStore rank(client_of(server));
+            rank.add("round" + std::to_string(round), 1);
+            ++joined;
+          } catch (const std::exception& e) {
+            failures[k] = e.what();
+          }
+        });
+      }
+      flood.push_back(raw_connect(server.port()));
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& f : failures) CHECK(f == "");
+    CHECK(joined == 4);
+    for (int fd : flood) close(fd);
+  }
+  // The strays were turned away or evicted, never admitted.
+  CHECK(server.stats().accepted == 12);
+  CHECK(server.stats().refused >= 3 * (300 - 64));
+}
+
+TEST_CASE(
+    "job store: a client that sends requests without reading the replies is cut off, and "
+    "what it made the store hold stays under two frames",
+    "[store]") {
+  StoreServer server(serve());
+  JobStore setter(client_of(server));
+  setter.set("big", std::vector<uint8_t>((16 << 20) - 64, 1));  // a frame's worth
+  const auto baseline = server.stats().peak_buffered_bytes;
+
+  // 30 GETs of the 16 MiB value, sent at once and never read.
+  const int fd = raw_connect(server.port());
+  REQUIRE(raw_handshake(fd, kSecret) == store_wire::kHelloAccepted);
+  std::string requests;
+  for (int i = 0; i < 30; ++i) {
+    store_wire::Writer w;
+    w.u8(static_cast<std::uint8_t>(store_wire::Op::kGet));
+    w.bytes("big");
+    requests += w.frame();
+  }
+  REQUIRE(send(fd, requests.data(), requests.size(), 0) == static_cast<ssize_t>(requests.size()));
+  CHECK(eventually([&] { return server.stats().cut_off == 1; }));
+  // Unbounded, the queue would reach 30 x 16 MiB = 480 MiB.
+  CHECK(server.stats().peak_buffered_bytes < baseline + (std::size_t{40} << 20));
+  close(fd);
+  // The job's own client is served meanwhile and after.
+  CHECK(setter.get("big").size() == (16u << 20) - 64);
 }

@@ -161,4 +161,22 @@ TEST_CASE("LOCKSTEP_FAULT: typed kinds, and every malformed value named", "[conf
   REQUIRE_THROWS_WITH(with("explode:rank=0:step=1"), Contains("unknown kind 'explode'"));
   REQUIRE_THROWS_WITH(with("crash:rank=0"), Contains("needs rank= and step="));
   REQUIRE_THROWS_WITH(with("crash:rank=x:step=1"), Contains("'rank=x' is not key=number"));
+  REQUIRE_THROWS_WITH(with("crash:rank=:step=1"), Contains("'rank=' is not key=number"));
+  // Numbers that overflow are refused, not wrapped into a step that never comes.
+  REQUIRE_THROWS_WITH(with("crash:rank=0:step=99999999999999999999"),
+                      Contains("'step=99999999999999999999' is not key=number"));
+  REQUIRE_THROWS_WITH(with("crash:rank=4294967296:step=1"),
+                      Contains("'rank=4294967296' is out of range"));
+  // A rank outside the job would never fire: refused, naming the world.
+  auto in_world = [](const std::string& value, int world) {
+    return fault_from_env(
+        [value](const std::string& name) -> std::optional<std::string> {
+          if (name == "LOCKSTEP_FAULT") return value;
+          return std::nullopt;
+        },
+        world);
+  };
+  REQUIRE_THROWS_WITH(in_world("crash:rank=2:step=1", 2),
+                      Contains("rank=2 is outside this job's 2 rank(s)"));
+  CHECK(in_world("crash:rank=1:step=1", 2)->rank == 1);
 }

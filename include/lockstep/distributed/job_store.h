@@ -25,9 +25,11 @@ struct JobStoreOptions {
 
 class JobStore : public C10dStore {
  public:
-  // Connects, retrying until connect_timeout, and presents the secret.
-  // Throws TimeoutError (unreachable), ConfigError (secret refused) or
-  // CommError. `server` is kept alive as long as this client (rank 0).
+  // Connects, retrying until connect_timeout, and proves the secret while
+  // the server proves it back (Note [Store handshake]). Throws TimeoutError
+  // (unreachable, or never admitted), ConfigError (either side could not
+  // prove the secret: names the address) or CommError. `server` is kept alive as long as this
+  // client (rank 0).
   explicit JobStore(JobStoreOptions options, std::shared_ptr<StoreServer> server = nullptr);
   ~JobStore() override;
 
@@ -53,6 +55,7 @@ class JobStore : public C10dStore {
   class Reply;  // one request: frame, round trip, status (job_store.cpp)
   std::string where() const;
   void connect();
+  bool handshake(std::chrono::steady_clock::time_point deadline, std::string& error);
   std::string round_trip(const std::string& frame, std::chrono::milliseconds limit);
   [[noreturn]] void lost(const std::string& what);
 

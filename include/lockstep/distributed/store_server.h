@@ -3,9 +3,10 @@
 // reach it through JobStore (distributed/job_store.h). Plain POSIX, no LibTorch.
 //
 // Unlike c10d's TCPStore it binds one address (loopback for a single-node
-// job), admits only clients that present the job's secret first, and bounds
-// every buffer: a stray or hostile connection costs a few hundred bytes and
-// is dropped after `hello_timeout`.
+// job), admits only clients that prove the job's secret first (and proves
+// it to them: the secret never crosses the wire), and bounds every buffer: a
+// stray or hostile connection costs a few hundred bytes and is dropped after
+// `hello_timeout`; a client that does not read its replies is cut off.
 #pragma once
 
 #include <chrono>
@@ -19,10 +20,10 @@ namespace lockstep {
 struct StoreServerOptions {
   std::string host = "127.0.0.1";  // the one address to listen on
   int port = 0;                    // 0: a free port (see StoreServer::port)
-  std::string secret;              // empty: any client that speaks the protocol
+  std::string secret;              // empty: any client that speaks the protocol (flagged)
   std::size_t max_frame_bytes = std::size_t{16} << 20;  // one request
   std::size_t max_total_bytes = std::size_t{1} << 30;   // keys + values held
-  std::chrono::milliseconds hello_timeout{10000};       // to present the secret
+  std::chrono::milliseconds hello_timeout{10000};       // to complete the handshake
   int max_unauthenticated = 64;                         // connections still in their hello
   int max_clients = 4096;
 };
@@ -40,9 +41,10 @@ class StoreServer {
   std::string listen_address() const;  // numeric "host:port" as bound
 
   struct Stats {
-    std::uint64_t accepted = 0;   // clients that presented the secret
-    std::uint64_t refused = 0;    // wrong secret, bad hello, too slow, too many
+    std::uint64_t accepted = 0;   // clients that proved the secret
+    std::uint64_t refused = 0;    // wrong proof, bad hello, too slow, turned away when busy
     std::uint64_t oversized = 0;  // requests refused for their size (never buffered)
+    std::uint64_t cut_off = 0;    // clients that sent requests without reading the replies
     std::size_t stored_bytes = 0;
     std::size_t peak_buffered_bytes = 0;  // largest sum of connection buffers seen
   };

@@ -28,8 +28,9 @@ struct Fault {
   int attempt = -1;  // -1: any
 };
 
-// nullopt when unset; EnvError naming the variable on a malformed value.
-std::optional<Fault> fault_from_env(const EnvLookup& env = env_process());
+// nullopt when unset; EnvError naming the variable on a malformed value:
+// numbers out of range, and (when world_size > 0) a rank outside the job.
+std::optional<Fault> fault_from_env(const EnvLookup& env = env_process(), int world_size = 0);
 
 // Fires `fault` if it is due for this rank, step and attempt.
 void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step);

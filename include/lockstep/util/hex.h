@@ -16,4 +16,7 @@ std::string hex_of(std::string_view bytes);
 // kernel refuses.
 std::string random_hex(std::size_t bytes);
 
+// `bytes` raw bytes of kernel randomness (nonces). Throws like random_hex.
+std::string random_bytes(std::size_t bytes);
+
 }  // namespace lockstep

@@ -1,8 +1,9 @@
-// SHA-256 (OpenSSL EVP), streamed.
+// SHA-256 (OpenSSL EVP), streamed; HMAC-SHA256 for the store's handshake.
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace lockstep {
 
@@ -20,5 +21,11 @@ class Sha256 {
 };
 
 std::string sha256_hex(const std::string& bytes);
+
+// HMAC-SHA256 of `data` under `key` (RFC 2104): 32 raw bytes.
+std::string hmac_sha256(std::string_view key, std::string_view data);
+
+// Equal length and bytes, in time that depends only on the lengths.
+bool equal_in_constant_time(std::string_view a, std::string_view b);
 
 }  // namespace lockstep
