@@ -12,9 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 
+#include "distributed/shm_segment.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/hex.h"
 #include "support/thread_world.h"
 
 using namespace lockstep;
@@ -190,6 +194,42 @@ TEST_CASE("shm: a rank that never joins fails the collective after the timeout, 
              Contains("shm backend: rank 1 did not arrive within the timeout"));
   CHECK_THROWS_AS(std::rethrow_exception(outcomes[0].error), CommError);
   CHECK(took < 4 + 10);
+}
+
+TEST_CASE("shm: a rank that died is seen at once, whether or not its parent reaped it", "[shm]") {
+  const std::string name = "/lockstep-test-" + random_hex(8) + "-" + std::to_string(getpid());
+  auto segment = ShmSegment::create(name, 2, 4096);
+  ShmSegment::unlink(name);  // the mapping is what the two processes share
+  segment.publish_pid(0);
+  const pid_t child = fork();
+  if (child == 0) {  // rank 1: arrives once, then dies without leaving
+    segment.publish_pid(1);
+    segment.arrive(1, 1);
+    usleep(200 * 1000);
+    _exit(0);
+  }
+  REQUIRE(child > 0);
+  for (int i = 0; i < 500 && segment.pid_of(1) != child; ++i) usleep(10 * 1000);
+  REQUIRE(segment.pid_of(1) == child);
+  segment.watch_peers(0);
+  const std::atomic<bool> stop{false};
+  segment.arrive(0, 1);
+  CHECK(segment.wait_all(1, std::chrono::steady_clock::now() + std::chrono::seconds(10), stop) ==
+        "");
+  // Generation 2 never comes: rank 1 has exited and, not yet reaped, is a
+  // zombie whose pid still answers kill(pid, 0).
+  const auto start = std::chrono::steady_clock::now();
+  segment.arrive(0, 2);
+  const std::string why =
+      segment.wait_all(2, std::chrono::steady_clock::now() + std::chrono::seconds(10), stop);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(why == "rank 1 (pid " + std::to_string(child) + ") died");
+  CHECK(took < 3);
+  CHECK(kill(child, 0) == 0);  // still there to signal: a zombie
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
 }
 
 TEST_CASE("shm: a segment left by a killed job is removed by the next", "[shm]") {

@@ -53,7 +53,7 @@ except OSError:
     pass
 loud_closed = closed(loud) or sent < (64 << 20)
 print("announcer cut off after %.2f s, %d MiB accepted" % (time.time() - start, sent >> 20))
-stall = conn(); stall.sendall(b"LKSTORE1" + struct.pack("<H", 64) + b"0123")
+stall = conn(); stall.sendall(b"LKSTORE2" + b"0123")
 t = time.time()
 while not closed(stall) and time.time() - t < 20: pass
 print("stalled hello cut off after %.1f s" % (time.time() - t))
@@ -68,7 +68,7 @@ expect_lt "$((rss_during - rss_before))" 20480 "rank 0's memory grew by under 20
 start=$(now)
 rank 1 "wrong-secret-of-another-job" "$WORK/wrong.out"
 expect_eq "$?" 2 "a rank with another job's secret exits 2"
-expect_grep "$WORK/wrong.out" "refused this process: LOCKSTEP_STORE_SECRET differs from rank 0's" "and says the secret differs"
+expect_grep "$WORK/wrong.out" "store at 127\.0\.0\.1:$p could not prove it holds this process's LOCKSTEP_STORE_SECRET: the secret differs from rank 0's" "and says the secret differs, naming the store"
 rank 1 "" "$WORK/none.out"
 expect_eq "$?" 2 "a rank without a secret exits 2"
 expect_grep "$WORK/none.out" "requires LOCKSTEP_STORE_SECRET and this process has none" "and says it has none"
@@ -90,6 +90,76 @@ cat "$WORK/strays"
 expect_grep "$WORK/strays" "announcer cut off after 0\.[0-9]+ s, [0-9] MiB accepted" "a 512 MiB announcement is cut off at once"
 expect_grep "$WORK/strays" "stalled hello cut off after ([0-9]|1[01])\.[0-9] s" "a stalled hello is cut off (its 10 s limit, or the job ending first)"
 expect_grep "$WORK/strays" "silent still open: 0" "silent connections are cut off too"
+
+# A squatter holds the port before rank 0 (Note [Store handshake]): it
+# records what a rank sends and answers with lockstep's magic and a made-up
+# proof. The rank refuses it at once (exit 2, naming the address), and the
+# squatter learns a nonce: not the secret.
+sq=$(free_port)
+/usr/bin/python3 - "$sq" "$WORK/heard" >"$WORK/squatter" 2>&1 <<'PY' &
+import os, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(1)
+heard = b""
+try:
+    while True:
+        b = c.recv(4096)
+        if not b: break
+        heard += b
+        if len(heard) >= 40: c.sendall(b"LKSTORE2" + b"\x01" + os.urandom(64))
+except (socket.timeout, OSError):
+    pass
+open(sys.argv[2], "wb").write(heard)
+PY
+squatter=$!
+for _ in $(seq 100); do [ -n "$(ss -Hltn "sport = :$sq")" ] && break; sleep 0.1; done
+start=$(now)
+env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$sq" \
+  OMP_NUM_THREADS=1 LOCKSTEP_STORE_SECRET="$secret" "$LOCKSTEP" check --comm --rdzv-timeout-s 60 \
+  >"$WORK/squatted.out" 2>&1
+expect_eq "$?" 2 "a rank facing a squatter on MASTER_PORT exits 2"
+expect_lt "$(elapsed "$start")" 10 "at once, not after the rendezvous timeout"
+expect_grep "$WORK/squatted.out" "store at 127\.0\.0\.1:$sq could not prove it holds this process's LOCKSTEP_STORE_SECRET" "naming the address it refused"
+wait "$squatter"
+if [ -s "$WORK/heard" ] && ! grep -qF -- "$secret" "$WORK/heard"; then
+  pass "the squatter heard $(stat -c %s "$WORK/heard") bytes and not the secret"
+else
+  fail "the squatter heard the secret (or nothing: $(stat -c %s "$WORK/heard" 2>/dev/null) bytes)"
+fi
+
+# A flood: 300 idle sockets kept open (reopened as the store turns them
+# away) on the port while a 2-rank job starts through lockstep-run. Every
+# job gets in (Note [Store admission]).
+flood_port=$(free_port)
+flood() {  # 4 processes of 75 sockets each: 300 in all
+  exec /usr/bin/python3 - "$flood_port" <<'PY'
+import select, socket, sys, time
+port, socks, end = int(sys.argv[1]), [], time.time() + 120
+while time.time() < end:
+    if socks:
+        gone, _, _ = select.select(socks, [], [], 0)
+        for s in gone: s.close()
+        socks = [s for s in socks if s not in gone]
+    while len(socks) < 75:
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+        except OSError:
+            time.sleep(0.001)
+            break
+PY
+}
+flooders=()
+for _ in 1 2 3 4; do flood & flooders+=($!); done
+sleep 0.5
+for try in 1 2 3; do
+  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port "$flood_port" "$LOCKSTEP" check --comm \
+    --rdzv-timeout-s 60 >"$WORK/flooded$try.out" 2>&1
+  expect_eq "$?" 0 "job $try of 3 starts and passes under a flood of 300 sockets"
+done
+kill "${flooders[@]}" 2>/dev/null
+wait "${flooders[@]}" 2>/dev/null
+expect_grep "$WORK/flooded3.out" "comm check \(shm, 2 ranks\): 55 passed, 0 failed" "and its comm check passes"
 
 # lockstep-run makes a fresh 64-hex-digit secret per job, given to workers.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c 'echo "S=$LOCKSTEP_STORE_SECRET"' >"$WORK/s1" 2>&1
