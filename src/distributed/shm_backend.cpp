@@ -253,7 +253,10 @@ bool is_failure(const std::string& value) {
 }
 
 [[noreturn]] void throw_failure(const std::string& value, const std::string& who) {
-  const std::string text = "shm backend: " + who + ": " + value.substr(2);
+  std::string why = value.substr(2);
+  const std::string prefix = "shm backend: ";
+  if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+  const std::string text = prefix + who + ": " + why;
   if (value[1] == 'c') throw ConfigError(text);
   throw CommError(text);
 }

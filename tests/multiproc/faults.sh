@@ -91,7 +91,8 @@ else
   fail "no verifying checkpoint after SIGTERM"
 fi
 step=$((10#${newest##*step_}))
-expect_grep "$WORK/signal.out" "stopped by signal 15 after step $step; checkpoint" "both ranks stop at step $step"
+expect_grep "$WORK/signal.out" "\[rank0\]: .*stopped by signal 15 after step $step; checkpoint /[^ ]+/step_0*$step\$" "rank 0 stops at step $step, naming the checkpoint's path"
+expect_grep "$WORK/signal.out" "\[rank1\]: .*stopped by signal 15 after step $step; rank 0 saved the checkpoint\$" "rank 1 stops at the same step, pointing to rank 0's (no empty path)"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
   --set run.dir="$runs" --set run.name=signal --set train.epochs=1000 --set checkpoint.resume=auto \
   --set train.max_steps=$((step + 2)) >"$WORK/out" 2>&1
@@ -104,5 +105,9 @@ LOCKSTEP_FAULT=crash:step=x "$LOCKSTEP" train --config "$root/configs/digits.yam
   >"$WORK/out" 2>&1
 expect_eq "$?" 2 "a malformed LOCKSTEP_FAULT exits 2"
 expect_grep "$WORK/out" "LOCKSTEP_FAULT='crash:step=x': 'step=x' is not key=number" "and names it"
+LOCKSTEP_FAULT=crash:rank=2:step=3 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
+  --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name=outside >"$WORK/out" 2>&1
+expect_eq "$?" 2 "a LOCKSTEP_FAULT for a rank outside the job exits 2 (it would never fire)"
+expect_grep "$WORK/out" "rank=2 is outside this job's 2 rank\(s\)" "naming the rank and the world"
 
 finish
