@@ -1,20 +1,33 @@
-// Size (over ~400 lines): one engine: the guardian, the workers' lifecycle,
-// the output relay and the failure summary act on the same worker table.
 // lockstep-run's engine. One attempt:
-//   1. fork one worker per local rank, each in its own process group (so that
-//      stopping it also stops what it spawned) and with PDEATHSIG (so that a
-//      killed launcher never leaves workers behind);
-//   2. relay each worker's stdout/stderr line by line, prefixed "[rankN]: ";
+//   1. start one worker per local rank (worker_process.h), each in its own
+//      process group (so that stopping it also stops what it spawned), with
+//      PDEATHSIG (so that a killed launcher never leaves workers behind) and
+//      with the launch's id in LOCKSTEP_LAUNCH_ID (Note [Launch id],
+//      process_tree.h);
+//   2. relay each worker's stdout/stderr line by line, prefixed "[rankN]: ",
+//      through the output queue: the loop never blocks on our own stdout
+//      (Note [Output queue], output_queue.h);
 //   3. on the first failure (non-zero exit or signal), SIGTERM the others,
 //      SIGKILL what is left after the grace period, and report the first
 //      failure as the root cause: later failures are usually its echoes
-//      (peers losing their connection to the dead rank).
-// SIGINT/SIGTERM sent to the launcher are forwarded to every worker.
+//      (peers losing their connection to the dead rank);
+//   4. once every worker has ended, stop what they left behind: the launcher
+//      is a child subreaper, so their orphans come to it (Note [Leftovers]).
+// SIGINT/SIGTERM sent to the launcher are forwarded to every worker. Signals,
+// reaping and timers are handled between polls that last at most 100 ms, and
+// nothing in the loop blocks for longer: a worker's pipe is read only when
+// poll says it has data, our output only queued.
+// Size (over ~500 lines): one engine, the workers' lifecycle, the relay and the
+// failure summary acting on one worker table; the process tree, the output
+// queue and process creation have their own files.
 #include "launcher.h"
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/hex.h"
+#include "output_queue.h"
+#include "process_tree.h"
+#include "worker_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -42,6 +55,8 @@ namespace {
 
 // The longest line relayed in one piece (Worker output without newlines).
 constexpr size_t kMaxLine = 64 * 1024;
+// Queued output above which the workers' pipes are no longer read.
+constexpr size_t kMaxQueued = 1 << 20;
 
 using Clock = std::chrono::steady_clock;
 
@@ -56,18 +71,14 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-void write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // our own stdout is gone: nothing better to do
-    done += static_cast<size_t>(n);
-  }
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-void say(const std::string& text) {
-  write_all(STDERR_FILENO, "lockstep-run: " + text + "\n");
+std::string format_s(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f s", s);
+  return text;
 }
 
 std::string describe_status(int status) {
@@ -84,6 +95,11 @@ int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
+}
+
+// The launcher's own messages, in order with the relayed lines.
+void say_to(OutputQueue& output, const std::string& text) {
+  output.push(STDERR_FILENO, "lockstep-run: " + text + "\n");
 }
 
 struct Stream {
@@ -105,70 +121,16 @@ struct Worker {
   int log_fd = -1;
 };
 
-// Note [Guardian]: workers get PDEATHSIG, but what they spawn does not, and
-// a SIGKILLed launcher runs no code of its own. So a small guardian process,
-// forked before any worker, holds the read end of a pipe on which the
-// launcher writes each worker's process group. When the launcher dies, for
-// whatever reason, the kernel closes the write end; the guardian reads EOF
-// and SIGKILLs every group it was told of, so the whole tree goes. On a
-// normal exit the launcher writes 0 first and the guardian leaves quietly.
-class Guardian {
- public:
-  Guardian() {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) throw SystemError(std::string("pipe: ") + std::strerror(errno));
-    pid_ = fork();
-    if (pid_ < 0) throw SystemError(std::string("fork: ") + std::strerror(errno));
-    if (pid_ == 0) {
-      close(p[1]);
-      watch_loop(p[0]);
-    }
-    close(p[0]);
-    fd_ = p[1];
-  }
-  ~Guardian() { release(); }
-  Guardian(const Guardian&) = delete;
-  Guardian& operator=(const Guardian&) = delete;
-
-  void watch(pid_t group) { send(static_cast<int32_t>(group)); }
-
-  void release() {
-    if (fd_ < 0) return;
-    send(0);
-    close(fd_);
-    fd_ = -1;
-    waitpid(pid_, nullptr, 0);
-  }
-
- private:
-  void send(int32_t value) {
-    if (fd_ >= 0) (void)!::write(fd_, &value, sizeof value);  // 4 bytes: atomic on a pipe
-  }
-
-  [[noreturn]] static void watch_loop(int fd) {
-    // Terminal signals are for the launcher, which forwards them.
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) signal(sig, SIG_IGN);
-    std::vector<pid_t> groups;
-    int32_t value = 0;
-    while (true) {
-      const ssize_t n = ::read(fd, &value, sizeof value);
-      if (n < 0 && errno == EINTR) continue;
-      if (n != sizeof value) break;  // EOF: the launcher is gone
-      if (value == 0) _exit(0);      // released
-      groups.push_back(value);
-    }
-    for (pid_t group : groups) kill(-group, SIGKILL);
-    _exit(0);
-  }
-
-  pid_t pid_ = -1;
-  int fd_ = -1;
-};
-
 class Attempt {
  public:
-  Attempt(const LaunchOptions& options, int attempt, int master_port, Guardian& guardian)
-      : options_(options), attempt_(attempt), master_port_(master_port), guardian_(guardian) {}
+  Attempt(const LaunchOptions& options, int attempt, int master_port, Guardian& guardian,
+          OutputQueue& output)
+      : options_(options),
+        attempt_(attempt),
+        master_port_(master_port),
+        guardian_(guardian),
+        output_(output),
+        sweep_(options.launch_id, guardian.pid(), options.grace_s) {}
 
   // Returns 0, or the exit code the launcher should end with.
   int run() {
@@ -185,6 +147,7 @@ class Attempt {
 
  private:
   double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  void say(const std::string& text) { say_to(output_, text); }
 
   void spawn(int local) {
     Worker w;
@@ -200,22 +163,10 @@ class Attempt {
       w.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (w.log_fd < 0) throw SystemError("cannot open '" + path + "': " + std::strerror(errno));
     }
-    const pid_t parent = getpid();
-    // Signals stay blocked across fork until the child has dropped the
-    // launcher's handlers: a SIGTERM sent to a worker that has not exec'd yet
-    // must kill it, not run our handler in its copy of the launcher.
-    sigset_t all, previous;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &previous);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) signal(sig, SIG_DFL);
-      sigprocmask(SIG_SETMASK, &previous, nullptr);
-      exec_worker(w, pipes, parent);  // never returns
-    }
-    sigprocmask(SIG_SETMASK, &previous, nullptr);
-    if (pid < 0) throw SystemError(std::string("fork: ") + std::strerror(errno));
-    setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
+    auto env = worker_environment(options_, w.rank, w.local_rank, master_port_, attempt_);
+    if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
+      env.emplace_back("OMP_NUM_THREADS", "1");
+    const pid_t pid = worker_spawn(options_.command, env, pipes[0][1], pipes[1][1]);
     guardian_.watch(pid);
     w.pid = pid;
     w.running = true;
@@ -227,29 +178,17 @@ class Attempt {
     workers_.push_back(std::move(w));
   }
 
-  [[noreturn]] void exec_worker(const Worker& w, int pipes[2][2], pid_t parent) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // the launcher died before prctl
-    dup2(pipes[0][1], STDOUT_FILENO);
-    dup2(pipes[1][1], STDERR_FILENO);
-    for (const auto& [name, value] :
-         worker_environment(options_, w.rank, w.local_rank, master_port_, attempt_))
-      setenv(name.c_str(), value.c_str(), 1);
-    if (options_.nproc_per_node > 1) setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
-    std::vector<char*> argv;
-    for (const auto& arg : options_.command) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    const std::string why = "lockstep-run: cannot execute '" + options_.command[0] +
-                            "': " + std::strerror(errno) + "\n";
-    write_all(STDERR_FILENO, why);
-    _exit(127);
-  }
-
   void relay_line(Worker& w, int s, const std::string& line) {
-    write_all(w.streams[s].to, "[rank" + std::to_string(w.rank) + "]: " + line + "\n");
-    if (w.log_fd >= 0) write_all(w.log_fd, line + "\n");
+    output_.push(w.streams[s].to, "[rank" + std::to_string(w.rank) + "]: " + line + "\n");
+    if (w.log_fd >= 0) {
+      const std::string text = line + "\n";
+      for (size_t done = 0; done < text.size();) {  // a file: never blocks for long
+        const ssize_t n = write(w.log_fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+    }
     w.tail.push_back(line);
     if (static_cast<int>(w.tail.size()) > options_.tail_lines) w.tail.pop_front();
   }
@@ -260,6 +199,7 @@ class Attempt {
     char buf[65536];
     const ssize_t n = read(st.fd, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    last_output_ = Clock::now();
     if (n <= 0) {
       for (const auto& line : st.lines.finish()) relay_line(w, s, line);
       close(st.fd);
@@ -269,6 +209,7 @@ class Attempt {
     for (const auto& line : st.lines.feed(buf, static_cast<size_t>(n))) relay_line(w, s, line);
   }
 
+  // Only workers not reaped yet: their group ids are still theirs.
   void signal_running(int sig) {
     for (auto& w : workers_) {
       if (!w.running) continue;
@@ -279,48 +220,70 @@ class Attempt {
 
   void begin_stop(int sig) {
     signal_running(sig);
-    if (!stopping_)
-      kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(options_.grace_s));
+    if (!stopping_) kill_deadline_ = Clock::now() + seconds(options_.grace_s);
     stopping_ = true;
   }
 
+  Worker* worker_of(pid_t pid) {
+    for (auto& w : workers_)
+      if (w.pid == pid && w.running) return &w;
+    return nullptr;
+  }
+
+  // Reaps every child that has exited: workers, and the orphans adopted as
+  // subreaper. Each exit is seen first without reaping (WNOWAIT), so that a
+  // worker's group can be killed and the guardian told while the zombie still
+  // holds the pid (Note [Guardian]); the guardian, also a child, is reaped
+  // only if it died, and then knowingly.
   void reap() {
-    int status = 0;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-      for (auto& w : workers_) {
-        if (w.pid != pid) continue;
-        w.running = false;
-        w.status = status;
-        w.ended_s = elapsed_s();
-        // Anything the worker spawned goes with it.
-        kill(-w.pid, SIGKILL);
-        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && first_failed_ < 0 && !w.stopped_by_us && interrupted_by_ == 0) {
-          first_failed_ = static_cast<int>(&w - workers_.data());
-          int others = 0;
-          for (const auto& o : workers_) others += o.running ? 1 : 0;
-          say("rank " + std::to_string(w.rank) + " " + describe_status(status) + " after " +
-              format_s(w.ended_s) +
-              (others > 0 ? "; stopping the other " + std::to_string(others) + " worker(s)" : ""));
-          begin_stop(SIGTERM);
-        }
+    while (true) {
+      siginfo_t info{};
+      if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+      const pid_t pid = info.si_pid;
+      Worker* w = worker_of(pid);
+      if (w != nullptr) {
+        kill(-pid, SIGKILL);  // anything the worker spawned in its group goes with it
+        guardian_.forget(pid);
+      } else if (pid == guardian_.pid()) {
+        guardian_.lost();
+        say("the guardian process (pid " + std::to_string(pid) +
+            ") ended: a kill -9 of lockstep-run would now leave the workers' children behind");
       }
+      int status = 0;
+      if (waitpid(pid, &status, 0) != pid) return;
+      if (w != nullptr) worker_ended(*w, status);
     }
   }
 
-  static std::string format_s(double s) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.2f s", s);
-    return text;
+  void worker_ended(Worker& w, int status) {
+    w.running = false;
+    w.status = status;
+    w.ended_s = elapsed_s();
+    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!failed || first_failed_ >= 0 || w.stopped_by_us || interrupted_by_ != 0) return;
+    first_failed_ = static_cast<int>(&w - workers_.data());
+    int others = 0;
+    for (const auto& o : workers_) others += o.running ? 1 : 0;
+    say("rank " + std::to_string(w.rank) + " " + describe_status(status) + " after " +
+        format_s(w.ended_s) +
+        (others > 0 ? "; stopping the other " + std::to_string(others) + " worker(s)" : ""));
+    begin_stop(SIGTERM);
   }
 
-  void loop() {
-    Clock::time_point all_exited_at{};
-    while (true) {
-      std::vector<pollfd> fds{{g_wake[0], POLLIN, 0}};
-      std::vector<std::pair<Worker*, int>> owners{{nullptr, 0}};
+  bool any_running() const {
+    for (const auto& w : workers_)
+      if (w.running) return true;
+    return false;
+  }
+
+  // One poll of at most 100 ms: the wake pipe (signals, children, room in the
+  // output queue) and, unless the queue is full, the workers' pipes.
+  void poll_once() {
+    std::vector<pollfd> fds{{g_wake[0], POLLIN, 0}};
+    std::vector<std::pair<Worker*, int>> owners{{nullptr, 0}};
+    if (output_.full()) {
+      last_output_ = Clock::now();  // waiting for our reader, not for the workers
+    } else {
       for (auto& w : workers_) {
         for (int s = 0; s < 2; ++s) {
           if (w.streams[s].fd < 0) continue;
@@ -328,47 +291,70 @@ class Attempt {
           owners.emplace_back(&w, s);
         }
       }
-      bool any_running = false;
-      for (const auto& w : workers_) any_running = any_running || w.running;
-      if (!any_running) {
-        if (fds.size() == 1) break;
-        // Pipes still open with every worker gone: a straggler holds them.
-        // Give it a moment to flush, then stop listening.
-        if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
-        if (Clock::now() - all_exited_at > std::chrono::seconds(2)) {
-          for (auto& w : workers_)
-            for (auto& st : w.streams)
-              if (st.fd >= 0) close(st.fd), st.fd = -1;
-          break;
-        }
+    }
+    if (poll(fds.data(), fds.size(), 100) <= 0) return;
+    if (fds[0].revents != 0) {
+      char drain[64];
+      while (read(g_wake[0], drain, sizeof drain) > 0) {
       }
-      const int ready = poll(fds.data(), fds.size(), 100);
-      if (ready > 0) {
-        if (fds[0].revents != 0) {
-          char drain[64];
-          while (read(g_wake[0], drain, sizeof drain) > 0) {
-          }
-        }
-        for (size_t k = 1; k < fds.size(); ++k) {
-          if (fds[k].revents != 0) read_stream(*owners[k].first, owners[k].second);
-        }
-      }
-      if (g_signal != 0 && interrupted_by_ == 0) {
-        interrupted_by_ = g_signal;
-        say(std::string("received SIG") + sigabbrev_np(interrupted_by_) +
-            ": forwarding it to every worker");
-        begin_stop(interrupted_by_);
-      }
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents != 0) read_stream(*owners[k].first, owners[k].second);
+    }
+  }
+
+  void handle_signal() {
+    if (g_signal == 0 || interrupted_by_ != 0) return;
+    interrupted_by_ = g_signal;
+    say(std::string("received SIG") + sigabbrev_np(interrupted_by_) +
+        ": forwarding it to every worker");
+    begin_stop(interrupted_by_);
+  }
+
+  void enforce_grace() {
+    if (!stopping_ || Clock::now() < kill_deadline_) return;
+    if (any_running()) {
+      say("grace period of " + format_s(options_.grace_s) + " is over: SIGKILL");
+      signal_running(SIGKILL);
+    }
+    kill_deadline_ = Clock::time_point::max();
+  }
+
+  // Once the workers are gone: stops their leftovers, then waits for the
+  // pipes to close. True when the attempt is over.
+  bool wind_down() {
+    if (!sweep_.done()) {
+      const auto now = Clock::now();
+      if (now - last_sweep_ < std::chrono::milliseconds(50)) return false;
+      last_sweep_ = now;
+      const std::string said = sweep_.step(now);
+      if (!said.empty()) say(said);
+      if (!sweep_.done()) return false;
+      last_output_ = Clock::now();
+    }
+    bool open = false;
+    for (const auto& w : workers_)
+      for (const auto& st : w.streams) open = open || st.fd >= 0;
+    if (!open) return true;
+    // Every process of the launch is gone, yet a pipe is open: a process we
+    // could not find holds it (Note [Launch id]). Stop listening once it has
+    // been silent for 2 s; at once if a signal asks us to end and our own
+    // reader is stalled (what is in the pipes could not be written anyway).
+    const bool stalled = interrupted_by_ != 0 && output_.full();
+    if (!stalled && Clock::now() - last_output_ < std::chrono::seconds(2)) return false;
+    for (auto& w : workers_)
+      for (auto& st : w.streams)
+        if (st.fd >= 0) close(st.fd), st.fd = -1;
+    return true;
+  }
+
+  void loop() {
+    while (true) {
+      poll_once();
+      handle_signal();
       reap();
-      if (stopping_ && Clock::now() >= kill_deadline_) {
-        bool any = false;
-        for (const auto& w : workers_) any = any || w.running;
-        if (any) {
-          say("grace period of " + format_s(options_.grace_s) + " is over: SIGKILL");
-          signal_running(SIGKILL);
-        }
-        kill_deadline_ = Clock::time_point::max();
-      }
+      enforce_grace();
+      if (!any_running() && wind_down()) break;
     }
     for (auto& w : workers_) {
       if (w.log_fd >= 0) close(w.log_fd);
@@ -408,7 +394,11 @@ class Attempt {
   const int attempt_;
   const int master_port_;
   Guardian& guardian_;
+  OutputQueue& output_;
+  LeftoverSweep sweep_;
   Clock::time_point start_;
+  Clock::time_point last_output_ = Clock::now();  // the pipes last gave something
+  Clock::time_point last_sweep_{};
   std::vector<Worker> workers_;
   int first_failed_ = -1;
   int interrupted_by_ = 0;
@@ -490,6 +480,10 @@ std::vector<std::pair<std::string, std::string>> worker_environment(const Launch
   set("LOCKSTEP_STORE_SECRET", options.store_secret);
   // The launcher starts every line with "[rankN]: ": logs need no second tag.
   set("LOCKSTEP_LINES_TAGGED", "1");
+  // Marks the launch's processes, wherever they wander (Note [Launch id]).
+  set("LOCKSTEP_LAUNCH_ID", options.enclosing_launch_ids.empty()
+                                ? options.launch_id
+                                : options.enclosing_launch_ids + ":" + options.launch_id);
   return env;
 }
 
@@ -532,26 +526,42 @@ int launch_free_port() {
   return ntohs(addr.sin_port);
 }
 
-int launch_run(const LaunchOptions& options) {
-  launch_validate(options);
+int launch_run(const LaunchOptions& given) {
+  launch_validate(given);
+  LaunchOptions options = given;
+  if (options.launch_id.empty()) options.launch_id = random_hex(16);  // Note [Launch id]
   install_signal_handlers();
+  // The launch's orphans (a worker's daemon, a double fork) come to us, not
+  // to init, and are stopped with the attempt (Note [Leftovers]).
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  Guardian guardian(options.launch_id);       // Note [Guardian]; forked before any thread
+  OutputQueue output(g_wake[1], kMaxQueued);  // Note [Output queue]
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    say("OMP_NUM_THREADS is unset: setting it to 1 for each of the " +
-        std::to_string(options.nproc_per_node) + " workers (set it to tune)");
+    say_to(output, "OMP_NUM_THREADS is unset: setting it to 1 for each of the " +
+                       std::to_string(options.nproc_per_node) + " workers (set it to tune)");
   }
   int code = 0;
-  Guardian guardian;  // Note [Guardian]
+  bool interrupted = false;
   for (int attempt = 0; attempt <= options.max_restarts; ++attempt) {
     // A fresh port per attempt when auto-picked: the last one may linger.
     const int port = options.master_port == 0 ? launch_free_port() : options.master_port;
-    Attempt run(options, attempt, port, guardian);
+    Attempt run(options, attempt, port, guardian, output);
     code = run.run();
-    if (code == 0 || run.interrupted()) return code;
+    interrupted = run.interrupted();
+    if (code == 0 || interrupted) break;
     if (attempt < options.max_restarts) {
-      say("restarting the worker group (restart " + std::to_string(attempt + 1) + " of " +
-          std::to_string(options.max_restarts) + ")");
+      say_to(output, "restarting the worker group (restart " + std::to_string(attempt + 1) +
+                         " of " + std::to_string(options.max_restarts) + ")");
     }
   }
+  guardian.release();  // nothing of the launch is left to guard
+  // All of our output is written, however long our reader takes, as any
+  // program's would; but after a signal, or when one comes meanwhile, for at
+  // most the grace period more: then what is left is dropped.
+  while (!interrupted && g_signal == 0 &&
+         !output.wait_written(Clock::now() + std::chrono::milliseconds(100))) {
+  }
+  output.finish(Clock::now() + seconds(options.grace_s));
   return code;
 }
 

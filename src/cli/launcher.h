@@ -1,6 +1,7 @@
 // lockstep-run's engine: start one worker per local rank with torchrun's
 // environment contract, relay their output with rank prefixes, and when one
-// fails stop the others and say who failed first. No LibTorch in here.
+// fails stop the others and say who failed first; leave no process of the
+// job behind, however it ends. No LibTorch in here.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +25,12 @@ struct LaunchOptions {
   // the launcher's environment; made fresh for a single-node job without one;
   // required (the same on every node) for several nodes.
   std::string store_secret;
+  // Given to every worker as LOCKSTEP_LAUNCH_ID, after the enclosing ids (Note
+  // [Launch id], process_tree.h). launch_run makes a random one when empty.
+  std::string launch_id;
+  // LOCKSTEP_LAUNCH_ID of the launcher's own environment, when it is itself a
+  // worker of another launch.
+  std::string enclosing_launch_ids;
   std::vector<std::string> command;
 };
 
@@ -34,7 +41,10 @@ void launch_validate(const LaunchOptions& options);
 // Runs the job (with restarts) and returns the launcher's exit code:
 // 0 when every worker of the last attempt exited 0; otherwise the first
 // failed worker's exit code, or 128+signal when it was killed by a signal or
-// the launcher was interrupted.
+// the launcher was interrupted. Makes the calling process a child subreaper.
+// Whatever the end (success, failure, signal), no process of the launch is
+// left: not the workers, not what they started (Note [Leftovers]); and if the
+// launcher is killed, its guardian process does it (Note [Guardian]).
 int launch_run(const LaunchOptions& options);
 
 // 32 random bytes from the kernel, as 64 hex digits.
@@ -43,8 +53,9 @@ std::string launch_make_secret();
 // The pure parts of the engine, for tests.
 
 // A worker's environment beyond the launcher's own: torchrun's contract
-// (RANK, WORLD_SIZE, LOCAL_RANK, ..., MASTER_ADDR/PORT, TORCHELASTIC_*) and
-// LOCKSTEP_STORE_SECRET, in the order they are set.
+// (RANK, WORLD_SIZE, LOCAL_RANK, ..., MASTER_ADDR/PORT, TORCHELASTIC_*),
+// LOCKSTEP_STORE_SECRET, LOCKSTEP_LINES_TAGGED and LOCKSTEP_LAUNCH_ID, in the
+// order they are set.
 std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchOptions& options,
                                                                     int rank, int local_rank,
                                                                     int master_port, int attempt);

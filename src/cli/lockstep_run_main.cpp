@@ -87,6 +87,11 @@ int main(int argc, char** argv) {
     } else if (options.nnodes == 1) {
       options.store_secret = lockstep::launch::launch_make_secret();
     }
+    // Under another launcher: its workers' processes carry its id too, so that
+    // it still finds ours (Note [Launch id], process_tree.h).
+    if (const char* outer = std::getenv("LOCKSTEP_LAUNCH_ID"); outer && *outer) {
+      options.enclosing_launch_ids = outer;
+    }
     return lockstep::launch::launch_run(options);
   } catch (const cxxopts::exceptions::exception& e) {
     std::fprintf(stderr, "lockstep-run: bad option: %s (see --help)\n", e.what());

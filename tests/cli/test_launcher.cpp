@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/launcher.h"
+#include "cli/process_tree.h"
 #include "lockstep/util/error.h"
 
 using namespace lockstep::launch;
@@ -40,6 +41,30 @@ TEST_CASE("launcher: each worker gets torchrun's environment and the job's secre
   CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
   CHECK(env["LOCKSTEP_STORE_SECRET"] == "0123456789abcdef0123");
   CHECK(env["LOCKSTEP_LINES_TAGGED"] == "1");
+  // The launch's mark on every process of the job (Note [Launch id]).
+  o.launch_id = "inner0123";
+  const auto own = worker_environment(o, 9, 1, 29511, 2);
+  CHECK(std::map<std::string, std::string>(own.begin(), own.end())["LOCKSTEP_LAUNCH_ID"] ==
+        "inner0123");
+  o.enclosing_launch_ids = "outer4567";  // a lockstep-run that is another's worker
+  const auto nested = worker_environment(o, 9, 1, 29511, 2);
+  CHECK(std::map<std::string, std::string>(nested.begin(), nested.end())["LOCKSTEP_LAUNCH_ID"] ==
+        "outer4567:inner0123");
+}
+
+TEST_CASE("launcher: a process belongs to a launch only if its environment names the launch's id",
+          "[launcher]") {
+  using namespace std::string_literals;
+  const std::string block = "PATH=/bin\0LOCKSTEP_LAUNCH_ID=outer4567:inner0123\0HOME=/root\0"s;
+  CHECK(environ_carries_launch_id(block, "inner0123"));
+  CHECK(environ_carries_launch_id(block, "outer4567"));
+  // Never a prefix, a suffix, another variable's value, or an empty id.
+  CHECK_FALSE(environ_carries_launch_id(block, "inner012"));
+  CHECK_FALSE(environ_carries_launch_id(block, "nner0123"));
+  CHECK_FALSE(environ_carries_launch_id(block, "/root"));
+  CHECK_FALSE(environ_carries_launch_id(block, ""));
+  CHECK_FALSE(environ_carries_launch_id("X_LOCKSTEP_LAUNCH_ID=inner0123\0"s, "inner0123"));
+  CHECK(environ_carries_launch_id("LOCKSTEP_LAUNCH_ID=inner0123"s, "inner0123"));  // no final NUL
 }
 
 TEST_CASE("launcher: inconsistent flags are refused by name", "[launcher]") {
