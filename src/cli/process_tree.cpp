@@ -73,24 +73,20 @@ bool read_stat(pid_t pid, ProcStat& st) {
   return true;
 }
 
+// The system call numbers are the same on every architecture (Linux 5.1
+// and 5.3): old headers need not hide pidfds from a kernel that has them.
 int pidfd_open(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  errno = ENOSYS;
-  return -1;
+#ifndef SYS_pidfd_open
+  constexpr long SYS_pidfd_open = 434;
 #endif
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
 }
 
 int pidfd_send_signal(int pidfd, int sig) {
-#ifdef SYS_pidfd_send_signal
-  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
-#else
-  (void)pidfd, (void)sig;
-  errno = ENOSYS;
-  return -1;
+#ifndef SYS_pidfd_send_signal
+  constexpr long SYS_pidfd_send_signal = 424;
 #endif
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
 }
 
 std::string format_s(double s) {
@@ -190,6 +186,13 @@ std::string LeftoverSweep::step(Clock::time_point now) {
     return std::to_string(left.size()) + " process(es) left behind survived SIGKILL for 5 s " +
            "(stuck in the kernel?): " + tree_describe(left) + "; giving up on them";
   }
+  // The deadlines start with the first leftover found, whether or not it
+  // could be signalled (one we may not signal must not stall the launcher).
+  const bool first = kill_at_ == Clock::time_point::max();
+  if (first) {
+    kill_at_ =
+        now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s_));
+  }
   std::vector<TreeProcess> fresh;
   for (const auto& p : left) {
     if (terminated_.insert({p.pid, p.start_ticks}).second && tree_signal(p, SIGTERM))
@@ -197,11 +200,6 @@ std::string LeftoverSweep::step(Clock::time_point now) {
   }
   std::string said;
   if (!fresh.empty()) {
-    const bool first = kill_at_ == Clock::time_point::max();
-    if (first) {
-      kill_at_ = now + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(grace_s_));
-    }
     said = (first ? "the workers left " : "and ") + std::to_string(fresh.size()) +
            " process(es) behind: " + tree_describe(fresh) + ": SIGTERM" +
            (first ? ", then SIGKILL after " + format_s(grace_s_) : "");
@@ -219,7 +217,12 @@ Guardian::Guardian(const std::string& launch_id) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) throw SystemError(std::string("pipe: ") + std::strerror(errno));
   pid_ = fork();
-  if (pid_ < 0) throw SystemError(std::string("fork: ") + std::strerror(errno));
+  if (pid_ < 0) {
+    const int err = errno;
+    close(p[0]);
+    close(p[1]);
+    throw SystemError(std::string("fork: ") + std::strerror(err));
+  }
   if (pid_ == 0) {
     close(p[1]);
     watch_loop(p[0], launch_id);

@@ -34,10 +34,8 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
 
-// Whether pid is a process that has not ended: a zombie (ended, not yet
-// reaped by its parent) has ended. /proc/<pid>/stat's state, after the
-// command name's last ')'.
-bool running(int pid) {
+// /proc/<pid>/stat's state, after the command name's last ')'.
+bool running_by_proc(int pid) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -113,6 +111,10 @@ ShmSegment::~ShmSegment() {
     if (fd >= 0) ::close(fd);
 }
 
+bool ShmSegment::process_running(int pid) {
+  return running_by_proc(pid);
+}
+
 void ShmSegment::watch_peers(int me) {
   pidfds_.assign(world_, -1);
   for (int r = 0; r < world_; ++r) {
@@ -128,7 +130,7 @@ bool ShmSegment::peer_alive(int rank) const {
     if (pidfds_[rank] >= 0) return !pidfd_ended(pidfds_[rank]);
   }
   const int pid = pid_of(rank);
-  return pid <= 0 || running(pid);
+  return pid <= 0 || running_by_proc(pid);
 }
 
 ShmSegment ShmSegment::create(const std::string& name, int world, std::size_t chunk) {
@@ -205,7 +207,7 @@ int ShmSegment::remove_orphans() {
     if (name.rfind("lockstep-", 0) != 0) continue;
     const auto dash = name.rfind('-');
     const int pid = std::atoi(name.c_str() + dash + 1);
-    if (pid > 0 && !running(pid) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    if (pid > 0 && !running_by_proc(pid) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   closedir(dir);
   return removed;
@@ -215,13 +217,20 @@ int ShmSegment::remove_orphans() {
 // keeps the segment alive once every rank has unmapped it, so ShmName
 // removes it on every exit path: its destructor (returns and exceptions),
 // and a handler for the terminating signals a launcher sends (SIGTERM,
-// SIGINT, SIGHUP), which unlinks and then does what the signal would have
-// done. Only SIGKILL is left, for ShmSegment::remove_orphans.
+// SIGINT, SIGHUP), which unlinks, puts the previous action back and raises
+// the signal again, so that it does what it would have done (the default:
+// death; a program's own handler, SA_SIGINFO or not, runs). A signal the
+// process ignores (nohup, a shell's background job) is left ignored: it
+// must not break the set-up. The destructor restores only a handler that is
+// still ours. Only SIGKILL is left, for ShmSegment::remove_orphans. One
+// name is armed at a time (set-ups run one after another); a second,
+// concurrent one is removed by its destructor only.
 namespace {
 
 constexpr int kNameSignals[] = {SIGTERM, SIGINT, SIGHUP};
 char g_armed_path[256];  // "/dev/shm/<name>", or "" when disarmed
 struct sigaction g_previous[3];
+bool g_installed[3];  // whether our handler went in for kNameSignals[i]
 
 void unlink_then_chain(int sig) {
   const int saved = errno;
@@ -229,13 +238,11 @@ void unlink_then_chain(int sig) {
   g_armed_path[0] = 0;
   for (int i = 0; i < 3; ++i) {
     if (kNameSignals[i] != sig) continue;
-    const struct sigaction& old = g_previous[i];
-    if (old.sa_handler == SIG_DFL) {
-      sigaction(sig, &old, nullptr);
-      raise(sig);  // delivered when this handler returns: the default, death
-    } else if (old.sa_handler != SIG_IGN && !(old.sa_flags & SA_SIGINFO)) {
-      old.sa_handler(sig);
-    }
+    // Pending until this handler returns, then delivered to the previous
+    // action: the default (death) or the program's handler.
+    sigaction(sig, &g_previous[i], nullptr);
+    g_installed[i] = false;
+    raise(sig);
   }
   errno = saved;
 }
@@ -249,15 +256,27 @@ ShmName::ShmName(std::string name) : name_(std::move(name)) {
   struct sigaction action {};
   action.sa_handler = unlink_then_chain;
   sigemptyset(&action.sa_mask);
-  for (int i = 0; i < 3; ++i) sigaction(kNameSignals[i], &action, &g_previous[i]);
+  for (int i = 0; i < 3; ++i) {
+    g_installed[i] = false;
+    if (sigaction(kNameSignals[i], nullptr, &g_previous[i]) != 0) continue;
+    if (g_previous[i].sa_handler == SIG_IGN && !(g_previous[i].sa_flags & SA_SIGINFO)) continue;
+    g_installed[i] = sigaction(kNameSignals[i], &action, nullptr) == 0;
+  }
   armed_ = true;
 }
 
 ShmName::~ShmName() {
   ShmSegment::unlink(name_);
   if (!armed_) return;
-  for (int i = 0; i < 3; ++i) sigaction(kNameSignals[i], &g_previous[i], nullptr);
   g_armed_path[0] = 0;
+  for (int i = 0; i < 3; ++i) {
+    struct sigaction now {};
+    // Put back what was there, unless someone installed another handler since.
+    if (g_installed[i] && sigaction(kNameSignals[i], nullptr, &now) == 0 &&
+        now.sa_handler == unlink_then_chain)
+      sigaction(kNameSignals[i], &g_previous[i], nullptr);
+    g_installed[i] = false;
+  }
 }
 
 ShmSegment::Header* ShmSegment::header() const {

@@ -46,6 +46,9 @@ class ShmSegment {
   // Without pidfds (kernels before 5.3), /proc/<pid>/stat's state decides.
   void watch_peers(int me);
   bool peer_alive(int rank) const;
+  // Whether `pid` has not ended, by /proc: a zombie (ended, not yet reaped)
+  // has. The fallback of peer_alive, and remove_orphans' test.
+  static bool process_running(int pid);
   // This rank leaves (its backend is destroyed): waiters learn it at once.
   void depart(int rank);
 

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -72,14 +73,17 @@
 //
 // Note [Store admission]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// At most max_unauthenticated connections may be in their handshake. When
-// a newcomer finds them all taken, it evicts one that has already had a
-// turn to speak (accepted before this round of accepts, whose bytes were
-// read first), preferring one that has sent nothing, the oldest first; when
-// none has had its turn, the newcomer is refused. Both are told kHelloBusy,
-// and JobStore retries with back-off until its deadline. So a flood of idle
-// sockets costs the job at most a few retries: the ranks send their hello
-// at once and are never the silent ones.
+// At most max_unauthenticated connections may be in their handshake. A
+// newcomer that finds them all taken is still admitted: it evicts one that
+// has made no progress for kAdmissionGrace (accepted, or its hello
+// answered, that long ago), preferring one that has sent nothing, then the
+// one idle longest; when every one progressed more recently (a flood that
+// reconnects as fast as it is closed), a random one. The evicted are told
+// kHelloBusy and JobStore retries with back-off until its deadline. So a
+// rank always gets in, and finishes its handshake (a round trip or two)
+// unless that many newcomers arrive meanwhile that the lottery picks it:
+// a flood costs it a few tries, never the job. Turning newcomers away
+// instead would hand the slots to whoever reconnects fastest.
 
 namespace lockstep {
 namespace {
@@ -90,6 +94,10 @@ namespace wire = store_wire;
 // Beyond one frame, what replies may queue for a client (headers, small
 // answers) before another request of its cuts it off.
 constexpr std::size_t kReplySlack = 64 * 1024;
+
+// How long a connection in its handshake is safe from eviction after each
+// step (Note [Store admission]).
+constexpr auto kAdmissionGrace = std::chrono::milliseconds(250);
 
 std::string errno_text(int err) {
   return std::strerror(err);
@@ -110,7 +118,7 @@ struct Conn {
   Stage stage = Stage::kHello;
   bool authed() const { return stage == Stage::kReady; }
   bool silent() const { return stage == Stage::kHello && in.empty(); }
-  Clock::time_point accepted_at;
+  Clock::time_point progressed_at;  // accepted, or its hello answered
   Clock::time_point hello_deadline;
   std::string nonces;  // the client's, then the server's, during the handshake
   std::string in;
@@ -139,7 +147,8 @@ struct StoreServer::Impl {
   void bind_and_listen();
   void run();
   void accept_clients();
-  int eviction_victim(Clock::time_point round_start) const;
+  int eviction_victim(Clock::time_point now);
+  std::minstd_rand lottery{std::random_device{}()};  // Note [Store admission]
   void turn_away(int fd);
   void read_from(int fd, Conn& c);
   void handle_hello(int fd, Conn& c);
@@ -212,7 +221,6 @@ void StoreServer::Impl::bind_and_listen() {
 
 // Note [Store admission].
 void StoreServer::Impl::accept_clients() {
-  const auto round_start = Clock::now();
   for (;;) {
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a client that left before we took it
@@ -223,7 +231,7 @@ void StoreServer::Impl::accept_clients() {
     int pending = 0;
     for (const auto& [_, c] : conns) pending += !c.authed() && !c.close_after_flush ? 1 : 0;
     if (pending >= options.max_unauthenticated) {
-      const int victim = eviction_victim(round_start);
+      const int victim = eviction_victim(Clock::now());
       if (victim < 0) {
         turn_away(fd);
         continue;
@@ -235,24 +243,31 @@ void StoreServer::Impl::accept_clients() {
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Conn c;
-    c.accepted_at = Clock::now();
-    c.hello_deadline = c.accepted_at + options.hello_timeout;
+    c.progressed_at = Clock::now();
+    c.hello_deadline = c.progressed_at + options.hello_timeout;
     conns.emplace(fd, std::move(c));
   }
 }
 
-int StoreServer::Impl::eviction_victim(Clock::time_point round_start) const {
+int StoreServer::Impl::eviction_victim(Clock::time_point now) {
   int victim = -1;
   auto better = [&](const Conn& c) {
     if (victim < 0) return true;
     const Conn& v = conns.at(victim);
     if (c.silent() != v.silent()) return c.silent();
-    return c.accepted_at < v.accepted_at;
+    return c.progressed_at < v.progressed_at;
   };
+  std::vector<int> young;
   for (const auto& [fd, c] : conns) {
-    if (c.authed() || c.close_after_flush || c.accepted_at >= round_start) continue;
-    if (better(c)) victim = fd;
+    if (c.authed() || c.close_after_flush) continue;
+    if (now - c.progressed_at < kAdmissionGrace) {
+      young.push_back(fd);
+    } else if (better(c)) {
+      victim = fd;
+    }
   }
+  if (victim < 0 && !young.empty())
+    victim = young[std::uniform_int_distribution<std::size_t>(0, young.size() - 1)(lottery)];
   return victim;
 }
 
@@ -312,26 +327,33 @@ void StoreServer::Impl::handle_hello(int fd, Conn& c) {
     const std::size_t have = std::min(c.in.size(), wire::kMagic.size());
     if (c.in.compare(0, have, wire::kMagic.substr(0, have)) != 0) return close_conn(fd, true);
     if (c.in.size() < wire::kClientHello) return;
-    std::string server_nonce;
-    try {
-      server_nonce = random_bytes(wire::kNonce);
-    } catch (const std::exception&) {
-      return close_conn(fd, true);  // no randomness: no handshake (the client retries)
-    }
     const std::string client_nonce = c.in.substr(wire::kMagic.size(), wire::kNonce);
+    std::string server_nonce, proof;
+    try {  // nothing may escape the server's thread
+      server_nonce = random_bytes(wire::kNonce);
+      proof = wire::server_proof(options.secret, client_nonce, server_nonce);
+    } catch (const std::exception&) {
+      return close_conn(fd, true);  // no randomness or no HMAC: no handshake (it retries)
+    }
     c.in.clear();
     c.nonces = client_nonce + server_nonce;
     c.out.append(wire::kMagic.data(), wire::kMagic.size());
     c.out.push_back(static_cast<char>(options.secret.empty() ? 0 : wire::kHasSecret));
     c.out += server_nonce;
-    c.out += wire::server_proof(options.secret, client_nonce, server_nonce);
+    c.out += proof;
     c.stage = Stage::kProof;
+    c.progressed_at = Clock::now();
     return;
   }
   if (c.in.size() < wire::kProof) return;
-  const std::string expected =
-      wire::client_proof(options.secret, std::string_view(c.nonces).substr(0, wire::kNonce),
-                         std::string_view(c.nonces).substr(wire::kNonce));
+  std::string expected;
+  try {
+    expected =
+        wire::client_proof(options.secret, std::string_view(c.nonces).substr(0, wire::kNonce),
+                           std::string_view(c.nonces).substr(wire::kNonce));
+  } catch (const std::exception&) {
+    return close_conn(fd, true);
+  }
   const bool proved =
       equal_in_constant_time(std::string_view(c.in).substr(0, wire::kProof), expected);
   c.in.clear();
@@ -466,7 +488,7 @@ void StoreServer::Impl::handle(int fd, Conn& c, std::string_view body) {
     const Handler handler = code < std::size(kHandlers) ? kHandlers[code] : nullptr;
     if (handler == nullptr) throw wire::WireError("unknown operation " + std::to_string(code));
     (this->*handler)(fd, c, in);
-  } catch (const std::runtime_error& e) {  // wire::WireError (the frame), StoreRefusal (the core)
+  } catch (const std::exception& e) {  // WireError (the frame), StoreRefusal (the core), bad_alloc
     auto w = answer(wire::Status::kError);
     w.bytes(e.what());
     send(c, w);
@@ -524,8 +546,9 @@ void StoreServer::Impl::run() {
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
     if (fds[0].revents) break;  // asked to stop
-    // Connections first, then newcomers: everyone accepted earlier has had
-    // its turn to speak before admission may evict it (Note [Store admission]).
+    // Connections first, then newcomers: what arrived from a connection is
+    // read (and its progress noted) before admission looks for a victim
+    // (Note [Store admission]).
     for (std::size_t i = 2; i < fds.size(); ++i) {
       const int fd = fds[i].fd;
       if (!fds[i].revents || !conns.count(fd)) continue;

@@ -518,6 +518,64 @@ TEST_CASE(
   CHECK(heard.compare(0, 8, std::string(store_wire::kMagic)) == 0);
 }
 
+TEST_CASE("job store: a proof can be neither reflected nor replayed", "[store]") {
+  namespace wire = store_wire;
+  StoreServer server(serve());
+  // Reflection: a client without the secret echoes the server's own proof
+  // as its answer. The roles differ, so it is refused.
+  {
+    const int fd = raw_connect(server.port());
+    const std::string nonce = random_bytes(wire::kNonce);
+    const std::string hello = std::string(wire::kMagic) + nonce;
+    REQUIRE(send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+    std::string answer(wire::kServerHello, '\0');
+    REQUIRE(recv(fd, answer.data(), answer.size(), MSG_WAITALL) ==
+            static_cast<ssize_t>(answer.size()));
+    const std::string reflected = answer.substr(9 + wire::kNonce);
+    REQUIRE(send(fd, reflected.data(), reflected.size(), 0) == static_cast<ssize_t>(wire::kProof));
+    char verdict = 0;
+    REQUIRE(recv(fd, &verdict, 1, 0) == 1);
+    CHECK(verdict == wire::kHelloRefused);
+    close(fd);
+  }
+  // Replay: a squatter records the real store's nonce and proof for a nonce
+  // of its own choosing, then serves them to a rank. The rank's nonce is
+  // fresh, so the recorded proof does not answer it.
+  const int spy = raw_connect(server.port());
+  const std::string spy_hello = std::string(wire::kMagic) + random_bytes(wire::kNonce);
+  REQUIRE(send(spy, spy_hello.data(), spy_hello.size(), 0) ==
+          static_cast<ssize_t>(spy_hello.size()));
+  std::string recorded(wire::kServerHello, '\0');
+  REQUIRE(recv(spy, recorded.data(), recorded.size(), MSG_WAITALL) ==
+          static_cast<ssize_t>(recorded.size()));
+  close(spy);
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(listen(listener, 4) == 0);
+  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  std::thread squatter([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    std::string hello(wire::kClientHello, '\0');
+    if (recv(fd, hello.data(), hello.size(), MSG_WAITALL) == static_cast<ssize_t>(hello.size()))
+      (void)!send(fd, recorded.data(), recorded.size(), MSG_NOSIGNAL);
+    char sink[64];
+    (void)!recv(fd, sink, sizeof(sink), 0);
+    close(fd);
+  });
+  JobStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = ntohs(a.sin_port);
+  options.secret = kSecret;
+  options.connect_timeout = std::chrono::seconds(10);
+  CHECK_THROWS_WITH(JobStore(options), Contains("could not prove it holds"));
+  squatter.join();
+  close(listener);
+}
+
 TEST_CASE("job store: a flood of 300 idle sockets during start-up never keeps a rank out",
           "[store]") {
   StoreServer server(serve());
@@ -549,6 +607,58 @@ TEST_CASE("job store: a flood of 300 idle sockets during start-up never keeps a 
   // The strays were turned away or evicted, never admitted.
   CHECK(server.stats().accepted == 12);
   CHECK(server.stats().refused >= 3 * (300 - 64));
+}
+
+TEST_CASE(
+    "job store: sockets that send a byte and reconnect when turned away never push a rank "
+    "out of its handshake",
+    "[store]") {
+  StoreServer server(serve());
+  std::atomic<bool> stop{false};
+  std::atomic<int> churned{0};
+  // 130 sockets, each sending one byte of the magic (so none is silent),
+  // reopened as soon as the store closes them: more than 64 newcomers in
+  // every round of accepts.
+  std::thread flood([&] {
+    std::vector<int> socks;
+    while (!stop) {
+      for (auto it = socks.begin(); it != socks.end();) {
+        pollfd p{*it, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0) {
+          close(*it);
+          it = socks.erase(it);
+          ++churned;
+        } else {
+          ++it;
+        }
+      }
+      while (socks.size() < 130 && !stop) {
+        const int fd = raw_connect(server.port());
+        (void)!send(fd, "L", 1, MSG_NOSIGNAL);
+        socks.push_back(fd);
+      }
+    }
+    for (int fd : socks) close(fd);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<std::thread> ranks;
+  std::vector<std::string> failures(4);
+  for (int k = 0; k < 4; ++k) {
+    ranks.emplace_back([&, k] {
+      try {
+        JobStore rank(client_of(server));
+        rank.add("joined", 1);
+      } catch (const std::exception& e) {
+        failures[k] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  stop = true;
+  flood.join();
+  for (const auto& f : failures) CHECK(f == "");
+  CHECK(server.stats().accepted == 4);
+  CHECK(churned > 130);  // the flood did churn
 }
 
 TEST_CASE(
