@@ -23,6 +23,7 @@ COMMON=(
   python3-torch         # PyTorch's torchrun, DDP and DistributedSampler: the peers
   python3-matplotlib    # scripts/plot_metrics.py
   iproute2 procps       # pgrep and ip, used by the multi-process tests
+  bible-kjv             # the GPT demo's text (scripts/make_text.sh: data/kjv.txt)
 )
 case "$release" in
   # clang with its sanitizer/libFuzzer runtime: tests/fuzz/run.sh.
@@ -63,6 +64,9 @@ if [ -e "$blas" ] && command -v update-alternatives >/dev/null; then
     update-alternatives --set libblas.so.3-x86_64-linux-gnu "$blas"
   fi
 fi
+
+# The GPT demo's text, made from the package above and checked by SHA-256.
+scripts/make_text.sh
 
 jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${LOCKSTEP_CMAKE_ARGS:-}

@@ -36,14 +36,14 @@ struct Phase {
 // every step whose every report is kept; `synchronise` false runs every
 // backward under no_sync.
 Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_ptr<ProcessGroup>& pg,
-                const DatasetSplit& data, int64_t steps, bool synchronise,
+                const TrainData& data, int64_t steps, bool synchronise,
                 const CheckRunOptions& options) {
   const int fault_rank = options.fault_rank >= 0 ? options.fault_rank : world.world_size - 1;
   const bool faulty = synchronise && options.fault != CheckFault::kNone && world.rank == fault_rank;
   Config config = base;
   config.check.every = 1;
   if (faulty && options.fault == CheckFault::kLr) config.optim.lr *= 1.5;
-  auto model = model_from_config(config, data.train);
+  auto model = model_from_config(config, data);
   model->to(device_from_config(config, world, pg->kind()));
   if (options.fault == CheckFault::kNoBufferBroadcast) {
     if (model->buffers().empty()) {
@@ -65,21 +65,21 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
             0.05);  // copy_ moves it to the parameter's device
   }
   auto optimizer = optimizer_create(config.optim, model->parameters());
-  auto sampler = sampler_from_config(config, world, data.train.size());
-  const StepPlan plan = step_plan(config, sampler, data.train.size());
+  auto sampler = sampler_from_config(config, world, data.train->size());
+  const StepPlan plan = step_plan(config, sampler, data.train->size());
   StepOptions step_options = step_options_from_config(config, plan.total_steps);
   step_options.synchronise = synchronise;
-  const TensorDataset& train = data.train;
+  const TaskKind task = data.task;
   TrainStep step(
       *pg, ddp, *model, *optimizer,
-      [&train](const at::Tensor& out, const at::Tensor& y) { return loss_for(train, out, y); },
-      train.num_classes > 0, step_options);
+      [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); },
+      task == TaskKind::kClassification, step_options);
   Phase phase;
   step.set_report_observer([&](const ConsistencyReport& r) { phase.steps.push_back(r); });
   int64_t done = 0;
   for (int64_t epoch = 0; done < steps; ++epoch) {
     sampler.set_epoch(epoch);
-    BatchLoader loader(train, sampler.indices(),
+    BatchLoader loader(data.train, sampler.indices(),
                        LoaderOptions{config.data.batch_size, config.data.drop_last, false});
     for (int64_t used = 0; used < plan.micro_per_epoch && done < steps;
          used += config.train.accumulation_steps) {
@@ -120,7 +120,7 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
   comm.sizes = {1, 1001, 65536};
   const auto comm_report = comm_check_run(*pg, comm);
   // (b) and (c)
-  const auto data = dataset_from_config(config);
+  const auto data = data_from_config(config);
   const Phase healthy = run_phase(config, world, pg, data, options.steps, true, options);
   const Phase control = run_phase(config, world, pg, data, options.steps, false, options);
 

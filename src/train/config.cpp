@@ -165,7 +165,8 @@ const std::vector<Field>& fields() {
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,
                  "seconds to reach the store and for every rank to arrive", 0.001, 1e7),
       make_field("model", "name", &C::model, &ModelConfig::name, Type::kString,
-                 "architecture: mlp, cnn, transformer, torchscript (model.path), or a name a "
+                 "architecture: mlp, cnn, transformer, gpt (a language model: model.n_*), "
+                 "torchscript (model.path), or a name a "
                  "program registered with lockstep::register_model"),
       make_field("model", "hidden", &C::model, &ModelConfig::hidden, Type::kInt,
                  "hidden width (mlp), channels (cnn), model width (transformer)", 1, 1 << 16),
@@ -184,9 +185,22 @@ const std::vector<Field>& fields() {
       make_field("model", "init_from", &C::model, &ModelConfig::init_from, Type::kString,
                  "state dict to start from (torch.save(model.state_dict()) or a lockstep "
                  "checkpoint's model.pt); empty: random init"),
+      make_field("model", "n_layer", &C::model, &ModelConfig::n_layer, Type::kInt,
+                 "gpt: transformer blocks", 1, 256),
+      make_field("model", "n_head", &C::model, &ModelConfig::n_head, Type::kInt,
+                 "gpt: attention heads (must divide n_embd)", 1, 256),
+      make_field("model", "n_embd", &C::model, &ModelConfig::n_embd, Type::kInt,
+                 "gpt: embedding width", 1, 1 << 16),
+      make_field("model", "block_size", &C::model, &ModelConfig::block_size, Type::kInt,
+                 "gpt: context length in tokens; text and tokens data come in windows of it", 1,
+                 1 << 20),
+      make_field("model", "bias", &C::model, &ModelConfig::bias, Type::kBool,
+                 "gpt: biases in the Linear layers and LayerNorms (GPT-2: true)"),
       make_choice("data", "name", &C::data, &DataConfig::name, kDatasetKindNames, "dataset"),
       make_field("data", "path", &C::data, &DataConfig::path, Type::kString,
-                 "csv: the file; mnist: the folder of idx files"),
+                 "csv: the file; mnist: the folder of idx files; text: any file, read as bytes; "
+                 "tokens: a .bin of uint16 tokens (nanoGPT's, or llm.c's with its header), or "
+                 "a folder with train.bin and val.bin"),
       make_field("data", "label_column", &C::data, &DataConfig::label_column, Type::kString,
                  "csv: label column, a header name or an index (-1: last)"),
       make_field("data", "max_classes", &C::data, &DataConfig::max_classes, Type::kInt,
@@ -208,6 +222,10 @@ const std::vector<Field>& fields() {
                  Type::kInt, "synthetic: features", 1, 1 << 20),
       make_field("data", "synthetic_classes", &C::data, &DataConfig::synthetic_classes, Type::kInt,
                  "synthetic: classes", 2, 1 << 20),
+      make_field("data", "vocab_size", &C::data, &DataConfig::vocab_size, Type::kInt,
+                 "tokens: the vocabulary (0: 50257, GPT-2's, for llm.c files; nanoGPT's "
+                 "meta.pkl vocab_size otherwise); text is bytes: 256",
+                 0, 1 << 24),
       make_field("train", "epochs", &C::train, &TrainConfig::epochs, Type::kInt, "epochs to train",
                  1, 1e9),
       make_field("train", "max_steps", &C::train, &TrainConfig::max_steps, Type::kInt,
@@ -451,10 +469,21 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
 }
 
 void config_validate(const Config& c, int world_size) {
-  if ((c.data.name == DatasetKind::kCsv || c.data.name == DatasetKind::kMnist) &&
+  if ((c.data.name == DatasetKind::kCsv || c.data.name == DatasetKind::kMnist ||
+       c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens) &&
       c.data.path.empty()) {
     throw ConfigError(std::string("data.path must be set for data.name: ") +
                       name_of(kDatasetKindNames, c.data.name));
+  }
+  if (c.model.name == "gpt" && c.model.n_embd % c.model.n_head != 0) {
+    throw ConfigError("model.n_head=" + std::to_string(c.model.n_head) +
+                      " must divide model.n_embd=" + std::to_string(c.model.n_embd));
+  }
+  if (c.model.name == "gpt" && c.data.name != DatasetKind::kText &&
+      c.data.name != DatasetKind::kTokens) {
+    throw ConfigError(std::string("model.name: gpt is a language model: it needs data.name: text "
+                                  "or tokens (not ") +
+                      name_of(kDatasetKindNames, c.data.name) + ")");
   }
   if (c.model.name == "transformer" && c.model.hidden % c.model.heads != 0) {
     throw ConfigError("model.heads=" + std::to_string(c.model.heads) +

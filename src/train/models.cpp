@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "lockstep/train/gpt.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {
@@ -143,7 +144,7 @@ std::map<std::string, ModelFactory>& registry() {
   static std::map<std::string, ModelFactory> models;
   return models;
 }
-const std::vector<std::string> kBuiltIn{"mlp", "cnn", "transformer", "torchscript"};
+const std::vector<std::string> kBuiltIn{"mlp", "cnn", "transformer", "gpt", "torchscript"};
 }  // namespace
 
 void register_model(const std::string& name, ModelFactory factory) {
@@ -177,6 +178,12 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
                         " must divide model.hidden=" + std::to_string(config.hidden));
     }
     return std::make_shared<Transformer>(config, features, classes);
+  }
+  if (config.name == "gpt") {
+    if (sample_shape.size() != 1 || sample_shape[0] > config.block_size)
+      throw ConfigError("model.name: gpt reads windows of at most model.block_size=" +
+                        std::to_string(config.block_size) + " tokens (data.name: text or tokens)");
+    return std::make_shared<Gpt>(gpt_options(config, classes));
   }
   if (config.name == "torchscript") {
     if (config.path.empty()) {

@@ -6,8 +6,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <mutex>
 
+#include "lockstep/data/tokens.h"
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/train/state_dict.h"
 #include "lockstep/util/error.h"
@@ -36,10 +40,121 @@ DatasetSplit dataset_from_config(const Config& config) {
   return dataset_split(all, d.validation_fraction, config.run.seed);
 }
 
+namespace {
+
+TaskKind task_of(const TensorDataset& data) {
+  return data.num_classes > 0 ? TaskKind::kClassification : TaskKind::kRegression;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// tokens: the validation file beside the train file, when there is one:
+// <dir>/val.bin for a folder, else the file's name with its last "train"
+// made "val" (nanoGPT's train.bin/val.bin, llm.c's *_train.bin/*_val.bin).
+std::string validation_beside(const std::string& train) {
+  const auto slash = train.rfind('/');
+  const auto at = train.rfind("train");
+  if (at == std::string::npos || (slash != std::string::npos && at < slash)) return "";
+  const std::string val = train.substr(0, at) + "val" + train.substr(at + 5);
+  return exists(val) ? val : "";
+}
+
+std::string count_text(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+TrainData language_data(const Config& config) {
+  const auto& d = config.data;
+  const int64_t block = config.model.block_size;
+  const bool text = d.name == DatasetKind::kText;
+  std::string train_path = d.path, val_path;
+  if (!text && is_directory(d.path)) {
+    train_path = d.path + "/train.bin";
+    val_path = d.path + "/val.bin";
+    if (!exists(val_path)) val_path.clear();
+  } else if (!text) {
+    val_path = validation_beside(d.path);
+  }
+  const auto format = text ? TokenFormat::kBytes : TokenFormat::kUint16;
+  auto train = reading_key("data.path", [&] { return TokenFile::open(train_path, format); });
+  int64_t vocab = 256;
+  if (text && d.vocab_size != 0 && d.vocab_size != 256)
+    throw ConfigError("data.vocab_size=" + std::to_string(d.vocab_size) +
+                      ": data.name: text reads bytes, whose vocabulary is 256 (leave it 0)");
+  if (!text) {
+    vocab = d.vocab_size;
+    if (vocab == 0 && train->format() == TokenFormat::kLlmc) vocab = 50257;  // GPT-2's tokenizer
+    if (vocab == 0)
+      throw ConfigError("data.vocab_size must be set for '" + train_path +
+                        "' (nanoGPT's meta.pkl holds it as vocab_size; 50257 for GPT-2's "
+                        "tokenizer)");
+  }
+  TrainData data;
+  data.task = TaskKind::kLanguage;
+  data.num_classes = vocab;
+  data.sample_shape = {block};
+  if (!val_path.empty()) {
+    auto val = reading_key("data.path", [&] { return TokenFile::open(val_path, format); });
+    data.train = std::make_shared<TokenWindows>(train, 0, train->size(), block, vocab);
+    data.validation = std::make_shared<TokenWindows>(val, 0, val->size(), block, vocab);
+    data.summary = count_text(train->size()) + " tokens in " + train_path + ", " +
+                   count_text(val->size()) + " in " + val_path;
+  } else {
+    const int64_t n = train->size();
+    const auto held =
+        static_cast<int64_t>(std::llround(static_cast<double>(n) * d.validation_fraction));
+    data.train = std::make_shared<TokenWindows>(train, 0, n - held, block, vocab);
+    data.validation = std::make_shared<TokenWindows>(train, n - held, n, block, vocab);
+    data.summary = count_text(n) + (text ? " bytes of " : " tokens in ") + train_path +
+                   ", the last " + count_text(held) + " held out for validation";
+  }
+  if (data.train->size() == 0)
+    throw ConfigError("data.path: '" + train_path + "' gives no window of model.block_size + 1 = " +
+                      std::to_string(block + 1) + " tokens for training");
+  return data;
+}
+
+}  // namespace
+
+TrainData data_from_config(const Config& config) {
+  if (config.data.name == DatasetKind::kText || config.data.name == DatasetKind::kTokens)
+    return language_data(config);
+  auto split = dataset_from_config(config);
+  TrainData data;
+  data.task = task_of(split.train);
+  data.num_classes = split.train.num_classes;
+  data.sample_shape.assign(split.train.features.sizes().begin() + 1,
+                           split.train.features.sizes().end());
+  data.summary = "in memory";
+  data.train = std::make_shared<TensorExamples>(std::move(split.train));
+  data.validation = std::make_shared<TensorExamples>(std::move(split.validation));
+  return data;
+}
+
 std::shared_ptr<Classifier> model_from_config(const Config& config, const TensorDataset& data) {
+  TrainData shape;
+  shape.sample_shape.assign(data.features.sizes().begin() + 1, data.features.sizes().end());
+  shape.num_classes = data.num_classes;
+  shape.task = task_of(data);
+  return model_from_config(config, shape);
+}
+
+std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainData& data) {
   at::manual_seed(static_cast<uint64_t>(config.run.seed));  // identical init everywhere
-  std::vector<int64_t> shape(data.features.sizes().begin() + 1, data.features.sizes().end());
-  auto model = model_create(config.model, shape, data.num_classes);
+  auto model = model_create(config.model, data.sample_shape, data.num_classes);
   if (!config.model.init_from.empty()) {
     reading_key("model.init_from", [&] {
       state_dict_load(*model, state_dict_load_file(config.model.init_from), config.model.init_from);
@@ -115,9 +230,20 @@ at::Device device_from_config(const Config& config, const WorldInfo& world, Back
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank % gpus));
 }
 
+at::Tensor loss_for(TaskKind task, const at::Tensor& output, const at::Tensor& target) {
+  switch (task) {
+    case TaskKind::kClassification:
+      return torch::nn::functional::cross_entropy(output, target);
+    case TaskKind::kRegression:
+      return torch::nn::functional::mse_loss(output, target);
+    case TaskKind::kLanguage:
+      return torch::nn::functional::cross_entropy(output.flatten(0, 1), target.flatten());
+  }
+  throw InternalError("loss_for: unknown task");
+}
+
 at::Tensor loss_for(const TensorDataset& data, const at::Tensor& output, const at::Tensor& target) {
-  return data.num_classes > 0 ? torch::nn::functional::cross_entropy(output, target)
-                              : torch::nn::functional::mse_loss(output, target);
+  return loss_for(task_of(data), output, target);
 }
 
 void seed_rank_generator(const Config& config, int rank) {

@@ -36,7 +36,7 @@ struct Trainer::Impl {
   std::string run_dir;
   std::string config_yaml;
 
-  TensorDataset train_data, val_data;
+  TrainData data;  // train and validation, and what the model needs of them
   std::unique_ptr<DistributedSampler> sampler;
   std::shared_ptr<Classifier> model;
   at::Device device{at::kCPU};  // train.device, resolved
@@ -91,29 +91,27 @@ struct Trainer::Impl {
 
   void load_data() {
     const auto& d = config.data;
-    auto split = dataset_from_config(config);
-    train_data = std::move(split.train);
-    val_data = std::move(split.validation);
-    sampler =
-        std::make_unique<DistributedSampler>(sampler_from_config(config, world, train_data.size()));
-    plan = step_plan(config, *sampler, train_data.size());
+    data = data_from_config(config);
+    const int64_t train_size = data.train->size(), val_size = data.validation->size();
+    sampler = std::make_unique<DistributedSampler>(sampler_from_config(config, world, train_size));
+    plan = step_plan(config, *sampler, train_size);
     const int64_t acc = config.train.accumulation_steps;
     spdlog::info(
-        "data: {} ({} train, {} validation); global batch {} = {} per rank x {} ranks x {} "
-        "accumulation; {} steps per epoch",
-        name_of(kDatasetKindNames, d.name), train_data.size(), val_data.size(),
+        "data: {} ({}; {} train, {} validation examples); global batch {} = {} per rank x {} "
+        "ranks x {} accumulation; {} steps per epoch",
+        name_of(kDatasetKindNames, d.name), data.summary, train_size, val_size,
         d.batch_size * world.world_size * acc, d.batch_size, world.world_size, acc,
         plan.steps_per_epoch);
-    if (val_data.size() == 0 && world.rank == 0) {
+    if (val_size == 0 && world.rank == 0) {
       spdlog::warn(
           "data: the validation split is empty ({} examples x data.validation_fraction={} "
           "holds none): no validation is measured or reported",
-          train_data.size(), d.validation_fraction);
+          train_size, d.validation_fraction);
     }
   }
 
   void build_model() {
-    model = model_from_config(config, train_data);
+    model = model_from_config(config, data);
     device = device_from_config(config, world, pg->kind());
     model->to(device);  // before the optimizer and the resume: their state lives there too
     int64_t count = 0;
@@ -196,19 +194,25 @@ struct Trainer::Impl {
 
   // `whole_epoch` false: a stop (train.max_steps) inside the epoch.
   void evaluate(TrainResult& result, bool whole_epoch) {
-    if (val_data.size() == 0) return;  // the same on every rank: the split is deterministic
+    const int64_t val_size = data.validation->size();
+    if (val_size == 0) return;  // the same on every rank: the split is deterministic
     model->eval();
     at::NoGradGuard no_grad;
     std::vector<int64_t> mine;  // unpadded shard: exact global counts
-    for (int64_t i = world.rank; i < val_data.size(); i += world.world_size) mine.push_back(i);
+    for (int64_t i = world.rank; i < val_size; i += world.world_size) mine.push_back(i);
     double loss_sum = 0, correct = 0;
     if (!mine.empty()) {
-      BatchLoader loader(val_data, mine, LoaderOptions{256, false, false});
+      // Language windows are large: the training batch; rows otherwise.
+      const int64_t rows = data.task == TaskKind::kLanguage ? config.data.batch_size : 256;
+      BatchLoader loader(data.validation, mine, LoaderOptions{rows, false, false});
       while (auto batch = loader.next()) {
         const auto x = batch->x.to(device), y = batch->y.to(device);
         const auto out = model->forward(x);
-        loss_sum += loss_for(train_data, out, y).item<double>() * x.size(0);
-        if (val_data.num_classes > 0) correct += (out.argmax(1) == y).sum().item<double>();
+        loss_sum += loss_for(data.task, out, y).item<double>() * x.size(0);
+        if (data.task == TaskKind::kClassification)
+          correct += (out.argmax(1) == y).sum().item<double>();
+        if (data.task == TaskKind::kLanguage)  // next-token accuracy, a share per window
+          correct += (out.argmax(-1) == y).to(at::kDouble).mean(1).sum().item<double>();
       }
     }
     const auto sums = sum_over_ranks(*pg, {loss_sum, correct, static_cast<double>(mine.size())});
@@ -258,11 +262,11 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   const DdpOptions ddp = ddp_options_from_config(s.config.ddp);
   s.ddp =
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
-  const TensorDataset& train = s.train_data;
+  const TaskKind task = s.data.task;
   s.step = std::make_unique<TrainStep>(
       *s.pg, *s.ddp, *s.model, *s.optimizer,
-      [&train](const at::Tensor& out, const at::Tensor& y) { return loss_for(train, out, y); },
-      train.num_classes > 0, step_options_from_config(s.config, s.plan.total_steps));
+      [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); },
+      task == TaskKind::kClassification, step_options_from_config(s.config, s.plan.total_steps));
   if (s.config.log.trace) {
     s.tracer = std::make_shared<Tracer>(s.world.rank);
     s.ddp->set_tracer(s.tracer);
@@ -293,7 +297,7 @@ TrainResult Trainer::run() {
   while (s.state.step < stop && s.state.epoch < s.config.train.epochs) {
     s.sampler->set_epoch(s.state.epoch);
     BatchLoader loader(
-        s.train_data, s.sampler->indices(),
+        s.data.train, s.sampler->indices(),
         LoaderOptions{s.config.data.batch_size, s.config.data.drop_last, s.config.data.prefetch});
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
     while (s.state.batch_in_epoch < s.plan.micro_per_epoch && s.state.step < stop) {

@@ -87,7 +87,8 @@ TEST_CASE("a registered model is created by name - names are unique", "[models]"
                                              int64_t) { return std::shared_ptr<Classifier>(); }),
                     Contains("a model named 'mlp' is already registered"));
   c.name = "nope";
-  CHECK_THROWS_WITH(model_create(c, {64}, 10),
-                    Contains("unknown model 'nope' (valid: mlp, cnn, transformer, torchscript, "
-                             "probe-model)"));
+  CHECK_THROWS_WITH(
+      model_create(c, {64}, 10),
+      Contains("unknown model 'nope' (valid: mlp, cnn, transformer, gpt, torchscript, "
+               "probe-model)"));
 }

@@ -16,6 +16,9 @@
 //   LibTorch built without libuv (Debian 13's 2.6) then refuses to start
 //   the store at all; tcp_store_options() asks for the classic server, which
 //   every build has and which speaks the same protocol to clients.
+// Attention. 2.x has at::scaled_dot_product_attention (fused kernels);
+//   1.13 has not: causal_attention() spells out the same product there
+//   (torch_compat.cpp), as a Python model on 1.13 would.
 // Unchanged, checked by the suite on both: grad-accumulator post hooks
 //   (FunctionPostHook, LambdaPostHook, add/del_post_hook), the engine's
 //   queue_callback, torch::pickle_save/pickle_load.
@@ -56,6 +59,12 @@ constexpr int kTorchVersionMinor = TORCH_VERSION_MINOR;
 
 template <typename T>
 using Ptr = c10::intrusive_ptr<T>;
+
+// Causal self-attention of q, k, v [batch, heads, time, head size]: softmax
+// of q k^T / sqrt(head size), masked above the diagonal, dropout p when
+// training, times v.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double dropout, bool training);
 
 // The key under which `optimizer.state()` holds `param`'s state.
 template <typename Optimizer>

@@ -22,12 +22,14 @@ namespace lockstep {
 // The closed choices of the configuration, each with its one name table
 // (parsing, error messages, the YAML dump, docs/config.md). Models are not
 // here: model.name is open, since programs register their own models.
-enum class DatasetKind { kDigits, kSynthetic, kCsv, kMnist };
-inline constexpr NameTable<DatasetKind, 4> kDatasetKindNames{
+enum class DatasetKind { kDigits, kSynthetic, kCsv, kMnist, kText, kTokens };
+inline constexpr NameTable<DatasetKind, 6> kDatasetKindNames{
     {{DatasetKind::kDigits, "digits"},
      {DatasetKind::kSynthetic, "synthetic"},
      {DatasetKind::kCsv, "csv"},
-     {DatasetKind::kMnist, "mnist"}}};
+     {DatasetKind::kMnist, "mnist"},
+     {DatasetKind::kText, "text"},
+     {DatasetKind::kTokens, "tokens"}}};
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 inline constexpr NameTable<OptimizerKind, 3> kOptimizerKindNames{
     {{OptimizerKind::kSgd, "sgd"},
@@ -71,6 +73,12 @@ struct ModelConfig {
   int64_t token_size = 8;
   std::string path;  // torchscript: the saved module
   std::string init_from;
+  // gpt (src/train/gpt.h): GPT-2's shape; the vocabulary comes from the data.
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t block_size = 128;  // context length; also the data's window (text, tokens)
+  bool bias = true;          // biases in Linear layers and LayerNorms
 };
 
 struct DataConfig {
@@ -86,6 +94,7 @@ struct DataConfig {
   int64_t synthetic_size = 4096;
   int64_t synthetic_features = 32;
   int64_t synthetic_classes = 10;
+  int64_t vocab_size = 0;  // tokens: the vocabulary (0: 50257 for llm.c files, else required)
 };
 
 struct TrainConfig {

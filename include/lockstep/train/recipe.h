@@ -10,8 +10,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/data/dataset.h"
+#include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/init.h"
@@ -35,11 +37,32 @@ auto reading_key(const char* key, Body&& body) {
 }
 
 // The configured dataset, split into train and validation (MNIST: its train
-// and test files).
+// and test files). In-memory datasets only: data_from_config covers all.
 DatasetSplit dataset_from_config(const Config& config);
+
+enum class TaskKind { kClassification, kRegression, kLanguage };
+
+// What the trainer and the check mode train on: the train and validation
+// datasets (validation of size 0 when none is held out) and what the model
+// must know of them.
+struct TrainData {
+  std::shared_ptr<const Dataset> train, validation;
+  std::vector<int64_t> sample_shape;  // one example's x
+  int64_t num_classes = 0;            // classes, or the vocabulary (language); 0: regression
+  TaskKind task = TaskKind::kClassification;
+  std::string summary;  // for the log: what was read
+};
+
+// Every data.name: the in-memory ones (dataset_from_config) and the token
+// streams, text and tokens (lockstep/data/tokens.h), read in windows of
+// model.block_size + 1 from a memory-mapped file. Their validation is
+// val.bin beside train.bin when there is one, else the file's last
+// data.validation_fraction of tokens (the train part is the rest).
+TrainData data_from_config(const Config& config);
 
 // The model fitted to `data` (input shape, number of classes), identical on
 // every rank: initialised from run.seed, or loaded from model.init_from.
+std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainData& data);
 std::shared_ptr<Classifier> model_from_config(const Config& config, const TensorDataset& data);
 
 // Each layer's options from its section, converted here once.
@@ -69,7 +92,10 @@ StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int6
 at::Device device_from_config(const Config& config, const WorldInfo& world, BackendKind backend,
                               const std::string& what = "train.device");
 
-// The loss the data calls for: cross-entropy over classes, MSE for regression.
+// The loss the data calls for: cross-entropy over classes, MSE for
+// regression, cross-entropy over every position's next token for language
+// ([batch, time, vocab] against [batch, time]).
+at::Tensor loss_for(TaskKind task, const at::Tensor& output, const at::Tensor& target);
 at::Tensor loss_for(const TensorDataset& data, const at::Tensor& output, const at::Tensor& target);
 
 // Seeding policy: the model is initialised from run.seed on every rank
