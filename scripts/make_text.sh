@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 out=${1:-data/kjv.txt}
 # One line per known build of the text (80 columns, the whole book).
 known=(
-  ba7c84a755b5ecc052222311dc2d785cd6cf9c0875ca26fc31de1138501496d5  # bible-kjv 4.38 (Debian 12)
+  ba7c84a755b5ecc052222311dc2d785cd6cf9c0875ca26fc31de1138501496d5  # bible-kjv 4.38 (Debian 12) and 4.39 (Debian 13)
 )
 if ! command -v bible >/dev/null; then
   echo "make_text: the 'bible' program is missing: install bible-kjv (scripts/setup.sh does)" >&2

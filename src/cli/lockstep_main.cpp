@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "  check    consistency checks (--comm: the communication self-check)\n"
     "  train    a training run from a YAML config (--config FILE [--set section.key=value ...])\n"
     "  bench    benchmarks (ddp: ms/step with and without DistributedDataParallel)\n"
+    "  generate sample from a GPT checkpoint (--checkpoint PATH --prompt TEXT)\n"
     "\n"
     "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
     "-r 0:1 -t 0:1), srun or mpirun for several ranks;\n"
@@ -56,7 +57,8 @@ int main(int argc, char** argv) {
   if (command == "check") return cmd_check(argc - 1, argv + 1);
   if (command == "bench") return cmd_bench(argc - 1, argv + 1);
   if (command == "train") return lockstep::train_main(argc - 1, argv + 1);
-  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: train, check, bench)\n%s",
+  if (command == "generate") return cmd_generate(argc - 1, argv + 1);
+  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: train, check, bench, generate)\n%s",
                command.c_str(), kUsage);
   return kExitBadInput;
 }

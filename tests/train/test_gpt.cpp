@@ -18,10 +18,12 @@
 
 #include "lockstep/data/tokens.h"
 #include "lockstep/distributed/torch_compat.h"
+#include "lockstep/train/generate.h"
 #include "lockstep/train/gpt.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/utf8.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
 
@@ -104,8 +106,8 @@ TEST_CASE("gpt: GPT-2's initialisation, and a loss of ln(vocab) before training"
   const auto idx = at::randint(256, {8, 64}, at::kLong);
   const auto logits = model.forward(idx);
   CHECK(logits.sizes() == std::vector<int64_t>{8, 64, 256});
-  const double loss = loss_for(TaskKind::kLanguage, logits, at::randint(256, {8, 64}, at::kLong))
-                          .item<double>();
+  const double loss =
+      loss_for(TaskKind::kLanguage, logits, at::randint(256, {8, 64}, at::kLong)).item<double>();
   CHECK(std::abs(loss - std::log(256.0)) < 0.05);  // near-uniform predictions
 }
 
@@ -135,8 +137,8 @@ TEST_CASE("gpt: causal attention equals softmax(q k^T / sqrt(d)) v written out b
   auto expected = at::zeros_like(q);
   for (int64_t i = 0; i < 7; ++i) {
     // Position i attends to 0..i only.
-    const auto scores = at::matmul(q.narrow(2, i, 1), k.narrow(2, 0, i + 1).transpose(-2, -1)) /
-                        std::sqrt(8.0);
+    const auto scores =
+        at::matmul(q.narrow(2, i, 1), k.narrow(2, 0, i + 1).transpose(-2, -1)) / std::sqrt(8.0);
     expected.narrow(2, i, 1).copy_(at::matmul(at::softmax(scores, -1), v.narrow(2, 0, i + 1)));
   }
   CHECK(at::allclose(got, expected, 1e-5, 1e-6));
@@ -178,8 +180,8 @@ TEST_CASE("tokens: nanoGPT's and llm.c's files, and every malformed one named", 
     for (int t : tokens) out += std::string{static_cast<char>(t & 255), static_cast<char>(t >> 8)};
     return out;
   };
-  const auto nano = TokenFile::open(dir.write("train.bin", u16({1, 300, 65535, 7})),
-                                    TokenFormat::kUint16);
+  const auto nano =
+      TokenFile::open(dir.write("train.bin", u16({1, 300, 65535, 7})), TokenFormat::kUint16);
   CHECK(nano->format() == TokenFormat::kUint16);
   std::vector<int64_t> got(4);
   nano->read(0, 4, got.data());
@@ -203,9 +205,9 @@ TEST_CASE("tokens: nanoGPT's and llm.c's files, and every malformed one named", 
   llmc->read(0, 3, got.data());
   CHECK(got[2] == 7);
   put(2, 1000);  // a header that claims more than the file holds
-  REQUIRE_THROWS_WITH(TokenFile::open(dir.write("lies.bin", header + u16({5})),
-                                      TokenFormat::kUint16),
-                      Contains("announces 1000 tokens but the file holds 1"));
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.write("lies.bin", header + u16({5})), TokenFormat::kUint16),
+      Contains("announces 1000 tokens but the file holds 1"));
   REQUIRE_THROWS_WITH(TokenFile::open(dir.write("odd.bin", "abc"), TokenFormat::kUint16),
                       Contains("an odd size (3 bytes)"));
   REQUIRE_THROWS_WITH(TokenFile::open(dir.write("empty.bin", ""), TokenFormat::kBytes),
@@ -315,4 +317,85 @@ TEST_CASE("gpt: two ranks learn a text through the trainer, far below ln(256)", 
   CHECK(outcomes[0].result.val_loss < 1.5);
   CHECK(outcomes[0].result.val_loss == outcomes[1].result.val_loss);
   CHECK(outcomes[0].result.fingerprint == outcomes[1].result.fingerprint);
+
+  // lockstep generate's library half: the run folder means its newest
+  // checkpoint, which loads as the model trained.
+  const std::string folder = checkpoint_folder(dir.path + "/gpt");
+  CHECK_THAT(folder, Contains("step_00000060"));
+  const LoadedGpt loaded = gpt_load_checkpoint(folder);
+  CHECK(loaded.bytes);
+  CHECK(loaded.model->options().vocab_size == 256);
+  // Greedy: each token the argmax of the model's own next-token logits.
+  const std::string prompt = "the quick brown ";
+  std::vector<int64_t> context(prompt.begin(), prompt.end());
+  SampleOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 12;
+  std::vector<int64_t> streamed;
+  const auto drawn =
+      gpt_sample(*loaded.model, context, greedy, [&](int64_t t) { streamed.push_back(t); });
+  CHECK(drawn == streamed);
+  at::NoGradGuard no_grad;
+  for (int64_t t : drawn) {
+    const auto logits = loaded.model->forward(at::tensor(context, at::kLong).unsqueeze(0));
+    CHECK(logits[0][-1].argmax().item<int64_t>() == t);
+    context.push_back(t);
+  }
+  // 60 steps already write only the sentence's own characters.
+  for (int64_t t : drawn)
+    CHECK(std::string("the quick brown fox jumps over the lazy dog. ").find(static_cast<char>(t)) !=
+          std::string::npos);
+}
+
+TEST_CASE("generate: sampling is determined by its seed, and bad requests are named", "[gpt]") {
+  at::manual_seed(5);
+  Gpt model(tiny());
+  model.eval();
+  SampleOptions o;
+  o.max_new_tokens = 20;
+  o.temperature = 1.0;
+  o.top_k = 10;
+  o.seed = 7;
+  const auto a = gpt_sample(model, {1, 2, 3}, o);
+  const auto b = gpt_sample(model, {1, 2, 3}, o);
+  CHECK(a == b);
+  CHECK(a.size() == 20);
+  o.seed = 8;
+  CHECK(gpt_sample(model, {1, 2, 3}, o) != a);
+  // The context is cropped to block_size (16) as it grows past it.
+  o.max_new_tokens = 40;
+  CHECK(gpt_sample(model, {1}, o).size() == 40);
+  REQUIRE_THROWS_WITH(gpt_sample(model, {}, o), Contains("the prompt is empty"));
+  REQUIRE_THROWS_WITH(gpt_sample(model, std::vector<int64_t>(17, 1), o),
+                      Contains("17 tokens, longer than the model's context of "
+                               "model.block_size=16"));
+  REQUIRE_THROWS_WITH(gpt_sample(model, {50}, o), Contains("token 50 is outside the vocabulary"));
+  o.temperature = -1;
+  REQUIRE_THROWS_WITH(gpt_sample(model, {1}, o), Contains("--temperature"));
+}
+
+TEST_CASE("generate: bytes become UTF-8 text, every invalid sequence one U+FFFD", "[gpt]") {
+  auto run = [](const std::string& bytes, std::size_t* replaced = nullptr) {
+    std::string out;
+    Utf8Stream stream([&](const std::string& s) { out += s; });
+    for (unsigned char c : bytes) stream.put(c);
+    stream.finish();
+    if (replaced) *replaced = stream.replaced();
+    return out;
+  };
+  std::size_t bad = 0;
+  CHECK(run("plain \xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", &bad) ==
+        "plain \xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  CHECK(bad == 0);
+  const std::string fffd = "\xEF\xBF\xBD";
+  CHECK(run("a\x80"
+            "b",
+            &bad) == "a" + fffd + "b");  // a stray continuation byte
+  CHECK(bad == 1);
+  CHECK(run("\xC3(", &bad) == fffd + "(");                 // a character broken off
+  CHECK(run("\xC0\xAF", &bad) == fffd + fffd);             // an overlong '/'
+  CHECK(run("\xED\xA0\x80", &bad) == fffd + fffd + fffd);  // a surrogate
+  CHECK(bad == 3);
+  CHECK(run("end\xE2\x82", &bad) == "end" + fffd);  // unfinished at the end
+  CHECK(bad == 1);
 }

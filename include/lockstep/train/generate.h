@@ -1,0 +1,47 @@
+// Sampling from a trained GPT (`lockstep generate`): the checkpoint found
+// and loaded as the model it holds, and tokens drawn one at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/train/config.h"
+#include "lockstep/train/gpt.h"
+
+namespace lockstep {
+
+// A checkpoint folder (it holds model.pt), or a run folder meaning its
+// newest checkpoint. Throws ConfigError naming the path when it is neither.
+std::string checkpoint_folder(const std::string& path);
+
+struct LoadedGpt {
+  std::shared_ptr<Gpt> model;  // in eval mode
+  Config config;               // the run's, from the checkpoint's config.yaml
+  std::string folder;
+  bool bytes = true;  // trained on data.name: text (tokens are bytes)
+};
+
+// Verifies the checkpoint's manifest, reads its config and weights. Throws
+// ConfigError when the checkpoint holds another model than gpt, DataError
+// for a corrupt or truncated checkpoint.
+LoadedGpt gpt_load_checkpoint(const std::string& folder);
+
+struct SampleOptions {
+  int64_t max_new_tokens = 256;
+  double temperature = 1.0;  // 0: greedy (argmax)
+  int64_t top_k = 0;         // 0: every token
+  uint64_t seed = 0;         // the same seed, the same tokens
+};
+
+// Draws max_new_tokens tokens after `prompt` (cropped to the last
+// block_size tokens as the context grows), calling `emit` with each as it is
+// chosen; returns them. ConfigError for an empty prompt, one longer than the
+// context, a token outside the vocabulary or options out of range.
+std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
+                                const SampleOptions& options,
+                                const std::function<void(int64_t)>& emit = {});
+
+}  // namespace lockstep

@@ -1,0 +1,106 @@
+// `lockstep generate`: samples from a trained GPT's checkpoint, streaming
+// each token as it is drawn (lockstep/train/generate.h). Byte-level models
+// (data.name: text) read the prompt as UTF-8 bytes and print text; models
+// trained on token ids (data.name: tokens) take and print ids, since
+// lockstep has no tokenizer.
+#include <cstdio>
+#include <sstream>
+
+#include "common.h"
+#include "lockstep/train/generate.h"
+#include "lockstep/util/error.h"
+#include "lockstep/util/utf8.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    char* end = nullptr;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 0)
+      throw ConfigError("--prompt-tokens: '" + item + "' is not a token id (in '" + text + "')");
+    ids.push_back(value);
+  }
+  return ids;
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  return run_guarded("generate", [&] {
+    cxxopts::Options options("lockstep generate",
+                             "Samples text from a GPT checkpoint (model.name: gpt).");
+    // clang-format off
+    options.add_options()
+        ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
+        ("prompt", "text to continue (data.name: text models)", cxxopts::value<std::string>())
+        ("prompt-tokens", "token ids to continue, comma-separated (data.name: tokens models)", cxxopts::value<std::string>())
+        ("max-new-tokens", "tokens to draw", cxxopts::value<int64_t>()->default_value("256"))
+        ("temperature", "divides the logits; 0: greedy", cxxopts::value<double>()->default_value("0.8"))
+        ("top-k", "draw among the k likeliest tokens only (0: all)", cxxopts::value<int64_t>()->default_value("0"))
+        ("seed", "the same seed, the same text", cxxopts::value<uint64_t>()->default_value("0"))
+        ("h,help", "this help");
+    // clang-format on
+    const auto args = options.parse(argc, argv);
+    if (args.count("help") != 0) {
+      std::fputs(options.help().c_str(), stdout);
+      return kExitOk;
+    }
+    if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
+    const auto loaded =
+        gpt_load_checkpoint(checkpoint_folder(args["checkpoint"].as<std::string>()));
+    std::vector<int64_t> prompt;
+    if (loaded.bytes) {
+      if (args.count("prompt-tokens") != 0)
+        throw ConfigError("this model reads bytes (data.name: text): give --prompt TEXT");
+      const std::string text = args.count("prompt") ? args["prompt"].as<std::string>() : "";
+      if (text.empty()) throw ConfigError("--prompt is empty: give the text to continue");
+      for (unsigned char c : text) prompt.push_back(c);
+    } else {
+      if (args.count("prompt") != 0)
+        throw ConfigError(
+            "this model was trained on token ids (data.name: tokens) and lockstep has no "
+            "tokenizer: give --prompt-tokens ID,ID,... and read ids back");
+      if (args.count("prompt-tokens") == 0)
+        throw ConfigError("--prompt-tokens is required for a model of token ids");
+      prompt = parse_ids(args["prompt-tokens"].as<std::string>());
+    }
+    SampleOptions sample;
+    sample.max_new_tokens = args["max-new-tokens"].as<int64_t>();
+    sample.temperature = args["temperature"].as<double>();
+    sample.top_k = args["top-k"].as<int64_t>();
+    sample.seed = args["seed"].as<uint64_t>();
+    Utf8Stream text([](const std::string& s) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    });
+    if (loaded.bytes) {
+      std::fwrite(args["prompt"].as<std::string>().data(), 1, prompt.size(), stdout);
+    } else {
+      for (std::size_t i = 0; i < prompt.size(); ++i)
+        std::printf("%s%lld", i ? " " : "", static_cast<long long>(prompt[i]));
+    }
+    std::fflush(stdout);
+    gpt_sample(*loaded.model, prompt, sample, [&](int64_t token) {
+      if (loaded.bytes) {
+        text.put(static_cast<unsigned char>(token));
+      } else {
+        std::printf(" %lld", static_cast<long long>(token));
+        std::fflush(stdout);
+      }
+    });
+    text.finish();
+    std::fputs("\n", stdout);
+    if (text.replaced() > 0)
+      std::fprintf(stderr,
+                   "lockstep generate: %zu byte sequence(s) the model drew are not UTF-8; they "
+                   "were printed as U+FFFD\n",
+                   text.replaced());
+    return kExitOk;
+  });
+}
+
+}  // namespace lockstep::cli

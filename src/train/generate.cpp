@@ -1,0 +1,102 @@
+#include "lockstep/train/generate.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <sys/stat.h>
+
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/state_dict.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+std::string checkpoint_folder(const std::string& path) {
+  if (exists(path + "/model.pt")) return path;
+  if (exists(path + "/checkpoints")) {
+    if (auto newest = Checkpointer(path, 0).newest()) return *newest;
+    throw ConfigError("--checkpoint '" + path + "': the run folder holds no checkpoint yet");
+  }
+  throw ConfigError("--checkpoint '" + path +
+                    "': neither a checkpoint folder (with model.pt) nor a run folder (with "
+                    "checkpoints/)" +
+                    (exists(path) ? "" : ": it does not exist"));
+}
+
+LoadedGpt gpt_load_checkpoint(const std::string& folder) {
+  Checkpointer::verify(folder);
+  LoadedGpt loaded;
+  loaded.folder = folder;
+  loaded.config = config_load(folder + "/config.yaml");
+  const auto& m = loaded.config.model;
+  if (m.name != "gpt")
+    throw ConfigError("checkpoint '" + folder + "' holds a " + m.name +
+                      " model: lockstep generate samples from model.name: gpt");
+  loaded.bytes = loaded.config.data.name == DatasetKind::kText;
+  const StateDict state = state_dict_load_file(folder + "/model.pt");
+  // The vocabulary is the token embedding's first dimension.
+  int64_t vocab = 0;
+  for (const auto& [name, tensor] : state)
+    if (name == "transformer.wte.weight" && tensor.dim() == 2) vocab = tensor.size(0);
+  if (vocab == 0)
+    throw DataError("checkpoint '" + folder + "': model.pt has no transformer.wte.weight");
+  loaded.model = std::make_shared<Gpt>(gpt_options(m, vocab));
+  state_dict_load(*loaded.model, state, folder + "/model.pt");
+  loaded.model->eval();
+  return loaded;
+}
+
+std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
+                                const SampleOptions& options,
+                                const std::function<void(int64_t)>& emit) {
+  const auto& o = model.options();
+  if (prompt.empty()) throw ConfigError("the prompt is empty: give at least one token");
+  if (static_cast<int64_t>(prompt.size()) > o.block_size)
+    throw ConfigError("the prompt is " + std::to_string(prompt.size()) +
+                      " tokens, longer than the model's context of model.block_size=" +
+                      std::to_string(o.block_size));
+  for (int64_t t : prompt)
+    if (t < 0 || t >= o.vocab_size)
+      throw ConfigError("prompt token " + std::to_string(t) + " is outside the vocabulary of " +
+                        std::to_string(o.vocab_size));
+  if (!(options.temperature >= 0) || options.temperature > 100)
+    throw ConfigError("--temperature must be in [0, 100] (0: greedy)");
+  if (options.top_k < 0) throw ConfigError("--top-k must be >= 0 (0: every token)");
+  if (options.max_new_tokens < 0) throw ConfigError("--max-new-tokens must be >= 0");
+
+  at::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  std::vector<int64_t> context = prompt, drawn;
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    const auto begin = context.size() > static_cast<std::size_t>(o.block_size)
+                           ? context.end() - o.block_size
+                           : context.begin();
+    const std::vector<int64_t> window(begin, context.end());
+    const auto idx = at::tensor(window, at::kLong).unsqueeze(0);
+    auto logits = model.forward(idx).select(1, idx.size(1) - 1).squeeze(0).to(at::kFloat);
+    int64_t next = 0;
+    if (options.temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / options.temperature;
+      if (options.top_k > 0 && options.top_k < logits.size(0)) {
+        const auto kth = std::get<0>(logits.topk(options.top_k)).min();
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = at::multinomial(at::softmax(logits, 0), 1, false, generator).item<int64_t>();
+    }
+    context.push_back(next);
+    drawn.push_back(next);
+    if (emit) emit(next);
+  }
+  return drawn;
+}
+
+}  // namespace lockstep
