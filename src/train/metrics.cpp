@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include <cmath>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -90,25 +92,49 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
         "is shown once)",
         100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
   }
+  const bool language = tokens_per_sample_ > 0;
+  const double tokens_per_s = samples * tokens_per_sample_ / seconds;
+  const double flops = tokens_per_s * flops_per_token_;
   if (pg_.rank() == 0) {
-    record(
-        "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
-        "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
-        "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
-        static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss, accuracy,
-        lr, samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
-        in.optimizer_ms / n, in.check_ms / n);
+    if (language) {
+      record(
+          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"perplexity\": %.6g, "
+          "\"lr\": %.6g, \"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, "
+          "\"flops_per_s\": %.4g, \"ms\": {\"forward\": %.3f, \"backward\": %.3f, "
+          "\"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
+          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
+          std::exp(loss), lr, tokens_per_s, tokens_per_s / pg_.size(), flops, in.forward_ms / n,
+          in.backward_ms / n, in.comm_ms / n, in.optimizer_ms / n, in.check_ms / n);
+    } else {
+      record(
+          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
+          "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
+          "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
+          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
+          accuracy, lr, samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
+          in.optimizer_ms / n, in.check_ms / n);
+    }
+    // What the line says after the loss: ppl and tokens/s, or accuracy and samples/s.
+    char rate[160];
+    if (language) {
+      std::snprintf(rate, sizeof rate,
+                    "ppl %.3f lr %.4g %.0f tokens/s (%.0f per rank) %.2f GFLOP/s", std::exp(loss),
+                    lr, tokens_per_s, tokens_per_s / pg_.size(), flops / 1e9);
+    } else {
+      std::snprintf(rate, sizeof rate, "acc %.4f lr %.4g %.0f samples/s", accuracy, lr,
+                    samples / seconds);
+    }
     if (bar()) {
       const int width = 30;
       const int filled = static_cast<int>(width * state.step / std::max<int64_t>(total_steps, 1));
-      std::printf("\r[%s%s] step %lld/%lld epoch %lld loss %.4f acc %.3f %.0f samples/s",
+      std::printf("\r[%s%s] step %lld/%lld epoch %lld loss %.4f %s",
                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                   static_cast<long long>(state.step), static_cast<long long>(total_steps),
-                  static_cast<long long>(state.epoch + 1), loss, accuracy, samples / seconds);
+                  static_cast<long long>(state.epoch + 1), loss, rate);
       std::fflush(stdout);
     } else {
-      spdlog::info("step {}/{} epoch {} loss {:.5f} acc {:.4f} lr {:.4g} {:.0f} samples/s",
-                   state.step, total_steps, state.epoch + 1, loss, accuracy, lr, samples / seconds);
+      spdlog::info("step {}/{} epoch {} loss {:.5f} {}", state.step, total_steps, state.epoch + 1,
+                   loss, rate);
     }
   }
   in = Interval{};
@@ -119,6 +145,19 @@ void Metrics::validation(const TrainerState& state, double loss, double accuracy
                          bool whole_epoch) {
   if (pg_.rank() != 0) return;
   if (bar()) std::printf("\n");
+  if (tokens_per_sample_ > 0) {
+    spdlog::info(
+        "epoch {}{} validation: loss {:.5f} perplexity {:.3f} next-token accuracy {:.4f} ({} "
+        "windows)",
+        state.epoch + 1, whole_epoch ? "" : " (partial, at the stop)", loss, std::exp(loss),
+        accuracy, examples);
+    record(
+        "{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_perplexity\": %.6g, "
+        "\"val_accuracy\": %.6f%s}\n",
+        static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
+        std::exp(loss), accuracy, whole_epoch ? "" : ", \"partial\": true");
+    return;
+  }
   spdlog::info("epoch {}{} validation: loss {:.5f} accuracy {:.4f} ({} examples)", state.epoch + 1,
                whole_epoch ? "" : " (partial, at the stop)", loss, accuracy, examples);
   record("{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f%s}\n",

@@ -45,6 +45,13 @@ class Metrics {
   // `whole_epoch` false: taken at a stop inside the epoch ("partial": true).
   void validation(const TrainerState& state, double loss, double accuracy, int64_t examples,
                   bool whole_epoch);
+  // A language model: intervals also report tokens/s (total and per rank),
+  // the perplexity exp(loss) and the achieved FLOP/s, flops_per_token x
+  // tokens/s (6N + attention: Gpt::flops_per_token).
+  void set_language(double tokens_per_sample, double flops_per_token) {
+    tokens_per_sample_ = tokens_per_sample;
+    flops_per_token_ = flops_per_token;
+  }
 
  private:
   // One metrics.jsonl record, written whole or not at all: a failed write (a
@@ -58,6 +65,8 @@ class Metrics {
   std::FILE* file_ = nullptr;
   bool failed_ = false;
   bool warned_comm_share_ = false;
+  double tokens_per_sample_ = 0;  // 0: not a language model
+  double flops_per_token_ = 0;
 };
 
 }  // namespace lockstep

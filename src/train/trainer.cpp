@@ -17,6 +17,7 @@
 #include "lockstep/distributed/agree.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/fault.h"
+#include "lockstep/train/gpt.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
@@ -112,6 +113,10 @@ struct Trainer::Impl {
 
   void build_model() {
     model = model_from_config(config, data);
+    if (auto* gpt = dynamic_cast<Gpt*>(model.get()))
+      metrics->set_language(static_cast<double>(data.sample_shape[0]), gpt->flops_per_token());
+    else if (data.task == TaskKind::kLanguage)
+      metrics->set_language(static_cast<double>(data.sample_shape[0]), 0);
     device = device_from_config(config, world, pg->kind());
     model->to(device);  // before the optimizer and the resume: their state lives there too
     int64_t count = 0;

@@ -3,6 +3,8 @@
 // validation at a stop inside an epoch marked partial.
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "lockstep/train/step.h"
@@ -56,4 +58,46 @@ TEST_CASE("metrics records: global means, epochs from 1, partial validation", "[
   CHECK(partial ==
         "{\"step\": 45, \"epoch\": 2, \"val_loss\": 0.25, \"val_accuracy\": 0.875000, "
         "\"partial\": true}");
+}
+
+TEST_CASE("metrics: a language model reports perplexity, tokens/s per rank and in all, FLOP/s",
+          "[metrics]") {
+  TempDir dir;
+  LogConfig log;
+  log.progress = Progress::kPlain;
+  auto outcomes = run_ranks<int>(2, [&](ProcessGroup& pg) {
+    Metrics metrics(log, pg, dir.path);
+    metrics.set_language(/*tokens per sample=*/128, /*flops per token=*/1e6);
+    Interval in;
+    in.start = std::chrono::steady_clock::now() - std::chrono::seconds(2);  // a 2 s interval
+    StepStats step;
+    step.loss_sum = at::tensor(8.0, at::kDouble);  // loss 2 over 4 rows
+    step.samples = 4;
+    step.lr = 0.001;
+    in.add(step);
+    TrainerState state;
+    state.step = 10;
+    metrics.end_interval(in, state, 100);
+    metrics.validation(state, std::log(5.0), 0.5, 12, true);
+    return 0;
+  });
+  for (const auto& o : outcomes) REQUIRE(error_text(o.error) == "");
+  std::istringstream lines(TempDir::read_file(dir.path + "/metrics.jsonl"));
+  std::string train, val;
+  std::getline(lines, train);
+  std::getline(lines, val);
+  INFO(train);
+  // 8 rows x 128 tokens over ~2 s: ~512 tokens/s, 256 per rank, 5.1e8 FLOP/s.
+  const auto number = [&](const std::string& key) {
+    const auto at = train.find("\"" + key + "\": ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(train.substr(at + key.size() + 4));
+  };
+  CHECK(number("loss") == 2);
+  CHECK(number("perplexity") == Approx(std::exp(2.0)).epsilon(1e-5));
+  CHECK(number("tokens_per_s") == Approx(512).epsilon(0.05));
+  CHECK(number("tokens_per_s_per_rank") == Approx(number("tokens_per_s") / 2).epsilon(1e-3));
+  CHECK(number("flops_per_s") == Approx(number("tokens_per_s") * 1e6).epsilon(1e-3));
+  CHECK(train.find("accuracy") == std::string::npos);
+  CHECK_THAT(val, Contains("\"val_perplexity\": 5,"));
 }
