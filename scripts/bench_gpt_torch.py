@@ -1,0 +1,59 @@
+"""PyTorch's side of scripts/bench_gpt.sh: the same GPT (tests/python/gpt.py),
+batches, optimizer and clipping as configs/gpt-text.yaml, under PyTorch's
+own DistributedDataParallel. Run under lockstep-run or torchrun (RANK,
+WORLD_SIZE, MASTER_ADDR/PORT). Prints one JSON line on rank 0: tokens/s over
+the timed steps (the slowest rank's time)."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from gpt import GPT  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--text", required=True)
+p.add_argument("--backend", default="gloo")
+p.add_argument("--steps", type=int, default=40)
+p.add_argument("--warmup", type=int, default=10)
+p.add_argument("--n_layer", type=int, default=4)
+p.add_argument("--n_head", type=int, default=4)
+p.add_argument("--n_embd", type=int, default=128)
+p.add_argument("--block_size", type=int, default=128)
+p.add_argument("--batch_size", type=int, default=16)
+a = p.parse_args()
+a.vocab_size, a.dropout, a.bias = 256, 0.0, True
+dist.init_process_group(a.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(GPT(a))
+opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.99), weight_decay=0.1)
+data = torch.tensor(list(open(a.text, "rb").read()), dtype=torch.long)
+t = a.block_size
+windows = (len(data) - 1) // t
+sampler = torch.utils.data.distributed.DistributedSampler(range(windows), world, rank, seed=0)
+order = list(sampler)
+start = None
+for step in range(a.warmup + a.steps):
+    if step == a.warmup:
+        dist.barrier()
+        start = time.perf_counter()
+    rows = order[step * a.batch_size:(step + 1) * a.batch_size]
+    x = torch.stack([data[i * t:i * t + t] for i in rows])
+    y = torch.stack([data[i * t + 1:i * t + t + 1] for i in rows])
+    opt.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+if rank == 0:
+    tokens = world * a.batch_size * t * a.steps
+    print(json.dumps({"impl": "pytorch (%s)" % a.backend, "tokens_per_s": tokens / elapsed.item()}),
+          flush=True)
+dist.destroy_process_group()
