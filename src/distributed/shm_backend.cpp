@@ -261,6 +261,27 @@ bool is_failure(const std::string& value) {
   throw CommError(text);
 }
 
+// A set-up failure is read from rank 0's store, which goes when rank 0
+// exits: each other rank says it has read it (shm/seen/<rank>), and rank 0
+// waits for them (a few seconds at most) before it throws, so that they
+// report the failure rather than a lost store.
+void acknowledge(C10dStore& store, int rank) {
+  try {
+    store.set("shm/seen/" + std::to_string(rank), bytes("1"));
+  } catch (const std::exception&) {  // the store is gone already: nothing to tell
+  }
+}
+
+void settle(C10dStore& store, const WorldInfo& world, std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int r = 1; r < world.world_size; ++r) keys.push_back("shm/seen/" + std::to_string(r));
+  if (keys.empty()) return;
+  try {
+    store.wait(keys, std::min(timeout, std::chrono::milliseconds(10000)));
+  } catch (const std::exception&) {  // a rank that died meanwhile: go anyway
+  }
+}
+
 std::string this_host() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -307,6 +328,7 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
       segment.emplace(ShmSegment::create(name, world.world_size, options.chunk_bytes));
     } catch (const Error& e) {
       store->set("shm/name", bytes(failure_text(e)));
+      settle(*store, world, options.timeout);
       throw;
     }
     const ShmName held(name);  // unlinked on every way out of this block
@@ -322,11 +344,15 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   } else {
     store->wait({"shm/name"}, options.timeout);
     const std::string name = text(store->get("shm/name"));
-    if (is_failure(name)) throw_failure(name, "rank 0 could not create the segment");
+    if (is_failure(name)) {
+      acknowledge(*store, world.rank);
+      throw_failure(name, "rank 0 could not create the segment");
+    }
     try {
       segment.emplace(ShmSegment::open(name, world.world_size, options.chunk_bytes));
     } catch (const Error& e) {
       store->set(all[world.rank], bytes(failure_text(e)));  // rank 0 unlinks at once
+      acknowledge(*store, world.rank);
       throw;
     }
     segment->publish_pid(world.rank);
@@ -337,8 +363,14 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   for (int r = 0; r < world.world_size; ++r) {
     if (r == world.rank) continue;
     const std::string mapped = text(store->get(all[r]));
-    if (is_failure(mapped))
+    if (is_failure(mapped)) {
+      if (world.rank == 0) {
+        settle(*store, world, options.timeout);
+      } else {
+        acknowledge(*store, world.rank);
+      }
       throw_failure(mapped, "rank " + std::to_string(r) + " could not map the segment");
+    }
   }
   segment->watch_peers(world.rank);
   return c10::make_intrusive<ShmBackend>(std::move(*segment), world.rank, world.world_size,

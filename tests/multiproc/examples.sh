@@ -62,7 +62,7 @@ expect_grep "$WORK/runs/tiny/config.yaml" 'name: "tiny"' "under its registered n
 "$WORK/custom_model/custom_trainer" --config "$root/examples/custom_model/tiny.yaml" \
   --set run.dir="$WORK/runs" --set model.name=tiyn >"$WORK/out" 2>&1
 expect_eq "$?" 2 "an unknown model name exits 2"
-expect_grep "$WORK/out" "unknown model 'tiyn' \(valid: mlp, cnn, transformer, torchscript, tiny\)" "and lists the registered ones"
+expect_grep "$WORK/out" "unknown model 'tiyn' \(valid: mlp, cnn, transformer, gpt, torchscript, tiny\)" "and lists the registered ones"
 
 # 3. Python -> C++ -> Python.
 mkdir -p "$WORK/ts"
