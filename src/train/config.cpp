@@ -485,6 +485,14 @@ void config_validate(const Config& c, int world_size) {
                                   "or tokens (not ") +
                       name_of(kDatasetKindNames, c.data.name) + ")");
   }
+  const bool tokens = c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens;
+  for (const char* classifier : {"mlp", "cnn", "transformer", "torchscript"}) {
+    if (tokens && c.model.name == classifier)
+      throw ConfigError(std::string("data.name: ") + name_of(kDatasetKindNames, c.data.name) +
+                        " gives windows of token ids for a language model: model.name: gpt (or "
+                        "one a program registered), not " +
+                        c.model.name);
+  }
   if (c.model.name == "transformer" && c.model.hidden % c.model.heads != 0) {
     throw ConfigError("model.heads=" + std::to_string(c.model.heads) +
                       " must divide model.hidden=" + std::to_string(c.model.hidden));

@@ -250,6 +250,15 @@ TEST_CASE("tokens: the config's data: val.bin beside train.bin, else the file's 
 
   config.model.block_size = 1000;
   REQUIRE_THROWS_WITH(data_from_config(config), Contains("gives no window of model.block_size"));
+  // A classifier on token windows, or a GPT on a table: refused by name.
+  config.model.block_size = 4;
+  config.model.name = "mlp";
+  REQUIRE_THROWS_WITH(
+      config_validate(config, 1),
+      Contains("data.name: tokens gives windows of token ids for a language model"));
+  config.model.name = "gpt";
+  config.data.name = DatasetKind::kDigits;
+  REQUIRE_THROWS_WITH(config_validate(config, 1), Contains("gpt is a language model"));
 }
 
 TEST_CASE("tokens: a 10 GB token file starts with memory independent of its size", "[gpt][data]") {
