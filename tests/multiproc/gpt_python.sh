@@ -35,8 +35,13 @@ expect_eq "$?" 0 "Python trains the same 50 steps and loads lockstep's checkpoin
 sed 's/^/    /' "$WORK/parity"
 [ -s "$WORK/py.err" ] && sed 's/^/    /' "$WORK/py.err" | tail -15
 rel=$(sed -n 's/.*largest relative difference \([0-9.e+-]*\).*/\1/p' "$WORK/parity")
-expect_lt "${rel:-1}" 1e-4 "per-step losses agree within 1e-4 (relative)"
+# Measured: LibTorch/PyTorch 1.13 bit-identical (the printing's 1.6e-8);
+# 2.6 losses within 1.5e-7 and weights within 1.5e-4: PyTorch 2.6's Python
+# clipping and attention take other kernels than LibTorch's, and AdamW turns
+# a rounding difference in a gradient into up to a fraction of lr (2e-3) per
+# step.
+expect_lt "${rel:-1}" 1e-5 "per-step losses agree within 1e-5 (relative)"
 diff=$(sed -n 's/.*largest difference after 50 steps \([0-9.e+-]*\).*/\1/p' "$WORK/parity")
-expect_lt "${diff:-1}" 1e-4 "final weights agree within 1e-4"
+expect_lt "${diff:-1}" 1e-3 "final weights agree within 1e-3 (half an AdamW step)"
 expect_grep "$WORK/parity" "^greedy: equal\$" "Python's greedy continuation equals lockstep generate's"
 finish
