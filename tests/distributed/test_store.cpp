@@ -70,6 +70,20 @@ int raw_connect(int port) {
   return fd;
 }
 
+// A socket listening on a free loopback port (a squatter's), its port in `port`.
+int loopback_listener(int& port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(listen(fd, 4) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
 // True when the server closed fd within `ms` (recv returns 0 or an error).
 bool closed_within(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
@@ -468,15 +482,8 @@ TEST_CASE(
     "[store]") {
   // A process that took the port before rank 0: it records what a rank
   // sends and answers with lockstep's magic and a proof it made up.
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(listen(listener, 4) == 0);
-  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const int port = ntohs(a.sin_port);
+  int port = 0;
+  const int listener = loopback_listener(port);
   std::string heard;
   std::thread squatter([&] {
     const int fd = accept(listener, nullptr, nullptr);
@@ -549,14 +556,8 @@ TEST_CASE("job store: a proof can be neither reflected nor replayed", "[store]")
   REQUIRE(recv(spy, recorded.data(), recorded.size(), MSG_WAITALL) ==
           static_cast<ssize_t>(recorded.size()));
   close(spy);
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(listen(listener, 4) == 0);
-  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  int port = 0;
+  const int listener = loopback_listener(port);
   std::thread squatter([&] {
     const int fd = accept(listener, nullptr, nullptr);
     std::string hello(wire::kClientHello, '\0');
@@ -568,7 +569,7 @@ TEST_CASE("job store: a proof can be neither reflected nor replayed", "[store]")
   });
   JobStoreOptions options;
   options.host = "127.0.0.1";
-  options.port = ntohs(a.sin_port);
+  options.port = port;
   options.secret = kSecret;
   options.connect_timeout = std::chrono::seconds(10);
   CHECK_THROWS_WITH(JobStore(options), Contains("could not prove it holds"));
