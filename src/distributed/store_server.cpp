@@ -18,7 +18,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -74,16 +73,17 @@
 // Note [Store admission]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // At most max_unauthenticated connections may be in their handshake. A
-// newcomer that finds them all taken is still admitted: it evicts one that
-// has made no progress for kAdmissionGrace (accepted, or its hello
-// answered, that long ago), preferring one that has sent nothing, then the
-// one idle longest; when every one progressed more recently (a flood that
-// reconnects as fast as it is closed), a random one. The evicted are told
-// kHelloBusy and JobStore retries with back-off until its deadline. So a
-// rank always gets in, and finishes its handshake (a round trip or two)
-// unless that many newcomers arrive meanwhile that the lottery picks it:
-// a flood costs it a few tries, never the job. Turning newcomers away
-// instead would hand the slots to whoever reconnects fastest.
+// newcomer that finds them all taken evicts the one that has progressed
+// least, the longest-waiting first: one that has sent nothing, then one with
+// part of a hello, then one whose whole hello was answered more than
+// kAdmissionGrace ago. Two kinds are never evicted: a connection taken in
+// this round of accepts (its bytes have not been read once yet), and one
+// whose hello was answered within the grace (it is mid-handshake). When
+// only those are left, the newcomer is turned away. Either way the loser is
+// told kHelloBusy, and JobStore retries with back-off until its deadline. A
+// rank sends its whole hello at once, is answered in the next round and
+// proves itself a round trip later, all inside the grace: once taken, no
+// flood can push it out, and a flood can only make its connect try again.
 
 namespace lockstep {
 namespace {
@@ -119,6 +119,7 @@ struct Conn {
   bool authed() const { return stage == Stage::kReady; }
   bool silent() const { return stage == Stage::kHello && in.empty(); }
   Clock::time_point progressed_at;  // accepted, or its hello answered
+  std::uint64_t round = 0;          // the round of accepts that took it
   Clock::time_point hello_deadline;
   std::string nonces;  // the client's, then the server's, during the handshake
   std::string in;
@@ -147,8 +148,8 @@ struct StoreServer::Impl {
   void bind_and_listen();
   void run();
   void accept_clients();
-  int eviction_victim(Clock::time_point now);
-  std::minstd_rand lottery{std::random_device{}()};  // Note [Store admission]
+  int eviction_victim(Clock::time_point now) const;
+  std::uint64_t accept_round = 0;  // Note [Store admission]
   void turn_away(int fd);
   void read_from(int fd, Conn& c);
   void handle_hello(int fd, Conn& c);
@@ -221,6 +222,7 @@ void StoreServer::Impl::bind_and_listen() {
 
 // Note [Store admission].
 void StoreServer::Impl::accept_clients() {
+  ++accept_round;
   for (;;) {
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a client that left before we took it
@@ -244,30 +246,29 @@ void StoreServer::Impl::accept_clients() {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Conn c;
     c.progressed_at = Clock::now();
+    c.round = accept_round;
     c.hello_deadline = c.progressed_at + options.hello_timeout;
     conns.emplace(fd, std::move(c));
   }
 }
 
-int StoreServer::Impl::eviction_victim(Clock::time_point now) {
+int StoreServer::Impl::eviction_victim(Clock::time_point now) const {
+  // 0: has sent nothing; 1: part of a hello; 2: a whole hello, answered.
+  auto progress = [](const Conn& c) { return c.silent() ? 0 : c.stage == Stage::kHello ? 1 : 2; };
   int victim = -1;
-  auto better = [&](const Conn& c) {
-    if (victim < 0) return true;
-    const Conn& v = conns.at(victim);
-    if (c.silent() != v.silent()) return c.silent();
-    return c.progressed_at < v.progressed_at;
-  };
-  std::vector<int> young;
   for (const auto& [fd, c] : conns) {
     if (c.authed() || c.close_after_flush) continue;
-    if (now - c.progressed_at < kAdmissionGrace) {
-      young.push_back(fd);
-    } else if (better(c)) {
+    if (c.round == accept_round) continue;  // not read once yet
+    const int p = progress(c);
+    if (p == 2 && now - c.progressed_at < kAdmissionGrace) continue;  // mid-handshake
+    if (victim < 0) {
       victim = fd;
+      continue;
     }
+    const Conn& v = conns.at(victim);
+    const int pv = progress(v);
+    if (p < pv || (p == pv && c.progressed_at < v.progressed_at)) victim = fd;
   }
-  if (victim < 0 && !young.empty())
-    victim = young[std::uniform_int_distribution<std::size_t>(0, young.size() - 1)(lottery)];
   return victim;
 }
 

@@ -51,6 +51,14 @@ JobStoreOptions client_of(const StoreServer& server, const std::string& secret =
   return o;
 }
 
+// Under a flood a rank retries until its rendezvous deadline (300 s by
+// default); the tests give it 30 s, far more than it needs.
+JobStoreOptions flood_client(const StoreServer& server) {
+  auto o = client_of(server);
+  o.connect_timeout = std::chrono::seconds(30);
+  return o;
+}
+
 StoreServerOptions serve(std::string secret = kSecret) {
   StoreServerOptions o;
   o.host = "127.0.0.1";
@@ -590,7 +598,7 @@ TEST_CASE("job store: a flood of 300 idle sockets during start-up never keeps a 
       if (i % 75 == 0) {
         ranks.emplace_back([&, k = i / 75] {
           try {
-            JobStore rank(client_of(server));
+            JobStore rank(flood_client(server));
             rank.add("round" + std::to_string(round), 1);
             ++joined;
           } catch (const std::exception& e) {
@@ -647,7 +655,7 @@ TEST_CASE(
   for (int k = 0; k < 4; ++k) {
     ranks.emplace_back([&, k] {
       try {
-        JobStore rank(client_of(server));
+        JobStore rank(flood_client(server));
         rank.add("joined", 1);
       } catch (const std::exception& e) {
         failures[k] = e.what();
