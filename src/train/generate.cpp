@@ -2,32 +2,23 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <sys/stat.h>
 
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/state_dict.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 
 namespace lockstep {
-namespace {
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-}  // namespace
-
 std::string checkpoint_folder(const std::string& path) {
-  if (exists(path + "/model.pt")) return path;
-  if (exists(path + "/checkpoints")) {
+  if (path_exists(path + "/model.pt")) return path;
+  if (path_exists(path + "/checkpoints")) {
     if (auto newest = Checkpointer(path, 0).newest()) return *newest;
     throw ConfigError("--checkpoint '" + path + "': the run folder holds no checkpoint yet");
   }
   throw ConfigError("--checkpoint '" + path +
                     "': neither a checkpoint folder (with model.pt) nor a run folder (with "
                     "checkpoints/)" +
-                    (exists(path) ? "" : ": it does not exist"));
+                    (path_exists(path) ? "" : ": it does not exist"));
 }
 
 LoadedGpt gpt_load_checkpoint(const std::string& folder) {

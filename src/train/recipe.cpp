@@ -6,8 +6,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <sys/stat.h>
-
 #include <cmath>
 #include <mutex>
 
@@ -15,6 +13,7 @@
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/train/state_dict.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 
 namespace lockstep {
 
@@ -46,16 +45,6 @@ TaskKind task_of(const TensorDataset& data) {
   return data.num_classes > 0 ? TaskKind::kClassification : TaskKind::kRegression;
 }
 
-bool is_directory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
 // tokens: the validation file beside the train file, when there is one:
 // <dir>/val.bin for a folder, else the file's name with its last "train"
 // made "val" (nanoGPT's train.bin/val.bin, llm.c's *_train.bin/*_val.bin).
@@ -64,7 +53,7 @@ std::string validation_beside(const std::string& train) {
   const auto at = train.rfind("train");
   if (at == std::string::npos || (slash != std::string::npos && at < slash)) return "";
   const std::string val = train.substr(0, at) + "val" + train.substr(at + 5);
-  return exists(val) ? val : "";
+  return path_exists(val) ? val : "";
 }
 
 std::string count_text(int64_t n) {
@@ -84,7 +73,7 @@ TrainData language_data(const Config& config) {
   if (!text && is_directory(d.path)) {
     train_path = d.path + "/train.bin";
     val_path = d.path + "/val.bin";
-    if (!exists(val_path)) val_path.clear();
+    if (!path_exists(val_path)) val_path.clear();
   } else if (!text) {
     val_path = validation_beside(d.path);
   }

@@ -74,4 +74,14 @@ std::string absolute_path(const std::string& path) {
   return error ? path : absolute.lexically_normal().string();
 }
 
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 }  // namespace lockstep

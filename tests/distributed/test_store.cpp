@@ -41,14 +41,19 @@ std::string text(const std::vector<uint8_t>& v) {
   return {v.begin(), v.end()};
 }
 
-JobStoreOptions client_of(const StoreServer& server, const std::string& secret = kSecret) {
+// A client of whatever listens on loopback port `port` (a squatter's too).
+JobStoreOptions client_at(int port, const std::string& secret = kSecret) {
   JobStoreOptions o;
   o.host = "127.0.0.1";
-  o.port = server.port();
+  o.port = port;
   o.secret = secret;
   o.timeout = std::chrono::seconds(5);
   o.connect_timeout = std::chrono::seconds(5);
   return o;
+}
+
+JobStoreOptions client_of(const StoreServer& server, const std::string& secret = kSecret) {
+  return client_at(server.port(), secret);
 }
 
 // Under a flood a rank retries until its rendezvous deadline (300 s by
@@ -509,11 +514,7 @@ TEST_CASE(
     }
     close(fd);
   });
-  JobStoreOptions options;
-  options.host = "127.0.0.1";
-  options.port = port;
-  options.secret = kSecret;
-  options.connect_timeout = std::chrono::seconds(10);
+  const JobStoreOptions options = client_at(port);
   const auto start = Clock::now();
   try {
     JobStore rank(options);
@@ -575,11 +576,7 @@ TEST_CASE("job store: a proof can be neither reflected nor replayed", "[store]")
     (void)!recv(fd, sink, sizeof(sink), 0);
     close(fd);
   });
-  JobStoreOptions options;
-  options.host = "127.0.0.1";
-  options.port = port;
-  options.secret = kSecret;
-  options.connect_timeout = std::chrono::seconds(10);
+  const JobStoreOptions options = client_at(port);
   CHECK_THROWS_WITH(JobStore(options), Contains("could not prove it holds"));
   squatter.join();
   close(listener);

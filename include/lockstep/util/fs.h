@@ -24,4 +24,8 @@ void write_file(const std::string& path, const std::string& bytes);
 // the working directory cannot be read.
 std::string absolute_path(const std::string& path);
 
+// Whether something exists at `path`, and whether it is a folder (stat).
+bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
+
 }  // namespace lockstep
