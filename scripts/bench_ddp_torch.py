@@ -6,6 +6,7 @@ torchrun): python3 scripts/bench_ddp_torch.py --models small,large --modes local
 import argparse
 import json
 import os
+import resource
 import time
 
 import torch
@@ -42,7 +43,9 @@ def time_steps(dims, batch, mode, warmup, steps, device):
     x = torch.randn(batch, dims[0]).to(device)
     y = torch.randint(0, dims[-1], (batch,)).to(device)
     run = model
-    if mode != "local":
+    # local-amp-bf16, ddp-amp-bf16: forward and loss under bf16 autocast.
+    autocast = mode.endswith("-amp-bf16")
+    if not mode.startswith("local"):
         kwargs = {}
         if device.type == "cuda":
             kwargs["device_ids"] = [device.index]
@@ -68,9 +71,13 @@ def time_steps(dims, batch, mode, warmup, steps, device):
         for m in range(micro):
             if m < micro - 1:
                 with run.no_sync():
-                    (F.cross_entropy(run(x), y) / micro).backward()
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                        loss = F.cross_entropy(run(x), y) / micro
+                    loss.backward()
             else:
-                (F.cross_entropy(run(x), y) / micro).backward()
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                    loss = F.cross_entropy(run(x), y) / micro
+                loss.backward()
         sgd.step()
 
     for _ in range(warmup):
@@ -111,7 +118,8 @@ def main():
             if rank == 0:
                 print(json.dumps({"bench": "ddp", "impl": "pytorch", "model": name, "mode": mode,
                                   "world": world, "device": device.type, "batch": batch,
-                                  "ms_per_step": round(ms, 4)}),
+                                  "ms_per_step": round(ms, 4),
+                                  "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}),
                       flush=True)
     dist.destroy_process_group()
 

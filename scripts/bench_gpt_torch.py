@@ -6,6 +6,7 @@ the timed steps (the slowest rank's time)."""
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -25,6 +26,7 @@ p.add_argument("--n_head", type=int, default=4)
 p.add_argument("--n_embd", type=int, default=128)
 p.add_argument("--block_size", type=int, default=128)
 p.add_argument("--batch_size", type=int, default=16)
+p.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast, as train.precision)")
 a = p.parse_args()
 a.vocab_size, a.dropout, a.bias = 256, 0.0, True
 dist.init_process_group(a.backend)
@@ -46,7 +48,8 @@ for step in range(a.warmup + a.steps):
     x = torch.stack([data[i * t:i * t + t] for i in rows])
     y = torch.stack([data[i * t + 1:i * t + t + 1] for i in rows])
     opt.zero_grad(set_to_none=True)
-    _, loss = model(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        _, loss = model(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -54,6 +57,8 @@ elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
 if rank == 0:
     tokens = world * a.batch_size * t * a.steps
-    print(json.dumps({"impl": "pytorch (%s)" % a.backend, "tokens_per_s": tokens / elapsed.item()}),
+    print(json.dumps({"impl": "pytorch (%s)" % a.backend, "precision": a.precision,
+                      "tokens_per_s": tokens / elapsed.item(),
+                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
           flush=True)
 dist.destroy_process_group()

@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -21,6 +23,7 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/text.h"
@@ -80,7 +83,10 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   const auto x = torch::randn({spec.batch, spec.dims.front()}).to(device);
   const auto y = torch::randint(0, spec.dims.back(), {spec.batch}).to(device);
   std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp;
-  if (mode != "local") {
+  // local-amp-bf16 and ddp-amp-bf16: the forward and loss under bf16
+  // autocast (train.precision: bf16), weights and SGD in float32.
+  const bool autocast = mode.size() > 9 && mode.compare(mode.size() - 9, 9, "-amp-bf16") == 0;
+  if (mode.rfind("local", 0) != 0) {
     DdpOptions options = base;
     if (mode == "ddp-fp16") options.comm_hook = comm_hook_create(CommHookKind::kFp16);
     if (mode == "ddp-bf16") options.comm_hook = comm_hook_create(CommHookKind::kBf16);
@@ -121,8 +127,14 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
     for (int m = 0; m < micro; ++m) {
       std::optional<DdpCore::NoSyncGuard> guard;
       if (ddp && m < micro - 1) guard.emplace(*ddp);
-      auto out = ddp ? ddp->forward(x) : model->forward(x);
-      (torch::nn::functional::cross_entropy(out, y) / micro).backward();
+      at::Tensor loss;
+      {
+        std::optional<amp::AutocastGuard> bf16;
+        if (autocast) bf16.emplace(device.type(), at::kBFloat16);
+        auto out = ddp ? ddp->forward(x) : model->forward(x);
+        loss = torch::nn::functional::cross_entropy(out, y) / micro;
+      }
+      loss.backward();
     }
     finish();
     sgd.step();
@@ -185,6 +197,14 @@ Timing time_exchange(ProcessGroup& pg, const ModelSpec& spec, const std::string&
   return {max_over_ranks(pg, std::vector<double>{ms})[0], 0};
 }
 
+// This process's peak resident memory so far (VmHWM): per mode only when
+// one mode runs per process (scripts/bench_amp.sh).
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -199,7 +219,7 @@ int cmd_bench(int argc, char** argv) {
         ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
         ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
@@ -231,7 +251,9 @@ int cmd_bench(int argc, char** argv) {
     }
     const auto modes = split(args["modes"].as<std::string>());
     const std::vector<std::string> valid{"local",
+                                         "local-amp-bf16",
                                          "ddp",
+                                         "ddp-amp-bf16",
                                          "ddp-fp16",
                                          "ddp-bf16",
                                          "ddp-bucket1",
@@ -269,10 +291,10 @@ int cmd_bench(int argc, char** argv) {
               "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
               "\"world\": %d, \"device\": \"%s\", \"batch\": %lld, \"ms_per_step\": %.4f, "
               "\"check_ms\": %.4f, "
-              "\"check_share\": %.5f, \"check_idle_share\": %.4f}\n",
+              "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f}\n",
               spec.name.c_str(), mode.c_str(), dist.world.world_size,
               device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(spec.batch), t.ms_per_step,
-              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share);
+              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib());
           std::fflush(stdout);
         }
       }

@@ -2,6 +2,7 @@
 #include "lockstep/distributed/torch_compat.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <limits>
@@ -23,6 +24,60 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (p > 0) att = at::dropout(att, p, /*train=*/true);
   return at::matmul(att, v);
 #endif
+}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define LOCKSTEP_AUTOCAST_BY_DEVICE 1
+#else
+#define LOCKSTEP_AUTOCAST_BY_DEVICE 0
+#endif
+
+void autocast_set(at::DeviceType device, bool enabled, at::ScalarType dtype) {
+#if LOCKSTEP_AUTOCAST_BY_DEVICE
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == at::kCUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+#endif
+}
+
+bool autocast_is_enabled(at::DeviceType device) {
+#if LOCKSTEP_AUTOCAST_BY_DEVICE
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+at::ScalarType autocast_dtype(at::DeviceType device) {
+#if LOCKSTEP_AUTOCAST_BY_DEVICE
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == at::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                             : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+std::string autocast_unsupported(at::DeviceType device, at::ScalarType dtype) {
+  if (device != at::kCPU && device != at::kCUDA) {
+    return std::string("autocast on ") + c10::DeviceTypeName(device) +
+           " is not supported by lockstep (cpu and cuda are)";
+  }
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) {
+    return std::string("autocast to ") + c10::toString(dtype) +
+           " is not supported (bfloat16 and float16 are)";
+  }
+  if (device == at::kCPU && dtype == at::kHalf && !LOCKSTEP_AUTOCAST_BY_DEVICE) {
+    return std::string("float16 autocast on the CPU needs LibTorch 2.4 or later (this is ") +
+           TORCH_VERSION + ", whose CPU autocast knows bfloat16 only)";
+  }
+  return "";
 }
 
 }  // namespace lockstep

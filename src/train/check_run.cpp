@@ -16,6 +16,7 @@
 #include "lockstep/data/sampler.h"
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
+#include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
 #include "lockstep/util/error.h"
@@ -44,7 +45,9 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   config.check.every = 1;
   if (faulty && options.fault == CheckFault::kLr) config.optim.lr *= 1.5;
   auto model = model_from_config(config, data);
-  model->to(device_from_config(config, world, pg->kind()));
+  const at::Device device = device_from_config(config, world, pg->kind());
+  model->to(device);
+  MixedPrecision precision(config.train, device, pg.get());
   if (options.fault == CheckFault::kNoBufferBroadcast) {
     if (model->buffers().empty()) {
       throw ConfigError(
@@ -74,6 +77,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
       *pg, ddp, *model, *optimizer,
       [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); },
       task == TaskKind::kClassification, step_options);
+  precision.install(step.hooks);
   Phase phase;
   step.set_report_observer([&](const ConsistencyReport& r) { phase.steps.push_back(r); });
   int64_t done = 0;

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -138,7 +139,23 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
   yaml << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key << "epoch"
        << YAML::Value << state.epoch << YAML::Key << "batch_in_epoch" << YAML::Value
        << state.batch_in_epoch << YAML::Key << "world_size" << YAML::Value << state.world_size
-       << YAML::Key << "model" << YAML::Value << state.model << YAML::EndMap;
+       << YAML::Key << "model" << YAML::Value << state.model;
+  if (!state.scaler.empty()) {
+    yaml << YAML::Key << "scaler" << YAML::Value << YAML::BeginMap;
+    for (const auto& [key, value] : state.scaler) {
+      yaml << YAML::Key << key << YAML::Value;
+      // PyTorch's growth_interval and _growth_tracker are ints; the scale
+      // and factors are floats, written so they read back exactly.
+      if (value == std::floor(value) && std::fabs(value) < 9e15 && key != "scale" &&
+          key.find("factor") == std::string::npos) {
+        yaml << static_cast<int64_t>(value);
+      } else {
+        yaml << YAML::Precision(17) << value;
+      }
+    }
+    yaml << YAML::EndMap;
+  }
+  yaml << YAML::EndMap;
   write_file(tmp + "/state.yaml", std::string(yaml.c_str()) + "\n");
   write_file(tmp + "/config.yaml", config_yaml);
   std::string manifest;
@@ -204,9 +221,16 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
     loaded.state.batch_in_epoch = state["batch_in_epoch"].as<int64_t>();
     loaded.state.world_size = state["world_size"].as<int64_t>();
     loaded.state.model = state["model"].as<std::string>();
+    if (const YAML::Node scaler = state["scaler"]) {
+      if (!scaler.IsMap()) throw YAML::Exception(scaler.Mark(), "scaler: not a mapping");
+      for (const auto& entry : scaler)
+        loaded.state.scaler[entry.first.as<std::string>()] = entry.second.as<double>();
+    }
   } catch (const YAML::Exception& e) {
-    throw DataError(folder + "/state.yaml: " + e.what() +
-                    " (keys step, epoch, batch_in_epoch, world_size: integers; model: text)");
+    throw DataError(
+        folder + "/state.yaml: " + e.what() +
+        " (keys step, epoch, batch_in_epoch, world_size: integers; model: text; scaler: a "
+        "mapping of numbers)");
   }
   loaded.model = state_dict_load_file(folder + "/model.pt");
   loaded.rng_states = tensor_from_bytes(read_regular_file(folder + "/rng.pt"), folder + "/rng.pt");

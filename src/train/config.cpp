@@ -238,6 +238,16 @@ const std::vector<Field>& fields() {
       make_choice("train", "device", &C::train, &TrainConfig::device, kDeviceKindNames,
                   "where the model and batches live (auto: cuda with dist.backend nccl, else "
                   "cpu; cuda: GPU LOCAL_RANK modulo the GPUs seen)"),
+      make_choice("train", "precision", &C::train, &TrainConfig::precision, kPrecisionNames,
+                  "the forward's arithmetic: fp32, or autocast to bf16 (no loss scaling) or fp16 "
+                  "(with the GradScaler); weights and optimizer state stay fp32"),
+      make_field("train", "loss_scale", &C::train, &TrainConfig::loss_scale, Type::kDouble,
+                 "fp16: the GradScaler's initial loss scale (halved on inf/NaN gradients)", 1e-30,
+                 3e38),
+      make_field("train", "loss_scale_growth_interval", &C::train,
+                 &TrainConfig::loss_scale_growth_interval, Type::kInt,
+                 "fp16: steps without inf/NaN gradients before the loss scale doubles", 1,
+                 2147483647),
       make_choice("optim", "name", &C::optim, &OptimConfig::name, kOptimizerKindNames, "optimizer"),
       make_field("optim", "lr", &C::optim, &OptimConfig::lr, Type::kDouble, "peak learning rate", 0,
                  1e6),

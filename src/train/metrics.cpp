@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,6 +68,8 @@ void Interval::add(const StepStats& step) {
   optimizer_ms += step.optimizer_ms;
   check_ms += step.check_ms;
   lr = step.lr;
+  loss_scale = step.loss_scale;
+  skipped += step.skipped ? 1 : 0;
   ++steps;
 }
 
@@ -92,6 +95,18 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
         "is shown once)",
         100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
   }
+  // fp16: the scale after the interval's last step, and the steps skipped in
+  // it; then rank 0's peak resident memory so far.
+  char extra[160] = "";
+  int used = 0;
+  if (in.loss_scale > 0) {
+    used = std::snprintf(extra, sizeof extra, "\"loss_scale\": %.9g, \"skipped_steps\": %lld, ",
+                         in.loss_scale, static_cast<long long>(in.skipped));
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::snprintf(extra + used, sizeof extra - used, "\"peak_rss_mib\": %.1f, ",
+                static_cast<double>(usage.ru_maxrss) / 1024.0);
   const bool language = tokens_per_sample_ > 0;
   const double tokens_per_s = samples * tokens_per_sample_ / seconds;
   const double flops = tokens_per_s * flops_per_token_;
@@ -99,20 +114,21 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
     if (language) {
       record(
           "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"perplexity\": %.6g, "
-          "\"lr\": %.6g, \"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, "
+          "\"lr\": %.6g, %s\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, "
           "\"flops_per_s\": %.4g, \"ms\": {\"forward\": %.3f, \"backward\": %.3f, "
           "\"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
           static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-          std::exp(loss), lr, tokens_per_s, tokens_per_s / pg_.size(), flops, in.forward_ms / n,
-          in.backward_ms / n, in.comm_ms / n, in.optimizer_ms / n, in.check_ms / n);
+          std::exp(loss), lr, extra, tokens_per_s, tokens_per_s / pg_.size(), flops,
+          in.forward_ms / n, in.backward_ms / n, in.comm_ms / n, in.optimizer_ms / n,
+          in.check_ms / n);
     } else {
       record(
           "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
-          "\"lr\": %.6g, \"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
+          "\"lr\": %.6g, %s\"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
           "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
           static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-          accuracy, lr, samples / seconds, in.forward_ms / n, in.backward_ms / n, in.comm_ms / n,
-          in.optimizer_ms / n, in.check_ms / n);
+          accuracy, lr, extra, samples / seconds, in.forward_ms / n, in.backward_ms / n,
+          in.comm_ms / n, in.optimizer_ms / n, in.check_ms / n);
     }
     // What the line says after the loss: ppl and tokens/s, or accuracy and samples/s.
     char rate[160];
@@ -123,6 +139,12 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
     } else {
       std::snprintf(rate, sizeof rate, "acc %.4f lr %.4g %.0f samples/s", accuracy, lr,
                     samples / seconds);
+    }
+    if (in.loss_scale > 0) {
+      const size_t used = std::strlen(rate);
+      std::snprintf(
+          rate + used, sizeof rate - used, " scale %g%s", in.loss_scale,
+          in.skipped > 0 ? (" (" + std::to_string(in.skipped) + " skipped)").c_str() : "");
     }
     if (bar()) {
       const int width = 30;

@@ -187,6 +187,7 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
     trace("consistency check", t);
   }
   if (hooks.after_step) hooks.after_step(done);
+  if (hooks.report) hooks.report(stats);
   return stats;
 }
 

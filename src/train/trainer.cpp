@@ -19,6 +19,7 @@
 #include "lockstep/train/fault.h"
 #include "lockstep/train/gpt.h"
 #include "lockstep/train/optim.h"
+#include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
 #include "lockstep/util/error.h"
@@ -43,6 +44,7 @@ struct Trainer::Impl {
   at::Device device{at::kCPU};  // train.device, resolved
   std::unique_ptr<DistributedDataParallel<std::shared_ptr<Classifier>>> ddp;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
   std::unique_ptr<Checkpointer> checkpointer;
   TrainerState state;
   StepPlan plan;  // micro-batches and steps per epoch, steps in all
@@ -122,6 +124,16 @@ struct Trainer::Impl {
     int64_t count = 0;
     for (const auto& p : model->parameters()) count += p.numel();
     spdlog::info("model: {} with {} parameters on {}", config.model.name, count, device.str());
+    precision = std::make_unique<MixedPrecision>(config.train, device, pg.get());
+    if (config.train.precision == Precision::kBf16) {
+      spdlog::info("precision: bf16 autocast on {} (weights, gradients, optimizer state fp32)",
+                   device.str());
+    } else if (config.train.precision == Precision::kFp16) {
+      spdlog::info(
+          "precision: fp16 autocast on {} with the GradScaler (initial scale {}, growth interval "
+          "{}; weights, gradients, optimizer state fp32)",
+          device.str(), config.train.loss_scale, config.train.loss_scale_growth_interval);
+    }
   }
 
   void build_optimizer() {
@@ -155,6 +167,7 @@ struct Trainer::Impl {
                         "' model, the config asks for '" + config.model.name + "'");
     }
     state_dict_load(*model, loaded.model, folder + "/model.pt");
+    precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");
     generator_restore(loaded.rng_states[world.rank]);
     state = loaded.state;
     last_checkpoint = folder;
@@ -177,6 +190,7 @@ struct Trainer::Impl {
     step->finish_checks();
     state.world_size = world.world_size;
     state.model = config.model.name;
+    state.scaler = precision->state_dict();
     // Only weights every rank agrees on are worth keeping.
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
     const auto states = pg->allgather(generator_state().to(pg->device()));
@@ -212,8 +226,12 @@ struct Trainer::Impl {
       BatchLoader loader(data.validation, mine, LoaderOptions{rows, false, false});
       while (auto batch = loader.next()) {
         const auto x = batch->x.to(device), y = batch->y.to(device);
-        const auto out = model->forward(x);
-        loss_sum += loss_for(data.task, out, y).item<double>() * x.size(0);
+        at::Tensor out, loss;
+        precision->run([&] {  // as the training forward
+          out = model->forward(x);
+          loss = loss_for(data.task, out, y);
+        });
+        loss_sum += loss.item<double>() * x.size(0);
         if (data.task == TaskKind::kClassification)
           correct += (out.argmax(1) == y).sum().item<double>();
         if (data.task == TaskKind::kLanguage)  // next-token accuracy, a share per window
@@ -272,6 +290,7 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
       *s.pg, *s.ddp, *s.model, *s.optimizer,
       [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); },
       task == TaskKind::kClassification, step_options_from_config(s.config, s.plan.total_steps));
+  s.precision->install(s.step->hooks);
   if (s.config.log.trace) {
     s.tracer = std::make_shared<Tracer>(s.world.rank);
     s.ddp->set_tracer(s.tracer);

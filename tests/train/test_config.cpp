@@ -130,7 +130,9 @@ TEST_CASE("an unknown key far from every valid one lists them instead of a wrong
   // 'amp' once drew "did you mean 'train.epochs'?".
   REQUIRE_THROWS_WITH(config_load("", {"train.amp=true"}),
                       Contains("unknown key 'train.amp' (valid: train.epochs, train.max_steps, "
-                               "train.accumulation_steps, train.clip_grad_norm, train.device)"));
+                               "train.accumulation_steps, train.clip_grad_norm, train.device, "
+                               "train.precision, train.loss_scale, "
+                               "train.loss_scale_growth_interval)"));
   REQUIRE_THROWS_WITH(config_load("", {"train.epoch=3"}), Contains("did you mean 'train.epochs'?"));
 }
 

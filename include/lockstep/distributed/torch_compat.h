@@ -19,6 +19,11 @@
 // Attention. 2.x has at::scaled_dot_product_attention (fused kernels);
 //   1.13 has not: causal_attention() spells out the same product there
 //   (torch_compat.cpp), as a Python model on 1.13 would.
+// Autocast. 1.13 switches it per device with set_enabled (CUDA) and
+//   set_cpu_enabled, its dtype with set_autocast_{gpu,cpu}_dtype; 2.4+ with
+//   set_autocast_enabled(device type, on) and set_autocast_dtype (the old
+//   names deprecated). CPU autocast to float16 came in 2.4 (1.13's CPU
+//   autocast casts to bfloat16 only): autocast_unsupported() says so.
 // Unchanged, checked by the suite on both: grad-accumulator post hooks
 //   (FunctionPostHook, LambdaPostHook, add/del_post_hook), the engine's
 //   queue_callback, torch::pickle_save/pickle_load.
@@ -65,6 +70,14 @@ using Ptr = c10::intrusive_ptr<T>;
 // training, times v.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double dropout, bool training);
+
+// Autocast on `device` (kCPU or kCUDA) to `dtype`, or off; this thread only
+// (autocast state is thread-local, as in PyTorch).
+void autocast_set(at::DeviceType device, bool enabled, at::ScalarType dtype);
+bool autocast_is_enabled(at::DeviceType device);
+at::ScalarType autocast_dtype(at::DeviceType device);
+// "" when this LibTorch autocasts to `dtype` on `device`, else why not.
+std::string autocast_unsupported(at::DeviceType device, at::ScalarType dtype);
 
 // The key under which `optimizer.state()` holds `param`'s state.
 template <typename Optimizer>

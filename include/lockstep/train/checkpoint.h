@@ -5,7 +5,9 @@
 //                 Python opens with torch.load(path)
 //   optimizer.pt  LibTorch's optimizer archive
 //   rng.pt        every rank's CPU generator state, [world, bytes] uint8
-//   state.yaml    step, epoch, position in the epoch, world size, model
+//   state.yaml    step, epoch, position in the epoch, world size, model;
+//                 with train.precision fp16 the GradScaler's state under
+//                 `scaler:` (torch.amp.GradScaler.state_dict()'s keys)
 //   config.yaml   the resolved configuration
 //   MANIFEST      "<sha256>  <file>" for each file above
 //
@@ -36,6 +38,7 @@ struct TrainerState {
   int64_t batch_in_epoch = 0;  // micro-batches of this epoch already consumed
   int64_t world_size = 1;
   std::string model;
+  std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
 };
 
 class Checkpointer {

@@ -43,6 +43,11 @@ inline constexpr NameTable<Schedule, 3> kScheduleNames{
 enum class DeviceKind { kAuto, kCpu, kCuda };
 inline constexpr NameTable<DeviceKind, 3> kDeviceKindNames{
     {{DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}}};
+// train.precision: the forward's arithmetic (Note [Mixed precision] in
+// train/precision.h). Weights, gradients and optimizer state stay float32.
+enum class Precision { kFp32, kBf16, kFp16 };
+inline constexpr NameTable<Precision, 3> kPrecisionNames{
+    {{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}}};
 enum class OnCheckpointError { kFail, kWarn };
 inline constexpr NameTable<OnCheckpointError, 2> kOnCheckpointErrorNames{
     {{OnCheckpointError::kFail, "fail"}, {OnCheckpointError::kWarn, "warn"}}};
@@ -103,6 +108,9 @@ struct TrainConfig {
   int64_t accumulation_steps = 1;
   double clip_grad_norm = 0;
   DeviceKind device = DeviceKind::kAuto;
+  Precision precision = Precision::kFp32;
+  double loss_scale = 65536;                  // fp16: the GradScaler's initial scale
+  int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
 };
 
 struct OptimConfig {

@@ -11,6 +11,7 @@
 //   hooks.optimizer_step, or optimizer.step()               skip, sharded step
 //   the per-step check started (check.every)
 //   hooks.after_step                                         evaluation
+//   hooks.report                                             loss scale
 //
 // The hooks are the seam for what wraps the step (mixed precision, a
 // sharded optimizer, evaluation during training); unset, the step is plain
@@ -50,6 +51,8 @@ struct StepStats {
   double samples = 0;
   double lr = 0;  // the learning rate this step used
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+  double loss_scale = 0;  // fp16: the GradScaler's scale after this step; 0: no scaler
+  bool skipped = false;   // the optimizer step was skipped (inf/NaN gradients)
 };
 
 struct StepHooks {
@@ -64,6 +67,8 @@ struct StepHooks {
   // After the step and its check were started; `step` counts the steps done,
   // this one included (the trainer counts it only after run() returns).
   std::function<void(int64_t step)> after_step;
+  // Last: what the wrappers add to the step's statistics (the loss scale).
+  std::function<void(StepStats&)> report;
 };
 
 // The parts of a step: a config's sections, converted once.

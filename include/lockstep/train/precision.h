@@ -1,0 +1,91 @@
+// train.precision in the one step: autocast around the forward and the
+// loss, and with fp16 the GradScaler around the backward and the update.
+//
+// Note [Mixed precision]: as PyTorch's AMP recipe. The weights, their
+// gradients and the optimizer state stay float32 ("master weights"):
+// autocast casts weights and activations to bf16/fp16 inside the ops on its
+// lower-precision list (matmul, linear, conv, attention) and keeps the rest
+// (softmax, losses, norms) in float32; backward runs outside autocast and
+// returns float32 gradients to the float32 leaves, so DDP's hooks, buckets
+// and comm hooks see what they see in fp32 training.
+//   bf16: autocast only. bfloat16 has float32's exponent range: gradients
+//     neither overflow nor underflow more than in fp32, no loss scaling.
+//   fp16: autocast and the GradScaler (train/grad_scaler.h): the loss is
+//     multiplied by the scale before every micro-batch's backward (no_sync
+//     ones included), the gradients are unscaled once, after the exchange and
+//     before clipping, and a step whose gradients hold an inf/NaN on any rank
+//     is skipped by every rank (Note [Agreed found_inf]). An fp16/bf16 comm
+//     hook compresses the scaled gradients, as PyTorch's does: an overflow
+//     there is an inf that the scaler catches.
+// The scaler's state is saved in every checkpoint (scaler.pt) and restored
+// on resume, so a resumed run continues with the same scale.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "lockstep/train/config.h"
+#include "lockstep/train/grad_scaler.h"
+#include "lockstep/train/step.h"
+
+namespace lockstep {
+
+class ProcessGroup;
+
+namespace amp {
+
+// Autocast on this thread while alive, as `with torch.autocast(device,
+// dtype)`: restores what was there before; the cache of cast weights lives
+// as long as the outermost region (cleared when it ends).
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device, at::ScalarType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool previous_enabled_;
+  at::ScalarType previous_dtype_;
+};
+
+}  // namespace amp
+
+// The autocast dtype of a precision (fp32: none, kFloat).
+at::ScalarType precision_dtype(Precision precision);
+
+class MixedPrecision {
+ public:
+  // Throws ConfigError naming train.precision where this LibTorch cannot
+  // autocast to the dtype on `device` (fp16 on the CPU before 2.4).
+  // `pg`: the scaler's found_inf is agreed across its ranks.
+  MixedPrecision(const TrainConfig& train, at::Device device, ProcessGroup* pg);
+
+  // Sets the step's hooks (around_forward, scale_loss, before_clip,
+  // optimizer_step, report); fp32 sets none.
+  void install(StepHooks& hooks);
+  // Runs `body` under this precision's autocast (evaluation).
+  void run(const std::function<void()>& body) const;
+
+  Precision precision() const { return precision_; }
+  bool scaling() const { return scaler_ != nullptr; }
+  amp::GradScaler* scaler() { return scaler_.get(); }
+
+  // The scaler's state_dict (empty without a scaler), for checkpoints.
+  std::map<std::string, double> state_dict() const;
+  // Throws DataError when a scaler's state is missing or malformed (`where`
+  // names the file).
+  void load_state_dict(const std::map<std::string, double>& state, const std::string& where);
+
+ private:
+  Precision precision_;
+  at::DeviceType device_;
+  std::unique_ptr<amp::GradScaler> scaler_;
+};
+
+}  // namespace lockstep

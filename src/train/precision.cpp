@@ -1,0 +1,107 @@
+#include "lockstep/train/precision.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/optim/optimizer.h>
+
+#include "lockstep/distributed/torch_compat.h"
+#include "lockstep/util/error.h"
+
+namespace lockstep {
+namespace amp {
+
+AutocastGuard::AutocastGuard(at::DeviceType device, at::ScalarType dtype)
+    : device_(device),
+      previous_enabled_(autocast_is_enabled(device)),
+      previous_dtype_(autocast_dtype(device)) {
+  // As torch.autocast.__enter__: the nesting count decides when the cast
+  // cache is dropped.
+  autocast_set(device, true, dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  autocast_set(device_, previous_enabled_, previous_dtype_);
+}
+
+}  // namespace amp
+
+at::ScalarType precision_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16:
+      return at::kBFloat16;
+    case Precision::kFp16:
+      return at::kHalf;
+    case Precision::kFp32:
+      break;
+  }
+  return at::kFloat;
+}
+
+MixedPrecision::MixedPrecision(const TrainConfig& train, at::Device device, ProcessGroup* pg)
+    : precision_(train.precision), device_(device.type()) {
+  if (precision_ == Precision::kFp32) return;
+  const std::string why = autocast_unsupported(device_, precision_dtype(precision_));
+  if (!why.empty()) {
+    throw ConfigError(std::string("train.precision: ") + name_of(kPrecisionNames, precision_) +
+                      " on " + device.str() + ": " + why);
+  }
+  if (precision_ == Precision::kFp16) {
+    amp::GradScalerOptions options;
+    options.init_scale = train.loss_scale;
+    options.growth_interval = train.loss_scale_growth_interval;
+    scaler_ = std::make_unique<amp::GradScaler>(options, pg);
+  }
+}
+
+void MixedPrecision::run(const std::function<void()>& body) const {
+  if (precision_ == Precision::kFp32) {
+    body();
+    return;
+  }
+  amp::AutocastGuard autocast(device_, precision_dtype(precision_));
+  body();
+}
+
+void MixedPrecision::install(StepHooks& hooks) {
+  if (precision_ == Precision::kFp32) return;
+  hooks.around_forward = [this](const std::function<void()>& forward_and_loss) {
+    run(forward_and_loss);
+  };
+  if (!scaler_) return;
+  amp::GradScaler* scaler = scaler_.get();
+  hooks.scale_loss = [scaler](const at::Tensor& loss) { return scaler->scale(loss); };
+  // After the exchange, before clipping: the norm is the true gradient's.
+  hooks.before_clip = [scaler](torch::optim::Optimizer& optimizer) { scaler->unscale_(optimizer); };
+  hooks.optimizer_step = [scaler](torch::optim::Optimizer& optimizer) {
+    scaler->step(optimizer);
+    scaler->update();
+  };
+  hooks.report = [scaler](StepStats& stats) {
+    stats.loss_scale = scaler->get_scale();
+    stats.skipped = scaler->last_step_skipped();
+  };
+}
+
+std::map<std::string, double> MixedPrecision::state_dict() const {
+  return scaler_ ? scaler_->state_dict() : std::map<std::string, double>{};
+}
+
+void MixedPrecision::load_state_dict(const std::map<std::string, double>& state,
+                                     const std::string& where) {
+  if (!scaler_) return;  // a scaler's state in an fp32/bf16 run is not needed
+  if (state.empty()) {
+    throw DataError(where +
+                    ": no GradScaler state (the checkpoint was written without "
+                    "train.precision: fp16); resume it with its own precision, or start fresh "
+                    "from its weights with model.init_from");
+  }
+  try {
+    scaler_->load_state_dict(state);
+  } catch (const DataError& e) {
+    throw DataError(where + ": " + e.what());
+  }
+}
+
+}  // namespace lockstep
