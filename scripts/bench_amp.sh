@@ -66,16 +66,17 @@ def med(model, impl, prec, key):
     vals = [r[key] for r in rows if r["model"] == model and r["impl"] == impl and precision(r) == prec]
     return statistics.median(vals) if vals else float("nan")
 print(f"fp32 vs bf16 autocast, 2 ranks x 1 thread, median of {sys.argv[2]} alternating rounds")
-print(f"{'model':6} {'impl':9} {'fp32':>10} {'bf16':>10} {'bf16 speed-up':>14} {'peak MiB fp32':>14} {'bf16':>6}")
+print("(MLPs: ms per DDP step; gpt: tokens/s of the whole job; peak: resident MiB, rank 0)")
+print(f"{'model':6} {'impl':9} {'fp32':>10} {'bf16':>10} {'bf16 speed-up':>14} {'peak fp32':>10} {'peak bf16':>10}")
 for model in dict.fromkeys(r["model"] for r in rows):
     gpt = model == "gpt"
     key = "tokens_per_s" if gpt else "ms_per_step"
-    unit = "tok/s" if gpt else "ms"
     speedups = {}
     for impl in ("lockstep", "pytorch"):
         a, b = med(model, impl, "fp32", key), med(model, impl, "bf16", key)
         speedups[impl] = b / a if gpt else a / b
-        print(f"{model:6} {impl:9} {a:8.2f}{unit[:2]:>2} {b:8.2f}{unit[:2]:>2} {speedups[impl]:13.2f}x "
-              f"{med(model, impl, 'fp32', 'peak_rss_mib'):14.0f} {med(model, impl, 'bf16', 'peak_rss_mib'):6.0f}")
+        fmt = (lambda v: f"{v:10.0f}") if gpt else (lambda v: f"{v:10.3f}")
+        print(f"{model:6} {impl:9} {fmt(a)} {fmt(b)} {speedups[impl]:13.2f}x "
+              f"{med(model, impl, 'fp32', 'peak_rss_mib'):10.0f} {med(model, impl, 'bf16', 'peak_rss_mib'):10.0f}")
     print(f"{model:6} lockstep's bf16 speed-up / PyTorch's: {speedups['lockstep'] / speedups['pytorch']:.2f}")
 PY

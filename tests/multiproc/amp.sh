@@ -51,13 +51,15 @@ else
 fi
 
 # 2. Resume bit-identical. fp16 (where it runs): a scale that overflows at
-#    first and grows every 7 steps, so the checkpoint holds a scale and a
-#    growth tracker that matter; else bf16 (autocast has no state).
+#    first, then grows after 30 clean steps, so the checkpoint at step 25
+#    holds a growth tracker part-way that decides when the scale grows after
+#    the resume: the loss scales logged after step 25 must equal the
+#    uninterrupted run's. Else bf16 (autocast has no state).
 precision=bf16
 scaler=()
 if [ "$fp16_ok" = 1 ]; then
   precision=fp16
-  scaler=(--set train.loss_scale=16777216 --set train.loss_scale_growth_interval=7)
+  scaler=(--set train.loss_scale=16777216 --set train.loss_scale_growth_interval=30)
 fi
 common=(--set train.precision=$precision "${scaler[@]}" --set model.dropout=0.1 --set checkpoint.every=0)
 train "${common[@]}" --set run.name=straight --set train.max_steps=60
@@ -65,7 +67,7 @@ straight=$(weights)
 train "${common[@]}" --set run.name=resumed --set train.max_steps=25
 ckpt="$runs/resumed/checkpoints/step_00000025"
 if [ "$fp16_ok" = 1 ]; then
-  expect_grep "$ckpt/state.yaml" "^  _growth_tracker: [1-6]\$" "state.yaml holds the growth tracker mid-interval"
+  expect_grep "$ckpt/state.yaml" "^  _growth_tracker: [1-9][0-9]?\$" "state.yaml holds the growth tracker part-way"
   expect_grep "$ckpt/state.yaml" "^  scale: [0-9]" "state.yaml holds the scale"
   expect_grep "$runs/resumed/metrics.jsonl" '"skipped_steps": [1-9]' "the first steps overflowed and were skipped"
 fi
@@ -73,6 +75,13 @@ train "${common[@]}" --set run.name=resumed --set train.max_steps=60 --set check
 expect_grep "$WORK/out" "resumed from .*step_00000025 at step 25" "the $precision run resumed at step 25"
 resumed=$(weights)
 [ -n "$straight" ] && expect_eq "$resumed" "$straight" "$precision: resumed run ends bit-identical to the uninterrupted one"
+if [ "$fp16_ok" = 1 ]; then
+  scales() { sed -n 's/.*"step": \([0-9]*\),.*"loss_scale": \([0-9.e+]*\),.*/\1 \2/p' "$1" | awk '$1 > 25'; }
+  scales "$runs/straight/metrics.jsonl" >"$WORK/scales.straight"
+  scales "$runs/resumed/metrics.jsonl" >"$WORK/scales.resumed"
+  expect_lt 1 "$(awk '{print $2}' "$WORK/scales.straight" | uniq | wc -l)" "the scale grows after step 25"
+  expect_eq "$(cat "$WORK/scales.resumed")" "$(cat "$WORK/scales.straight")" "the resumed run's loss scales after step 25 equal the uninterrupted run's"
+fi
 
 if [ "$fp16_ok" = 1 ]; then
   # A bf16 checkpoint has no scaler state: an fp16 resume from it is refused.
