@@ -15,7 +15,7 @@ ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-10}
 NPROC=${NPROC:-2}
-MODELS=${MODELS:-small,large}
+MODELS=${MODELS-small,large}  # MODELS= : the GPT alone
 GPT=${GPT:-1}
 PYTHON=${PYTHON:-/usr/bin/python3}
 [ -x build/lockstep ] || scripts/setup.sh

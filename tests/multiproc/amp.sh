@@ -6,7 +6,9 @@
 # scale is in metrics.jsonl; a run with the GradScaler resumes bit-identical
 # to an uninterrupted one, its scale and growth tracker restored from
 # state.yaml; a checkpoint without a scaler's state is refused for an fp16
-# resume; the consistency-check mode passes under autocast.
+# resume; the comm hooks compress scaled gradients; a small GPT in bf16 ends
+# near fp32's validation loss; the consistency-check mode passes under
+# autocast.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 runs="$WORK/runs"
@@ -99,10 +101,47 @@ if [ "$fp16_ok" = 1 ]; then
   expect_grep "$WORK/out" "_growth_tracker 99999" "naming the value"
 fi
 
-# 3. The consistency-check mode under autocast: identical after every step,
+# 3. With the comm hooks: the scaled gradients compressed to fp16 (2.x:
+#    and bf16) still train to fp32's accuracy.
+hooks=$(if [ "$fp16_ok" = 1 ]; then echo "bf16:fp16 fp16:fp16 fp16:bf16"; else echo "bf16:fp16"; fi)
+for pair in $hooks; do
+  train --set train.epochs=10 --set checkpoint.every=0 --set run.name="hook-${pair/:/-}" \
+    --set train.precision="${pair%%:*}" --set ddp.comm_hook="${pair##*:}"
+  got=$(accuracy)
+  expect_lt "$(awk "BEGIN{d=$fp32-${got:-0}; print d<0?-d:d}")" 0.01 \
+    "precision ${pair%%:*} with ddp.comm_hook ${pair##*:}: accuracy $got within 0.01 of fp32's"
+done
+
+# 4. The GPT: 80 steps of a small GPT on 200 KB of the demo's text in bf16
+#    end within 0.05 nats/byte of fp32's validation loss.
+text="$root/data/kjv.txt"
+if [ -f "$text" ]; then
+  head -c 200000 "$text" >"$WORK/kjv-head.txt"
+  gpt() {
+    "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/gpt-text.yaml" \
+      --set run.dir="$runs" --set run.name="gpt-$1" --set data.path="$WORK/kjv-head.txt" \
+      --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=64 --set model.block_size=64 \
+      --set data.batch_size=8 --set train.max_steps=80 --set checkpoint.every=0 --set log.every=20 \
+      --set optim.warmup_steps=5 --set train.precision="$1" --set log.progress=plain >"$WORK/gpt-$1" 2>&1
+    sed -n 's/.*validation: loss \([0-9.]*\).*/\1/p' "$WORK/gpt-$1" | tail -1
+  }
+  gpt32=$(gpt fp32)
+  gpt16=$(gpt bf16)
+  expect_lt "$(awk "BEGIN{d=${gpt32:-9}-${gpt16:-0}; print d<0?-d:d}")" 0.05 \
+    "GPT in bf16: validation loss $gpt16 within 0.05 of fp32's $gpt32"
+else
+  fail "$text is missing (scripts/make_text.sh makes it; scripts/setup.sh runs that)"
+fi
+
+# 5. The consistency-check mode under autocast: identical after every step,
 #    the unsynchronised control caught.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
   --set train.precision=bf16 --steps 5 >"$WORK/check" 2>&1
 expect_eq "$?" 0 "lockstep check --config with bf16 passes"
 expect_grep "$WORK/check" "result: PASS" "check mode verdict"
+if [ "$fp16_ok" = 1 ]; then
+  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
+    --set train.precision=fp16 --steps 5 >"$WORK/check" 2>&1
+  expect_eq "$?" 0 "lockstep check --config with fp16 (the GradScaler) passes"
+fi
 finish

@@ -421,3 +421,25 @@ TEST_CASE("amp trace: a scripted fp16 run for PyTorch's GradScaler to repeat", "
     out << "\n";
   }
 }
+
+TEST_CASE("causal attention under bf16 autocast on the CPU", "[amp][gpt]") {
+  // 2.x: the fused kernel is given float32 (fast there, slow in bf16) and the
+  // result cast back; autocast must not cast its inputs down again.
+  at::manual_seed(2);
+  const auto q = at::randn({2, 2, 16, 8}).to(at::kBFloat16);
+  const auto k = at::randn({2, 2, 16, 8}).to(at::kBFloat16);
+  const auto v = at::randn({2, 2, 16, 8}).to(at::kBFloat16);
+  at::Tensor out;
+  {
+    amp::AutocastGuard autocast(at::kCPU, at::kBFloat16);
+    out = causal_attention(q, k, v, 0.0, false);
+  }
+  CHECK(out.scalar_type() == at::kBFloat16);
+  const auto reference =
+      causal_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), 0.0, false);
+  if (kTorchVersionMajor >= 2) {
+    CHECK(at::equal(out, reference.to(at::kBFloat16)));  // computed in float32
+  } else {
+    CHECK(at::allclose(out.to(at::kFloat), reference, 0.02, 0.02));  // the bf16 product
+  }
+}
