@@ -30,6 +30,10 @@ struct Phase {
   std::string first_message;
   std::string fingerprint;  // the final weights (and buffers), as TrainResult's
   int64_t total_steps = 0;  // the config's: past them lockstep train would stop
+  // The first step whose optimizer step ran: with fp16 the GradScaler skips
+  // steps with inf/NaN gradients on every rank, and weights that did not
+  // move cannot diverge yet.
+  int64_t first_stepped = -1;
 };
 
 // K steps of training through the trainer's own step (train/step.h), with
@@ -87,7 +91,8 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
                        LoaderOptions{config.data.batch_size, config.data.drop_last, false});
     for (int64_t used = 0; used < plan.micro_per_epoch && done < steps;
          used += config.train.accumulation_steps) {
-      step.run([&] { return loader.next(); }, done++);
+      const StepStats stats = step.run([&] { return loader.next(); }, done++);
+      if (!stats.skipped && phase.first_stepped < 0) phase.first_stepped = done;
     }
   }
   step.finish_checks();
@@ -131,7 +136,10 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
   const bool single = world.world_size == 1;
   const bool a_ok = comm_report.passed();
   const bool b_ok = healthy.first_divergence < 0;
-  const bool c_ok = single || control.first_divergence == 1;
+  // Caught at the first step the optimizer took (step 1 unless fp16's
+  // scaler skipped the first ones).
+  const bool c_ok =
+      single || (control.first_stepped > 0 && control.first_divergence == control.first_stepped);
 
   std::string out;
   char line[512];
@@ -171,8 +179,10 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
   std::string control_text;
   if (single) {
     control_text = "n/a (one rank cannot diverge)";
-  } else if (control.first_divergence == 1) {
-    control_text = "PASS (divergence caught at step 1: " + control.first_message + ")";
+  } else if (c_ok) {
+    control_text = "PASS (divergence caught at step " + std::to_string(control.first_divergence) +
+                   (control.first_stepped > 1 ? ", the first the GradScaler did not skip" : "") +
+                   ": " + control.first_message + ")";
   } else if (control.first_divergence < 0) {
     control_text = "FAIL (training without synchronisation was never caught)";
   } else {

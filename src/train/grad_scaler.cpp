@@ -87,20 +87,25 @@ void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tenso
 namespace {
 
 void check_options(const GradScalerOptions& o, const std::string& where) {
-  if (!(o.growth_factor > 1.0) || !std::isfinite(o.growth_factor)) {
-    throw ConfigError(where + "growth_factor " + number_text(o.growth_factor) + " must be > 1");
+  if (!(o.growth_factor > 1.0 && o.growth_factor <= 65536.0)) {
+    throw ConfigError(where + "growth_factor " + number_text(o.growth_factor) +
+                      " must be in (1, 65536]");
   }
-  if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0)) {
+  if (!(o.backoff_factor >= 1.0 / 65536.0 && o.backoff_factor < 1.0)) {
     throw ConfigError(where + "backoff_factor " + number_text(o.backoff_factor) +
-                      " must be in (0, 1)");
+                      " must be in [1/65536, 1)");
   }
   if (o.growth_interval < 1 || o.growth_interval > std::numeric_limits<int32_t>::max()) {
     throw ConfigError(where + "growth_interval " + std::to_string(o.growth_interval) +
                       " must be in [1, 2^31)");
   }
-  if (!(o.init_scale > 0) || !std::isfinite(static_cast<float>(o.init_scale))) {
+  // In double first: a value outside float32's normal range would round to
+  // 0, a subnormal (whose reciprocal is inf: inf x 0 = NaN gradients that
+  // no inf check sees) or inf.
+  if (!(o.init_scale >= std::numeric_limits<float>::min() &&
+        o.init_scale <= std::numeric_limits<float>::max())) {
     throw ConfigError(where + "scale " + number_text(o.init_scale) +
-                      " must be positive and finite in float32");
+                      " must be a normal positive float32 (1.2e-38 to 3.4e38)");
   }
 }
 
@@ -192,7 +197,11 @@ void GradScaler::update(std::optional<double> new_scale) {
   if (!options_.enabled) return;
   if (!scale_.defined()) throw InternalError("GradScaler: update before scale()");
   if (new_scale) {
+    GradScalerOptions check = options_;
+    check.init_scale = *new_scale;
+    check_options(check, "GradScaler::update: new ");
     scale_.fill_(*new_scale);
+    last_skipped_ = false;
   } else {
     if (found_inf_.empty()) {
       throw InternalError("GradScaler: update() with no inf checks recorded (no unscale_/step)");

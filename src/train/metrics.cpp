@@ -68,6 +68,7 @@ void Interval::add(const StepStats& step) {
   optimizer_ms += step.optimizer_ms;
   check_ms += step.check_ms;
   lr = step.lr;
+  scaling = step.scaling;
   loss_scale = step.loss_scale;
   skipped += step.skipped ? 1 : 0;
   ++steps;
@@ -99,7 +100,7 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
   // it; then rank 0's peak resident memory so far.
   char extra[160] = "";
   int used = 0;
-  if (in.loss_scale > 0) {
+  if (in.scaling) {
     used = std::snprintf(extra, sizeof extra, "\"loss_scale\": %.9g, \"skipped_steps\": %lld, ",
                          in.loss_scale, static_cast<long long>(in.skipped));
   }
@@ -140,7 +141,7 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
       std::snprintf(rate, sizeof rate, "acc %.4f lr %.4g %.0f samples/s", accuracy, lr,
                     samples / seconds);
     }
-    if (in.loss_scale > 0) {
+    if (in.scaling) {
       const size_t used = std::strlen(rate);
       std::snprintf(
           rate + used, sizeof rate - used, " scale %g%s", in.loss_scale,

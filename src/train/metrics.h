@@ -25,7 +25,8 @@ struct Interval {
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
   int64_t steps = 0;
   double lr = 0;          // the last step's
-  double loss_scale = 0;  // the last step's (fp16); 0: no scaler
+  bool scaling = false;   // a GradScaler runs (fp16)
+  double loss_scale = 0;  // the last step's
   int64_t skipped = 0;    // steps the scaler skipped (inf/NaN gradients)
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 

@@ -4,8 +4,13 @@
 #include <ATen/autocast_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include <spdlog/spdlog.h>
+
+#include <limits>
+
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/text.h"
 
 namespace lockstep {
 namespace amp {
@@ -51,6 +56,7 @@ MixedPrecision::MixedPrecision(const TrainConfig& train, at::Device device, Proc
     amp::GradScalerOptions options;
     options.init_scale = train.loss_scale;
     options.growth_interval = train.loss_scale_growth_interval;
+    configured_ = options;
     scaler_ = std::make_unique<amp::GradScaler>(options, pg);
   }
 }
@@ -78,9 +84,19 @@ void MixedPrecision::install(StepHooks& hooks) {
     scaler->step(optimizer);
     scaler->update();
   };
-  hooks.report = [scaler](StepStats& stats) {
+  hooks.report = [this, scaler](StepStats& stats) {
+    stats.scaling = true;
     stats.loss_scale = scaler->get_scale();
     stats.skipped = scaler->last_step_skipped();
+    skipped_in_a_row_ = stats.skipped ? skipped_in_a_row_ + 1 : 0;
+    // The same scale on every rank (Note [Agreed found_inf]): all stop here.
+    if (stats.loss_scale < std::numeric_limits<float>::min()) {
+      throw TrainingError("training diverged: the last " + std::to_string(skipped_in_a_row_) +
+                          " steps had inf/NaN gradients at every loss scale, down to " +
+                          number_text(stats.loss_scale) +
+                          " (train.precision: fp16); lower optim.lr, clip gradients "
+                          "(train.clip_grad_norm), or try bf16");
+    }
   };
 }
 
@@ -92,15 +108,23 @@ void MixedPrecision::load_state_dict(const std::map<std::string, double>& state,
                                      const std::string& where) {
   if (!scaler_) return;  // a scaler's state in an fp32/bf16 run is not needed
   if (state.empty()) {
-    throw DataError(where +
-                    ": no GradScaler state (the checkpoint was written without "
-                    "train.precision: fp16); resume it with its own precision, or start fresh "
-                    "from its weights with model.init_from");
+    spdlog::warn(
+        "{}: no GradScaler state (written without train.precision: fp16): the scaler starts "
+        "fresh at train.loss_scale {}",
+        where, configured_.init_scale);
+    return;
   }
   try {
     scaler_->load_state_dict(state);
   } catch (const DataError& e) {
     throw DataError(where + ": " + e.what());
+  }
+  const auto loaded = scaler_->state();
+  if (loaded.growth_interval != configured_.growth_interval) {
+    spdlog::warn(
+        "{}: the GradScaler's growth interval {} comes from the checkpoint (the config says "
+        "train.loss_scale_growth_interval {}), as PyTorch's load_state_dict does",
+        where, loaded.growth_interval, configured_.growth_interval);
   }
 }
 

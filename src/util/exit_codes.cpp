@@ -34,6 +34,9 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const ConsistencyError& e) {
     report("consistency check failed: ", e.what());
     return kExitCheckFailed;
+  } catch (const TrainingError& e) {
+    report("", e.what());
+    return kExitCheckFailed;
   } catch (const EnvError& e) {
     report("bad environment: ", e.what());
     return kExitBadInput;

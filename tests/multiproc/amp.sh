@@ -86,11 +86,12 @@ if [ "$fp16_ok" = 1 ]; then
 fi
 
 if [ "$fp16_ok" = 1 ]; then
-  # A bf16 checkpoint has no scaler state: an fp16 resume from it is refused.
+  # A bf16 checkpoint has no scaler state: an fp16 resume from it starts a
+  # fresh scaler, and says so.
   train --set run.name=nobf --set train.precision=bf16 --set train.max_steps=5
   train --set run.name=nobf --set train.precision=fp16 --set train.max_steps=10 --set checkpoint.resume=auto
-  expect_eq "$?" 2 "fp16 resume from a checkpoint without a scaler's state exits 2"
-  expect_grep "$WORK/out" "state.yaml: no GradScaler state" "and says why"
+  expect_eq "$?" 0 "fp16 resume from a checkpoint without a scaler's state continues"
+  expect_grep "$WORK/out" "state.yaml: no GradScaler state .*starts fresh at train.loss_scale 65536" "with a fresh scaler, saying so"
   # A tampered scaler state (tracker past the interval) is refused by name.
   train --set run.name=bad --set train.precision=fp16 --set train.max_steps=5
   bad="$runs/bad/checkpoints/step_00000005"
@@ -99,6 +100,11 @@ if [ "$fp16_ok" = 1 ]; then
   train --set run.name=bad --set train.precision=fp16 --set train.max_steps=10 --set checkpoint.resume=auto
   expect_eq "$?" 2 "a scaler state with the tracker past the interval exits 2"
   expect_grep "$WORK/out" "_growth_tracker 99999" "naming the value"
+  # A diverged run (lr 1e6: inf/NaN gradients at every scale) stops every
+  # rank with exit 1 once the scale is gone, instead of stepping on NaNs.
+  train --set run.name=diverged --set train.precision=fp16 --set optim.lr=1000000 --set train.epochs=20
+  expect_eq "$?" 1 "a diverged fp16 run exits 1"
+  expect_grep "$WORK/out" "\[rank1\]: .*training diverged: the last [0-9]+ steps had inf/NaN gradients" "every rank says the run diverged"
 fi
 
 # 3. With the comm hooks: the scaled gradients compressed to fp16 (2.x:
@@ -143,5 +149,11 @@ if [ "$fp16_ok" = 1 ]; then
   "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
     --set train.precision=fp16 --steps 5 >"$WORK/check" 2>&1
   expect_eq "$?" 0 "lockstep check --config with fp16 (the GradScaler) passes"
+  # A scale that overflows: the first steps are skipped on every rank, so
+  # the control is caught at the first step taken, not at step 1.
+  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
+    --set train.precision=fp16 --set train.loss_scale=1e30 --steps 8 >"$WORK/check" 2>&1
+  expect_eq "$?" 0 "fp16 check mode whose first steps are skipped passes"
+  expect_grep "$WORK/check" "PASS \(divergence caught at step [2-8], the first the GradScaler did not skip" "the control is caught at the first step taken"
 fi
 finish

@@ -116,6 +116,18 @@ TEST_CASE("GradScaler: unscale_ once, before step, and state_dict with PyTorch's
   CHECK(restored.get_scale() == 1024);
   CHECK(restored.growth_tracker() == 7);
   CHECK(restored.state_dict() == changed);
+  // Into a scaler already in use: its live tensors change too.
+  changed["scale"] = 256;
+  changed["_growth_tracker"] = 3;
+  scaler.load_state_dict(changed);
+  CHECK(scaler.get_scale() == 256);
+  CHECK(scaler.growth_tracker() == 3);
+  m.sgd.zero_grad();
+  scaler.scale(m.w * 1.0f).sum().backward();
+  CHECK(m.w.grad().item<float>() == 256.0f);
+  scaler.step(m.sgd);
+  scaler.update();
+  CHECK(scaler.growth_tracker() == 4);
 
   auto bad = state;
   bad.erase("backoff_factor");
@@ -127,6 +139,20 @@ TEST_CASE("GradScaler: unscale_ once, before step, and state_dict with PyTorch's
   bad["scale"] = -1;
   CHECK_THROWS_WITH(restored.load_state_dict(bad), Contains("scale -1"));
   CHECK_THROWS_WITH(restored.load_state_dict({}), Contains("disabled scaler"));
+  // Values that would reach 0, a subnormal or inf in float32 (inv_scale inf:
+  // NaN gradients no inf check sees).
+  for (const double scale : {1e-60, 1e-40, 1e300}) {
+    bad = state;
+    bad["scale"] = scale;
+    CHECK_THROWS_WITH(restored.load_state_dict(bad), Contains("normal positive float32"));
+  }
+  bad = state;
+  bad["backoff_factor"] = 1e-300;
+  CHECK_THROWS_WITH(restored.load_state_dict(bad), Contains("backoff_factor"));
+  bad = state;
+  bad["_growth_tracker"] = 2.5;
+  CHECK_THROWS_WITH(restored.load_state_dict(bad), Contains("must be integers"));
+  CHECK_THROWS_WITH(scaler.update(0.0), Contains("normal positive float32"));
 
   amp::GradScalerOptions off;
   off.enabled = false;
@@ -139,6 +165,11 @@ TEST_CASE("GradScaler: unscale_ once, before step, and state_dict with PyTorch's
 }
 
 TEST_CASE("GradScaler: the fallback equals ATen's kernels bit for bit", "[amp]") {
+  const bool cpu_kernels_expected =
+      kTorchVersionMajor > 2 || (kTorchVersionMajor == 2 && kTorchVersionMinor >= 3);
+  // From 2.3 the CPU kernels exist: not finding them would make the scaler
+  // use the fallback everywhere, unseen.
+  CHECK(amp::detail::aten_has_amp_kernels(c10::DeviceType::CPU) == cpu_kernels_expected);
   if (!amp::detail::aten_has_amp_kernels(c10::DeviceType::CPU)) {
     WARN("LibTorch " << kTorchVersionMajor << "." << kTorchVersionMinor
                      << " has no CPU AMP kernels: the fallback alone runs (checked on 2.6)");

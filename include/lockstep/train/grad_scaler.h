@@ -66,8 +66,10 @@ class GradScaler {
  public:
   // `pg`: found_inf is agreed across its ranks (Note [Agreed found_inf]);
   // nullptr: this process alone, as PyTorch's. Throws ConfigError for a
-  // growth_factor <= 1, a backoff_factor outside (0, 1), a growth_interval
-  // < 1 or a scale that is not finite and positive.
+  // growth_factor outside (1, 65536], a backoff_factor outside [1/65536, 1),
+  // a growth_interval < 1 or a scale that is no normal positive float32.
+  // (PyTorch asserts only factor > 1 and < 1; the bounds keep a scale from
+  // reaching 0 or inf by a tampered checkpoint.)
   explicit GradScaler(GradScalerOptions options = {}, ProcessGroup* pg = nullptr);
 
   // outputs x scale (a float32 scalar tensor created on outputs' device on

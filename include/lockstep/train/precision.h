@@ -17,8 +17,11 @@
 //     is skipped by every rank (Note [Agreed found_inf]). An fp16/bf16 comm
 //     hook compresses the scaled gradients, as PyTorch's does: an overflow
 //     there is an inf that the scaler catches.
-// The scaler's state is saved in every checkpoint (scaler.pt) and restored
-// on resume, so a resumed run continues with the same scale.
+// The scaler's state is saved in every checkpoint (state.yaml, `scaler:`)
+// and restored on resume, so a resumed run continues with the same scale.
+// A run whose scale falls below float32's smallest normal number (every
+// step's gradients inf/NaN at every scale: the run diverged) stops with an
+// error rather than step on NaN gradients.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -78,14 +81,17 @@ class MixedPrecision {
 
   // The scaler's state_dict (empty without a scaler), for checkpoints.
   std::map<std::string, double> state_dict() const;
-  // Throws DataError when a scaler's state is missing or malformed (`where`
-  // names the file).
+  // Throws DataError when a scaler's state is malformed (`where` names the
+  // file); an empty state (a checkpoint written without fp16) leaves the
+  // scaler fresh, with a warning.
   void load_state_dict(const std::map<std::string, double>& state, const std::string& where);
 
  private:
   Precision precision_;
   at::DeviceType device_;
   std::unique_ptr<amp::GradScaler> scaler_;
+  amp::GradScalerOptions configured_;  // the config's, for the resume's warning
+  int64_t skipped_in_a_row_ = 0;
 };
 
 }  // namespace lockstep

@@ -51,7 +51,8 @@ struct StepStats {
   double samples = 0;
   double lr = 0;  // the learning rate this step used
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
-  double loss_scale = 0;  // fp16: the GradScaler's scale after this step; 0: no scaler
+  bool scaling = false;   // a GradScaler runs (fp16)
+  double loss_scale = 0;  // its scale after this step
   bool skipped = false;   // the optimizer step was skipped (inf/NaN gradients)
 };
 

@@ -38,6 +38,13 @@ class ConsistencyError : public Error {
   using Error::Error;
 };
 
+// Training itself failed, every rank alike: the loss diverged (fp16's loss
+// scale fell to nothing with every gradient inf/NaN). Exit 1.
+class TrainingError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Stopped by SIGINT/SIGTERM after saving what had to be saved; main()
 // exits with 128 + signal, as a shell would report it.
 class Interrupted : public Error {

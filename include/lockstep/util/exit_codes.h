@@ -9,7 +9,7 @@
 namespace lockstep {
 
 constexpr int kExitOk = 0;
-constexpr int kExitCheckFailed = 1;  // a consistency check failed
+constexpr int kExitCheckFailed = 1;  // a consistency check failed, or training diverged
 constexpr int kExitBadInput = 2;     // option, environment, config, data
 constexpr int kExitCommFailed = 3;   // unreachable peer, timeout, dead or hung rank
 constexpr int kExitInternal = 4;     // our own bug
