@@ -86,18 +86,19 @@ Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
 
 std::string Checkpointer::save(const TrainerState& state, const StateDict& model,
                                torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
-                               const std::string& config_yaml) {
+                               const std::string& config_yaml, const std::string& best_yaml) {
   if (mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
     throw DataError("cannot create '" + dir_ + "': " + std::strerror(errno));
   }
-  const std::string name = folder_name(state.step);
+  const bool best = !best_yaml.empty();
+  const std::string name = best ? "best" : folder_name(state.step);
   const std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(getpid());
   remove_tree(tmp);
   if (mkdir(tmp.c_str(), 0755) != 0) {
     throw DataError("cannot create '" + tmp + "': " + std::strerror(errno));
   }
   try {
-    write_folder(tmp, state, model, optimizer, rng_states, config_yaml);
+    write_folder(tmp, state, model, optimizer, rng_states, config_yaml, best_yaml);
   } catch (const std::exception& e) {
     // Note [Failed checkpoint]: nothing half-written stays behind, and the
     // previous checkpoint was never touched.
@@ -107,20 +108,27 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
   }
 
   const std::string final_path = dir_ + "/" + name;
-  remove_tree(final_path);
+  // The previous folder of that name is moved aside first and removed last:
+  // a crash in between leaves it as .old-*, never half of either.
+  const std::string old = dir_ + "/.old-" + name + "-" + std::to_string(getpid());
+  remove_tree(old);
+  const bool had_old = rename(final_path.c_str(), old.c_str()) == 0;
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
     const int err = errno;
     remove_tree(tmp);
+    if (had_old) (void)rename(old.c_str(), final_path.c_str());
     throw DataError("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(err));
   }
   fsync_path(dir_, true);
-  rotate();
+  if (had_old) remove_tree(old);
+  if (!best) rotate();
   return final_path;
 }
 
 void Checkpointer::write_folder(const std::string& tmp, const TrainerState& state,
                                 const StateDict& model, torch::optim::Optimizer& optimizer,
-                                const at::Tensor& rng_states, const std::string& config_yaml) {
+                                const at::Tensor& rng_states, const std::string& config_yaml,
+                                const std::string& best_yaml) {
   state_dict_save_file(model, tmp + "/model.pt");
   {
     // Serialised in memory, written by write_file: LibTorch's own file
@@ -155,11 +163,24 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
     }
     yaml << YAML::EndMap;
   }
+  const auto watch = [&](const char* key, const MetricWatch& w) {
+    if (w.best_step < 0) return;
+    yaml << YAML::Key << key << YAML::Value << YAML::BeginMap << YAML::Key << "best" << YAML::Value
+         << YAML::Precision(17) << w.best << YAML::Key << "step" << YAML::Value << w.best_step
+         << YAML::Key << "bad" << YAML::Value << w.bad << YAML::EndMap;
+  };
+  watch("keep_best", state.keep_best);
+  watch("early_stop", state.early_stop);
   yaml << YAML::EndMap;
   write_file(tmp + "/state.yaml", std::string(yaml.c_str()) + "\n");
   write_file(tmp + "/config.yaml", config_yaml);
+  std::vector<std::string> files = kFiles;
+  if (!best_yaml.empty()) {
+    write_file(tmp + "/best.yaml", best_yaml);
+    files.push_back("best.yaml");
+  }
   std::string manifest;
-  for (const auto& file : kFiles)
+  for (const auto& file : files)
     manifest += sha256_hex(read_all(tmp + "/" + file)) + "  " + file + "\n";
   write_file(tmp + "/MANIFEST", manifest);
   fsync_path(tmp, true);
@@ -191,16 +212,26 @@ void Checkpointer::verify(const std::string& folder) {
   std::string hash, file;
   while (manifest >> hash >> file) expected[file] = hash;
   for (const auto& f : kFiles) {
-    auto it = expected.find(f);
-    if (it == expected.end())
+    if (expected.find(f) == expected.end())
       throw DataError("checkpoint '" + folder + "': MANIFEST does not list " + f);
+  }
+  // Every file listed is checked (best.yaml too); names are plain file
+  // names of this folder, never paths.
+  for (const auto& [f, digest] : expected) {
+    if (f.empty() || f.size() > 64 ||
+        f.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            std::string::npos ||
+        f[0] == '.') {
+      throw DataError("checkpoint '" + folder + "': MANIFEST lists '" + f.substr(0, 64) +
+                      "', which is no file name of a checkpoint");
+    }
     std::string actual;
     try {
       actual = sha256_hex(read_all(folder + "/" + f));
     } catch (const DataError&) {
       throw DataError("checkpoint '" + folder + "': " + f + " is missing");
     }
-    if (actual != it->second) {
+    if (actual != digest) {
       throw DataError(
           "checkpoint '" + folder + "': " + f +
           "'s SHA-256 does not match its MANIFEST (truncated or modified); refusing "
@@ -221,6 +252,18 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
     loaded.state.batch_in_epoch = state["batch_in_epoch"].as<int64_t>();
     loaded.state.world_size = state["world_size"].as<int64_t>();
     loaded.state.model = state["model"].as<std::string>();
+    const auto watch = [&](const char* key, MetricWatch& w) {
+      if (const YAML::Node node = state[key]) {
+        w.best = node["best"].as<double>();
+        w.best_step = node["step"].as<int64_t>();
+        w.bad = node["bad"].as<int64_t>();
+        if (w.best_step < 0 || w.bad < 0) {
+          throw YAML::Exception(node.Mark(), std::string(key) + ": negative step or count");
+        }
+      }
+    };
+    watch("keep_best", loaded.state.keep_best);
+    watch("early_stop", loaded.state.early_stop);
     if (const YAML::Node scaler = state["scaler"]) {
       if (!scaler.IsMap()) throw YAML::Exception(scaler.Mark(), "scaler: not a mapping");
       for (const auto& entry : scaler)

@@ -238,6 +238,19 @@ const std::vector<Field>& fields() {
       make_choice("train", "device", &C::train, &TrainConfig::device, kDeviceKindNames,
                   "where the model and batches live (auto: cuda with dist.backend nccl, else "
                   "cpu; cuda: GPU LOCAL_RANK modulo the GPUs seen)"),
+      make_field("train", "eval_every", &C::train, &TrainConfig::eval_every, Type::kInt,
+                 "also evaluate the validation split every N steps (0: at epoch ends only)", 0,
+                 1e15),
+      make_field("train", "eval_batches", &C::train, &TrainConfig::eval_batches, Type::kInt,
+                 "validation batches per rank per evaluation (0: the whole split)", 0, 1e15),
+      make_choice("train", "early_stop.metric", &C::train, &TrainConfig::early_stop_metric,
+                  kWatchedMetricNames,
+                  "stop every rank when this validation metric has not improved for "
+                  "early_stop.patience evaluations (none: never)"),
+      make_field("train", "early_stop.patience", &C::train, &TrainConfig::early_stop_patience,
+                 Type::kInt, "evaluations without improvement before early stopping", 1, 1e9),
+      make_field("train", "early_stop.min_delta", &C::train, &TrainConfig::early_stop_min_delta,
+                 Type::kDouble, "the least change that counts as an improvement", 0, 1e30),
       make_choice("train", "precision", &C::train, &TrainConfig::precision, kPrecisionNames,
                   "the forward's arithmetic: fp32, or autocast to bf16 (no loss scaling) or fp16 "
                   "(with the GradScaler); weights and optimizer state stay fp32"),
@@ -311,6 +324,12 @@ const std::vector<Field>& fields() {
                  Type::kBool,
                  "on SIGINT/SIGTERM: finish the step, save a checkpoint on every rank's agreement, "
                  "exit 128+signal (costs one tiny all-reduce per step)"),
+      make_choice("checkpoint", "keep_best", &C::checkpoint, &CheckpointConfig::keep_best,
+                  kWatchedMetricNames,
+                  "keep the checkpoint of the best evaluation so far in checkpoints/best (its "
+                  "metric and step in best.yaml), apart from the rolling ones (none: off)"),
+      make_choice("checkpoint", "mode", &C::checkpoint, &CheckpointConfig::mode, kMetricModeNames,
+                  "keep_best: min (lower is better) or max; auto: max for val_accuracy, else min"),
       make_field("log", "level", &C::log, &LogConfig::level, Type::kString, "log level", -kInf,
                  kInf, {"trace", "debug", "info", "warn", "error"}),
       make_field("log", "every", &C::log, &LogConfig::every, Type::kInt,
@@ -319,6 +338,9 @@ const std::vector<Field>& fields() {
                  "also log to <run dir>/rank_<r>.log"),
       make_choice("log", "progress", &C::log, &LogConfig::progress, kProgressNames,
                   "rank 0's progress display (auto: a bar on a terminal)"),
+      make_field("log", "tensorboard", &C::log, &LogConfig::tensorboard, Type::kBool,
+                 "write TensorBoard scalars and the config to <run dir>/events.out.tfevents.* "
+                 "(rank 0)"),
       make_field("log", "trace", &C::log, &LogConfig::trace, Type::kBool,
                  "write a Chrome trace per rank: <run dir>/trace_rank<r>.json (open in Perfetto)"),
   };
@@ -447,18 +469,40 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
                           "' must be a mapping of keys to values");
       }
       std::set<std::string> keys_seen;
+      // A nested mapping (train: {early_stop: {metric: ...}}) names the
+      // dotted keys (train.early_stop.metric); one level deep.
+      struct Item {
+        YAML::Node at;  // for the message's line and column
+        std::string key;
+        YAML::Node value;
+      };
+      std::vector<Item> items;
       for (const auto& item : section.second) {
-        const std::string where = mark(path, item.first);
-        if (!item.first.IsScalar()) throw ConfigError(where + ": a key must be plain text");
-        const std::string key = item.first.Scalar();
+        if (!item.first.IsScalar()) {
+          throw ConfigError(mark(path, item.first) + ": a key must be plain text");
+        }
+        if (!item.second.IsMap()) {
+          items.push_back({item.first, item.first.Scalar(), item.second});
+          continue;
+        }
+        for (const auto& sub : item.second) {
+          if (!sub.first.IsScalar()) {
+            throw ConfigError(mark(path, sub.first) + ": a key must be plain text");
+          }
+          items.push_back({sub.first, item.first.Scalar() + "." + sub.first.Scalar(), sub.second});
+        }
+      }
+      for (const auto& item : items) {
+        const std::string where = mark(path, item.at);
+        const std::string& key = item.key;
         if (!keys_seen.insert(key).second) {
           throw ConfigError(where + ": " + name + "." + key + " is set twice");
         }
         const Field& f = find_field(name, key, where);
-        if (!item.second.IsScalar()) {
+        if (!item.value.IsScalar()) {
           throw ConfigError(where + ": " + f.path() + " must be a single value");
         }
-        const std::string value = item.second.Scalar();
+        const std::string value = item.value.Scalar();
         f.set(config, is_input_path(f) ? resolved_against(path, value) : value,
               where + ": " + f.path());
       }

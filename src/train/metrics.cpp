@@ -23,6 +23,18 @@ Metrics::Metrics(const LogConfig& log, ProcessGroup& pg, const std::string& run_
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
   std::setvbuf(file_, nullptr, _IONBF, 0);  // one write per record: see record()
+  if (log_.tensorboard) {
+    events_ = std::make_unique<EventWriter>(run_dir);
+    spdlog::info("log.tensorboard: {} (tensorboard --logdir {})", events_->path(), run_dir);
+  }
+}
+
+void Metrics::config_text(const std::string& yaml) {
+  if (events_) events_->text("config", "```\n" + yaml + "```", 0);
+}
+
+void Metrics::note(const std::string& json_fields) {
+  record("{%s}\n", json_fields.c_str());
 }
 
 Metrics::~Metrics() {
@@ -111,6 +123,21 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
   const bool language = tokens_per_sample_ > 0;
   const double tokens_per_s = samples * tokens_per_sample_ / seconds;
   const double flops = tokens_per_s * flops_per_token_;
+  if (pg_.rank() == 0 && events_) {
+    const int64_t step = state.step;
+    events_->scalar("train/loss", loss, step);
+    events_->scalar("train/lr", lr, step);
+    if (language) {
+      events_->scalar("train/perplexity", std::exp(loss), step);
+      events_->scalar("train/tokens_per_s", tokens_per_s, step);
+    } else {
+      events_->scalar("train/accuracy", accuracy, step);
+      events_->scalar("train/samples_per_s", samples / seconds, step);
+    }
+    events_->scalar("train/comm_share", step_ms > 0 ? in.comm_ms / step_ms : 0.0, step);
+    if (in.scaling) events_->scalar("train/loss_scale", in.loss_scale, step);
+    events_->flush();
+  }
   if (pg_.rank() == 0) {
     if (language) {
       record(
@@ -165,27 +192,38 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
 }
 
 void Metrics::validation(const TrainerState& state, double loss, double accuracy, int64_t examples,
-                         bool whole_epoch) {
+                         EvalAt at) {
   if (pg_.rank() != 0) return;
+  if (events_) {
+    events_->scalar("val/loss", loss, state.step);
+    events_->scalar("val/accuracy", accuracy, state.step);
+    if (tokens_per_sample_ > 0) events_->scalar("val/perplexity", std::exp(loss), state.step);
+    events_->flush();
+  }
+  const char* where = at == EvalAt::kEpochEnd ? ""
+                      : at == EvalAt::kStop   ? " (partial, at the stop)"
+                                              : " (step, train.eval_every)";
+  const char* field = at == EvalAt::kEpochEnd ? ""
+                      : at == EvalAt::kStop   ? ", \"partial\": true"
+                                              : ", \"at\": \"eval_every\"";
   if (bar()) std::printf("\n");
   if (tokens_per_sample_ > 0) {
     spdlog::info(
         "epoch {}{} validation: loss {:.5f} perplexity {:.3f} next-token accuracy {:.4f} ({} "
-        "windows)",
-        state.epoch + 1, whole_epoch ? "" : " (partial, at the stop)", loss, std::exp(loss),
-        accuracy, examples);
+        "windows, step {})",
+        state.epoch + 1, where, loss, std::exp(loss), accuracy, examples, state.step);
     record(
         "{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_perplexity\": %.6g, "
         "\"val_accuracy\": %.6f%s}\n",
         static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-        std::exp(loss), accuracy, whole_epoch ? "" : ", \"partial\": true");
+        std::exp(loss), accuracy, field);
     return;
   }
-  spdlog::info("epoch {}{} validation: loss {:.5f} accuracy {:.4f} ({} examples)", state.epoch + 1,
-               whole_epoch ? "" : " (partial, at the stop)", loss, accuracy, examples);
+  spdlog::info("epoch {}{} validation: loss {:.5f} accuracy {:.4f} ({} examples, step {})",
+               state.epoch + 1, where, loss, accuracy, examples, state.step);
   record("{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.8g, \"val_accuracy\": %.6f%s}\n",
          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-         accuracy, whole_epoch ? "" : ", \"partial\": true");
+         accuracy, field);
 }
 
 }  // namespace lockstep

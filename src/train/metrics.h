@@ -8,12 +8,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/step.h"
+#include "lockstep/train/tensorboard.h"
 
 namespace lockstep {
 
@@ -33,6 +35,10 @@ struct Interval {
   void add(const StepStats& step);
 };
 
+// Where an evaluation was taken: an epoch's end, every train.eval_every
+// steps, or a stop inside an epoch (train.max_steps: "partial").
+enum class EvalAt { kEpochEnd, kEvery, kStop };
+
 class Metrics {
  public:
   // Rank 0 appends to <run_dir>/metrics.jsonl; the other ranks write nothing.
@@ -44,10 +50,13 @@ class Metrics {
   // Ends `in` (every rank: one all-reduce) and reports it; returns the global
   // mean loss. `in` is reset for the next interval.
   double end_interval(Interval& in, const TrainerState& state, int64_t total_steps);
-  // The validation result of an epoch (rank 0 reports; no collective);
-  // `whole_epoch` false: taken at a stop inside the epoch ("partial": true).
+  // A validation result (rank 0 reports; no collective).
   void validation(const TrainerState& state, double loss, double accuracy, int64_t examples,
-                  bool whole_epoch);
+                  EvalAt at);
+  // log.tensorboard: the resolved configuration as text, at step 0.
+  void config_text(const std::string& yaml);
+  // A line of its own in metrics.jsonl (rank 0), e.g. an early stop.
+  void note(const std::string& json_fields);
   // A language model: intervals also report tokens/s (total and per rank),
   // the perplexity exp(loss) and the achieved FLOP/s, flops_per_token x
   // tokens/s (6N + attention: Gpt::flops_per_token).
@@ -66,6 +75,7 @@ class Metrics {
   LogConfig log_;
   ProcessGroup& pg_;
   std::FILE* file_ = nullptr;
+  std::unique_ptr<EventWriter> events_;  // log.tensorboard, rank 0
   bool failed_ = false;
   bool warned_comm_share_ = false;
   double tokens_per_sample_ = 0;  // 0: not a language model

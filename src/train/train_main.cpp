@@ -58,6 +58,9 @@ int train_main(int argc, char** argv) {
       std::printf("trained %lld steps: %s; weights %s; run %s\n",
                   static_cast<long long>(result.steps), validation, result.fingerprint.c_str(),
                   result.run_dir.c_str());
+      if (!result.stopped_early.empty()) std::printf("%s\n", result.stopped_early.c_str());
+      if (!result.best_checkpoint.empty())
+        std::printf("best checkpoint: %s\n", result.best_checkpoint.c_str());
     }
     dist.shutdown();
     return kExitOk;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
 #include "lockstep/util/sha256.h"
+#include "lockstep/util/text.h"
 #include "lockstep/util/trace.h"
 #include "metrics.h"
 #include "stop_signals.h"
@@ -90,6 +92,7 @@ struct Trainer::Impl {
       spdlog::debug("resolved configuration:\n{}", config_yaml);
     }
     metrics = std::make_unique<Metrics>(config.log, *pg, run_dir);
+    metrics->config_text(config_yaml);
   }
 
   void load_data() {
@@ -105,6 +108,16 @@ struct Trainer::Impl {
         name_of(kDatasetKindNames, d.name), data.summary, train_size, val_size,
         d.batch_size * world.world_size * acc, d.batch_size, world.world_size, acc,
         plan.steps_per_epoch);
+    const char* watcher =
+        config.checkpoint.keep_best != WatchedMetric::kNone      ? "checkpoint.keep_best"
+        : config.train.early_stop_metric != WatchedMetric::kNone ? "train.early_stop.metric"
+                                                                 : nullptr;
+    if (val_size == 0 && watcher != nullptr) {
+      throw ConfigError(std::string(watcher) +
+                        " watches a validation metric, but the validation split is empty "
+                        "(data.validation_fraction=" +
+                        number_text(d.validation_fraction) + ")");
+    }
     if (val_size == 0 && world.rank == 0) {
       spdlog::warn(
           "data: the validation split is empty ({} examples x data.validation_fraction={} "
@@ -186,7 +199,10 @@ struct Trainer::Impl {
     fingerprint_enforce(*pg, report, policy, tensors);
   }
 
-  void save_checkpoint() {
+  std::string last_best;  // checkpoints/best, once written
+
+  // `best_yaml` non-empty: the best checkpoint (checkpoint.keep_best).
+  void save_checkpoint(const std::string& best_yaml = "") {
     step->finish_checks();
     state.world_size = world.world_size;
     state.model = config.model.name;
@@ -197,9 +213,15 @@ struct Trainer::Impl {
     const std::string problem = rank0_outcome(*pg, [&] {
       std::vector<at::Tensor> rows;
       for (const auto& s : states) rows.push_back(s.cpu());
-      last_checkpoint = checkpointer->save(state, state_dict_of(*model), *optimizer,
-                                           at::stack(rows), config_yaml);
-      spdlog::info("checkpoint: {}", absolute_path(last_checkpoint));
+      const std::string folder = checkpointer->save(state, state_dict_of(*model), *optimizer,
+                                                    at::stack(rows), config_yaml, best_yaml);
+      if (best_yaml.empty()) {
+        last_checkpoint = folder;
+        spdlog::info("checkpoint: {}", absolute_path(folder));
+      } else {
+        last_best = folder;
+        spdlog::info("best checkpoint: {} (step {})", absolute_path(folder), state.step);
+      }
     });
     if (!problem.empty()) {
       if (config.checkpoint.on_error == OnCheckpointError::kFail) throw DataError(problem);
@@ -211,18 +233,23 @@ struct Trainer::Impl {
     result.last_loss = metrics->end_interval(in, state, plan.total_steps);
   }
 
-  // `whole_epoch` false: a stop (train.max_steps) inside the epoch.
-  void evaluate(TrainResult& result, bool whole_epoch) {
+  // Evaluates the validation split (train.eval_batches bounds each rank's
+  // share); returns false when it is empty. Collective.
+  bool evaluate(TrainResult& result, EvalAt at) {
     const int64_t val_size = data.validation->size();
-    if (val_size == 0) return;  // the same on every rank: the split is deterministic
+    if (val_size == 0) return false;  // the same on every rank: the split is deterministic
     model->eval();
     at::NoGradGuard no_grad;
+    // Language windows are large: the training batch; rows otherwise.
+    const int64_t rows = data.task == TaskKind::kLanguage ? config.data.batch_size : 256;
     std::vector<int64_t> mine;  // unpadded shard: exact global counts
     for (int64_t i = world.rank; i < val_size; i += world.world_size) mine.push_back(i);
+    if (config.train.eval_batches > 0 &&
+        static_cast<int64_t>(mine.size()) > config.train.eval_batches * rows) {
+      mine.resize(static_cast<size_t>(config.train.eval_batches * rows));
+    }
     double loss_sum = 0, correct = 0;
     if (!mine.empty()) {
-      // Language windows are large: the training batch; rows otherwise.
-      const int64_t rows = data.task == TaskKind::kLanguage ? config.data.batch_size : 256;
       BatchLoader loader(data.validation, mine, LoaderOptions{rows, false, false});
       while (auto batch = loader.next()) {
         const auto x = batch->x.to(device), y = batch->y.to(device);
@@ -244,8 +271,78 @@ struct Trainer::Impl {
     result.val_accuracy = sums[1] / count;
     result.val_examples = static_cast<int64_t>(sums[2]);
     model->train();
-    metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples,
-                        whole_epoch);
+    metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples, at);
+    return true;
+  }
+
+  // ------------------------------------------- best checkpoint, early stop
+  static double metric_value(WatchedMetric metric, const TrainResult& r) {
+    switch (metric) {
+      case WatchedMetric::kValAccuracy:
+        return r.val_accuracy;
+      case WatchedMetric::kValPerplexity:
+        return std::exp(r.val_loss);
+      case WatchedMetric::kValLoss:
+      case WatchedMetric::kNone:
+        break;
+    }
+    return r.val_loss;
+  }
+  static bool higher_is_better(WatchedMetric metric, MetricMode mode) {
+    if (mode != MetricMode::kAuto) return mode == MetricMode::kMax;
+    return metric == WatchedMetric::kValAccuracy;
+  }
+  // Whether `value` improves on `watch` by more than `min_delta`; updates it.
+  // Every rank holds the same all-reduced value: every rank decides alike.
+  bool improve(MetricWatch& watch, double value, bool higher, double min_delta) {
+    const bool better = watch.best_step < 0 ||
+                        (higher ? value > watch.best + min_delta : value < watch.best - min_delta);
+    if (better) {
+      watch.best = value;
+      watch.best_step = state.step;
+      watch.bad = 0;
+    } else {
+      ++watch.bad;
+    }
+    return better;
+  }
+
+  // After an evaluation at an epoch's end or every train.eval_every steps
+  // (not at a train.max_steps stop: a run interrupted and resumed must see
+  // the evaluations an uninterrupted one sees). Returns true to stop.
+  bool after_evaluation(TrainResult& result) {
+    const auto& ck = config.checkpoint;
+    if (ck.keep_best != WatchedMetric::kNone) {
+      const double value = metric_value(ck.keep_best, result);
+      if (improve(state.keep_best, value, higher_is_better(ck.keep_best, ck.mode), 0)) {
+        char best[256];
+        std::snprintf(best, sizeof best, "metric: %s\nmode: %s\nvalue: %.17g\nstep: %lld\n",
+                      name_of(kWatchedMetricNames, ck.keep_best),
+                      higher_is_better(ck.keep_best, ck.mode) ? "max" : "min", value,
+                      static_cast<long long>(state.step));
+        save_checkpoint(best);
+        result.best_checkpoint = last_best;
+      }
+    }
+    const auto& tr = config.train;
+    if (tr.early_stop_metric == WatchedMetric::kNone) return false;
+    const double value = metric_value(tr.early_stop_metric, result);
+    improve(state.early_stop, value, higher_is_better(tr.early_stop_metric, MetricMode::kAuto),
+            tr.early_stop_min_delta);
+    if (state.early_stop.bad < tr.early_stop_patience) return false;
+    char why[320];
+    std::snprintf(why, sizeof why,
+                  "early stop at step %lld: %s has not improved by more than %g for %lld "
+                  "evaluations (best %.6g at step %lld)",
+                  static_cast<long long>(state.step),
+                  name_of(kWatchedMetricNames, tr.early_stop_metric), tr.early_stop_min_delta,
+                  static_cast<long long>(state.early_stop.bad), state.early_stop.best,
+                  static_cast<long long>(state.early_stop.best_step));
+    result.stopped_early = why;
+    if (world.rank == 0) spdlog::warn("{}", why);
+    metrics->note("\"step\": " + std::to_string(state.step) + ", \"early_stop\": \"" +
+                  std::string(why) + "\"");
+    return true;
   }
 
   void train_step(BatchLoader& loader, Interval& in) {
@@ -318,7 +415,10 @@ TrainResult Trainer::run() {
     s.state.batch_in_epoch = 0;
   }
   s.model->train();
-  while (s.state.step < stop && s.state.epoch < s.config.train.epochs) {
+  const int64_t eval_every = s.config.train.eval_every;
+  const auto eval_point = [&] { return eval_every > 0 && s.state.step % eval_every == 0; };
+  bool stopping = false;  // train.early_stop
+  while (!stopping && s.state.step < stop && s.state.epoch < s.config.train.epochs) {
     s.sampler->set_epoch(s.state.epoch);
     BatchLoader loader(
         s.data.train, s.sampler->indices(),
@@ -329,6 +429,14 @@ TrainResult Trainer::run() {
       s.train_step(loader, interval);
       const bool end = s.state.step == stop;
       if (s.state.step % s.config.log.every == 0 || end) s.end_interval(interval, result);
+      const bool epoch_end = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
+      if (eval_point() && !end && !epoch_end) {  // those two are evaluated below
+        if (s.evaluate(result, EvalAt::kEvery) && s.after_evaluation(result)) {
+          stopping = true;
+          s.save_checkpoint();
+          break;
+        }
+      }
       if (s.config.checkpoint.every > 0 && s.state.step % s.config.checkpoint.every == 0 && !end) {
         s.save_checkpoint();
       }
@@ -349,10 +457,19 @@ TrainResult Trainer::run() {
         }
       }
     }
-    // An epoch's end is evaluated; so is a stop inside one (marked partial).
+    if (stopping) break;
+    // An epoch's end is evaluated; so is a stop inside one (marked partial,
+    // unless it falls on a train.eval_every step).
     const bool epoch_done = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
-    if (epoch_done || s.state.step == stop) s.evaluate(result, /*whole_epoch=*/epoch_done);
-    if (s.state.step == stop) {
+    if (epoch_done || s.state.step == stop) {
+      const EvalAt at = epoch_done     ? EvalAt::kEpochEnd
+                        : eval_point() ? EvalAt::kEvery
+                                       : EvalAt::kStop;
+      if (s.evaluate(result, at) && at != EvalAt::kStop && s.after_evaluation(result)) {
+        stopping = true;
+      }
+    }
+    if (s.state.step == stop || stopping) {
       s.save_checkpoint();
       break;
     }
@@ -369,6 +486,7 @@ TrainResult Trainer::run() {
   result.fingerprint =
       hex_of(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));
   result.last_checkpoint = s.last_checkpoint;
+  if (result.best_checkpoint.empty()) result.best_checkpoint = s.last_best;
   if (result.val_examples > 0) {
     spdlog::info("done: {} steps, validation accuracy {:.4f}, final weights {}", result.steps,
                  result.val_accuracy, result.fingerprint);

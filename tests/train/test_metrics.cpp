@@ -11,6 +11,7 @@
 #include "support/catch.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
+#include "lockstep/train/tensorboard.h"
 #include "train/metrics.h"
 
 using namespace lockstep;
@@ -37,9 +38,9 @@ TEST_CASE("metrics records: global means, epochs from 1, partial validation", "[
     state.epoch = 1;  // the second epoch
     const double loss = metrics.end_interval(in, state, 100);
     CHECK(in.steps == 0);  // reset for the next interval
-    metrics.validation(state, 0.5, 0.75, 30, true);
+    metrics.validation(state, 0.5, 0.75, 30, EvalAt::kEpochEnd);
     state.step = 45;
-    metrics.validation(state, 0.25, 0.875, 30, false);
+    metrics.validation(state, 0.25, 0.875, 30, EvalAt::kStop);
     return loss;
   });
   for (const auto& o : outcomes) {
@@ -78,7 +79,7 @@ TEST_CASE("metrics: a language model reports perplexity, tokens/s per rank and i
     TrainerState state;
     state.step = 10;
     metrics.end_interval(in, state, 100);
-    metrics.validation(state, std::log(5.0), 0.5, 12, true);
+    metrics.validation(state, std::log(5.0), 0.5, 12, EvalAt::kEpochEnd);
     return 0;
   });
   for (const auto& o : outcomes) REQUIRE(error_text(o.error) == "");
@@ -100,4 +101,16 @@ TEST_CASE("metrics: a language model reports perplexity, tokens/s per rank and i
   CHECK(number("flops_per_s") == Approx(number("tokens_per_s") * 1e6).epsilon(1e-3));
   CHECK(train.find("accuracy") == std::string::npos);
   CHECK_THAT(val, Contains("\"val_perplexity\": 5,"));
+}
+
+TEST_CASE("TensorBoard records: CRC-32C and its mask on known values", "[metrics]") {
+  // RFC 3720's check value of CRC-32C, and TensorFlow's masking of it
+  // (crc32c::Mask in tensorflow/core/lib/hash/crc32c.h).
+  const std::string digits = "123456789";
+  CHECK(crc32c(digits.data(), digits.size()) == 0xe3069283u);
+  const uint32_t c = 0xe3069283u;
+  CHECK(crc32c_masked(digits.data(), digits.size()) == ((c >> 15) | (c << 17)) + 0xa282ead8u);
+  CHECK(crc32c("", 0) == 0u);
+  const std::string zeros(32, '\0');
+  CHECK(crc32c(zeros.data(), zeros.size()) == 0x8a9136aau);  // RFC 3720 B.4: 32 bytes of 0
 }

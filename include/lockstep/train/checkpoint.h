@@ -32,6 +32,15 @@ class Optimizer;
 
 namespace lockstep {
 
+// A watched validation metric's progress (checkpoint.keep_best,
+// train.early_stop): the best value, its step (-1: none yet) and the
+// evaluations since without improvement. Saved in state.yaml.
+struct MetricWatch {
+  double best = 0;
+  int64_t best_step = -1;
+  int64_t bad = 0;
+};
+
 struct TrainerState {
   int64_t step = 0;            // optimizer steps done
   int64_t epoch = 0;           // current epoch
@@ -39,6 +48,7 @@ struct TrainerState {
   int64_t world_size = 1;
   std::string model;
   std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
+  MetricWatch keep_best, early_stop;
 };
 
 class Checkpointer {
@@ -49,9 +59,12 @@ class Checkpointer {
   // folder, fsynced, renamed. Any failure (a full disk: ENOSPC) is a
   // DataError naming the file and errno; the temporary folder is removed and
   // the previous checkpoint is untouched (Note [Failed checkpoint]).
+  // `best`: into checkpoints/best instead (not rotated; the previous best
+  // replaced by rename), with best.yaml (metric, value, step) in its
+  // MANIFEST.
   std::string save(const TrainerState& state, const StateDict& model,
                    torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
-                   const std::string& config_yaml);
+                   const std::string& config_yaml, const std::string& best_yaml = "");
 
   // The newest checkpoint folder, whether or not it verifies.
   std::optional<std::string> newest() const;
@@ -70,7 +83,7 @@ class Checkpointer {
  private:
   void write_folder(const std::string& tmp, const TrainerState& state, const StateDict& model,
                     torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
-                    const std::string& config_yaml);
+                    const std::string& config_yaml, const std::string& best_yaml);
   void rotate();
 
   std::string dir_;

@@ -48,6 +48,17 @@ inline constexpr NameTable<DeviceKind, 3> kDeviceKindNames{
 enum class Precision { kFp32, kBf16, kFp16 };
 inline constexpr NameTable<Precision, 3> kPrecisionNames{
     {{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}}};
+// A validation metric: what checkpoint.keep_best and train.early_stop watch.
+enum class WatchedMetric { kNone, kValLoss, kValAccuracy, kValPerplexity };
+inline constexpr NameTable<WatchedMetric, 4> kWatchedMetricNames{
+    {{WatchedMetric::kNone, "none"},
+     {WatchedMetric::kValLoss, "val_loss"},
+     {WatchedMetric::kValAccuracy, "val_accuracy"},
+     {WatchedMetric::kValPerplexity, "val_perplexity"}}};
+// Better is lower (min) or higher (max); auto: max for accuracy, else min.
+enum class MetricMode { kAuto, kMin, kMax };
+inline constexpr NameTable<MetricMode, 3> kMetricModeNames{
+    {{MetricMode::kAuto, "auto"}, {MetricMode::kMin, "min"}, {MetricMode::kMax, "max"}}};
 enum class OnCheckpointError { kFail, kWarn };
 inline constexpr NameTable<OnCheckpointError, 2> kOnCheckpointErrorNames{
     {{OnCheckpointError::kFail, "fail"}, {OnCheckpointError::kWarn, "warn"}}};
@@ -111,6 +122,13 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;
   double loss_scale = 65536;                  // fp16: the GradScaler's initial scale
   int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
+  int64_t eval_every = 0;                     // also evaluate every N steps (0: at epoch ends only)
+  int64_t eval_batches = 0;                   // validation batches per rank per evaluation (0: all)
+  // train.early_stop: {metric, patience, min_delta} (YAML) or
+  // --set train.early_stop.metric=val_loss.
+  WatchedMetric early_stop_metric = WatchedMetric::kNone;
+  int64_t early_stop_patience = 3;  // evaluations without improvement before stopping
+  double early_stop_min_delta = 0;  // what counts as an improvement
 };
 
 struct OptimConfig {
@@ -153,6 +171,8 @@ struct CheckpointConfig {
   std::string resume;
   bool on_signal = false;
   OnCheckpointError on_error = OnCheckpointError::kFail;  // a checkpoint that cannot be written
+  WatchedMetric keep_best = WatchedMetric::kNone;  // keep checkpoints/best: the best evaluation
+  MetricMode mode = MetricMode::kAuto;             // keep_best: lower or higher is better
 };
 
 struct LogConfig {
@@ -161,6 +181,7 @@ struct LogConfig {
   bool file = false;
   Progress progress = Progress::kAuto;
   bool trace = false;
+  bool tensorboard = false;  // events.out.tfevents.* in the run directory (rank 0)
 };
 
 struct Config {

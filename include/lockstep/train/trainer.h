@@ -28,6 +28,8 @@ struct TrainResult {
   std::string fingerprint;   // final weights' digest (hex)
   std::string run_dir;
   std::string last_checkpoint;
+  std::string best_checkpoint;  // checkpoint.keep_best: checkpoints/best, once written
+  std::string stopped_early;    // train.early_stop: why the run stopped early ("" if not)
 };
 
 class Trainer {

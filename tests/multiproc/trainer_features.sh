@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Evaluation during training, the best checkpoint, early stopping and
+# TensorBoard event files (docs/training.md), on 2 ranks:
+# - train.eval_every: records every 50 steps; the 2-rank evaluation equals
+#   one process's over the whole validation split for the same weights;
+#   train.eval_batches bounds it;
+# - checkpoint.keep_best: checkpoints/best holds the best evaluation's
+#   weights, its metric and step in best.yaml (in its MANIFEST);
+# - log.tensorboard: the event file decoded by an independent reader
+#   (tests/python/tfevents.py: framing, both CRC-32C, the protobuf fields)
+#   holds the config and the same scalars as metrics.jsonl;
+# - train.early_stop: every rank stops at the same step, with a final
+#   checkpoint and the reason; a run interrupted and resumed stops at the
+#   same step (the watch is in state.yaml); bad keys exit 2.
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+PY=/usr/bin/python3
+runs="$WORK/runs"
+export OMP_NUM_THREADS=1
+train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
+  local n=$1
+  shift
+  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
+    --config "$root/configs/digits.yaml" --set run.dir="$runs" --set log.progress=plain "$@" \
+    >"$WORK/out" 2>&1
+}
+
+# 1. The issue's run: eval every 50 steps, the best kept, TensorBoard.
+train 2 --set run.name=features --set train.eval_every=50 --set checkpoint.keep_best=val_loss \
+  --set log.tensorboard=true
+expect_eq "$?" 0 "eval_every=50, keep_best=val_loss, tensorboard=true on 2 ranks"
+run="$runs/features"
+expect_eq "$(grep -c '"at": "eval_every"' "$run/metrics.jsonl")" 9 "evaluations at steps 50, 100, ..., 450 (9)"
+expect_grep "$run/metrics.jsonl" '^\{"step": 250, "epoch": 11, "val_loss": [0-9.]+, "val_accuracy": [0-9.]+, "at": "eval_every"\}$' "step 250's record"
+best="$run/checkpoints/best"
+(cd "$best" && sha256sum -c --quiet MANIFEST) && pass "best/ verifies with its MANIFEST" || fail "best/ does not verify"
+expect_grep "$best/MANIFEST" "  best.yaml\$" "best.yaml is in the MANIFEST"
+$PY - "$run/metrics.jsonl" "$best/best.yaml" <<'PY' >"$WORK/best.check" 2>&1
+import json, sys
+vals = [json.loads(l) for l in open(sys.argv[1]) if '"val_loss"' in l]
+vals = [v for v in vals if not v.get("partial")]
+lowest = min(vals, key=lambda v: v["val_loss"])
+best = dict(line.split(": ", 1) for line in open(sys.argv[2]).read().splitlines())
+assert best["metric"] == "val_loss" and best["mode"] == "min", best
+assert int(best["step"]) == lowest["step"], (best, lowest)
+assert abs(float(best["value"]) - lowest["val_loss"]) <= 1e-7 * lowest["val_loss"], (best, lowest)
+print(f"best step {best['step']} value {best['value']}")
+PY
+expect_eq "$?" 0 "best.yaml names the lowest val_loss of metrics.jsonl and its step ($(cat "$WORK/best.check"))"
+step=$(sed -n 's/^step: //p' "$best/best.yaml")
+expect_grep "$best/state.yaml" "^step: $step\$" "best/ holds that step's state"
+$PY -c "import torch; sd = torch.load('$best/model.pt'); assert 'layers.0.weight' in sd" &&
+  pass "torch.load opens best/model.pt" || fail "torch.load cannot open best/model.pt"
+
+events=$(ls "$run"/events.out.tfevents.* 2>/dev/null | head -1)
+[ -n "$events" ] && pass "an event file: $(basename "$events")" || fail "no events.out.tfevents.* in $run"
+$PY "$root/tests/python/tfevents.py" "$events" >"$WORK/events.jsonl" 2>"$WORK/events.err"
+expect_eq "$?" 0 "the independent reader decodes it (framing, both CRC-32C, protobuf)" || cat "$WORK/events.err"
+$PY - "$WORK/events.jsonl" "$run/metrics.jsonl" <<'PY' >"$WORK/events.check" 2>&1
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+assert events[0] == {"file_version": "brain.Event:2"}, events[0]
+config = [e for e in events if e.get("tag") == "config"]
+assert config and config[0]["plugin"] == "text" and 'keep_best: "val_loss"' in config[0]["text"], config
+scalars = {(e["tag"], e["step"]): e["value"] for e in events if "value" in e}
+metrics = [json.loads(l) for l in open(sys.argv[2])]
+checked = 0
+def same(a, b):
+    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+for m in metrics:
+    if "loss" in m:
+        for tag, key in (("train/loss", "loss"), ("train/lr", "lr"), ("train/accuracy", "accuracy")):
+            assert same(scalars[(tag, m["step"])], m[key]), (tag, m)
+            checked += 1
+        assert ("train/samples_per_s", m["step"]) in scalars and ("train/comm_share", m["step"]) in scalars
+    if "val_loss" in m:
+        assert same(scalars[("val/loss", m["step"])], m["val_loss"]), m
+        assert same(scalars[("val/accuracy", m["step"])], m["val_accuracy"]), m
+        checked += 2
+print(f"{checked} scalars equal metrics.jsonl's; {len(events)} values in all")
+PY
+expect_eq "$?" 0 "tags, steps and values equal metrics.jsonl's: $(tail -1 "$WORK/events.check")"
+
+# 2. The 2-rank evaluation is one process's over the whole split: the
+#    weights of step 400 evaluated by 1 rank (lr 0 for one step: the
+#    weights do not move) give step 400's val_loss and val_accuracy.
+train 1 --set run.name=single --set model.init_from="$run/checkpoints/step_00000400/model.pt" \
+  --set optim.lr=0 --set optim.momentum=0 --set train.max_steps=1 --set checkpoint.every=0
+expect_eq "$?" 0 "one rank evaluates step 400's weights"
+$PY - "$run/metrics.jsonl" "$runs/single/metrics.jsonl" <<'PY' >"$WORK/single.check" 2>&1
+import json, sys
+two = next(json.loads(l) for l in open(sys.argv[1]) if '"val_loss"' in l and json.loads(l)["step"] == 400)
+one = next(json.loads(l) for l in open(sys.argv[2]) if '"val_loss"' in l)
+assert abs(two["val_loss"] - one["val_loss"]) <= 1e-6 * one["val_loss"], (two, one)
+assert two["val_accuracy"] == one["val_accuracy"], (two, one)
+print(f"val_loss {two['val_loss']} (2 ranks) vs {one['val_loss']} (1 rank), accuracy {one['val_accuracy']}")
+PY
+expect_eq "$?" 0 "2 ranks' evaluation equals 1 process's: $(tail -1 "$WORK/single.check")"
+
+# 3. train.eval_batches: 1 batch of 256 rows per rank of the synthetic
+#    data's 819 validation examples: 512 evaluated.
+train 2 --set run.name=bounded --set data.name=synthetic --set train.max_steps=20 \
+  --set train.eval_every=10 --set train.eval_batches=1 --set checkpoint.every=0
+expect_grep "$WORK/out" "\[rank0\]: .*validation: loss [0-9.]+ accuracy [0-9.]+ \(512 examples, step 10\)" "eval_batches=1 evaluates 2 x 256 examples"
+
+# 4. Early stopping: val_loss must improve by 100 (it cannot): evaluations
+#    at 10 (the first, the best), 20, 23 (the epoch's end), 30: stop at 30.
+stop=(--set train.eval_every=10 --set train.early_stop.metric=val_loss
+      --set train.early_stop.patience=3 --set train.early_stop.min_delta=100 --set checkpoint.every=0)
+train 2 --set run.name=early "${stop[@]}"
+expect_eq "$?" 0 "an early-stopped run exits 0"
+expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "rank 0 stops at step 30"
+expect_grep "$WORK/out" "\[rank1\]: .*done: 30 steps" "rank 1 stops at step 30"
+expect_grep "$WORK/out" "early stop at step 30: val_loss has not improved by more than 100 for 3 evaluations \(best [0-9.]+ at step 10\)" "and says why"
+expect_grep "$runs/early/metrics.jsonl" '"early_stop": "early stop at step 30' "metrics.jsonl records it"
+[ -d "$runs/early/checkpoints/step_00000030" ] && pass "a final checkpoint at step 30" || fail "no checkpoint at step 30"
+
+# 5. ... and survives a resume: stopped at 25 (after 10, 20, 23), resumed,
+#    it stops at 30 again (a fresh watch would stop at 50).
+train 2 --set run.name=early2 "${stop[@]}" --set train.max_steps=25
+expect_grep "$runs/early2/checkpoints/step_00000025/state.yaml" "^early_stop:" "state.yaml holds the early-stop watch"
+train 2 --set run.name=early2 "${stop[@]}" --set checkpoint.resume=auto
+expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "the resumed run stops at step 30 too"
+
+# 6. A nested YAML mapping, and bad input.
+cat >"$WORK/nested.yaml" <<'YAML'
+train:
+  epochs: 3
+  eval_every: 10
+  early_stop:
+    metric: val_accuracy
+    patience: 2
+data:
+  name: digits
+YAML
+"$LOCKSTEP" train --config "$WORK/nested.yaml" --set run.dir="$runs" --set run.name=nested \
+  --set log.progress=plain >"$WORK/out" 2>&1
+expect_eq "$?" 0 "train: {early_stop: {metric, patience}} in YAML"
+expect_grep "$runs/nested/config.yaml" '^  early_stop.metric: "val_accuracy"$' "is read as train.early_stop.metric"
+train 1 --set run.name=bad --set checkpoint.keep_best=val_loss --set data.validation_fraction=0
+expect_eq "$?" 2 "keep_best without a validation split exits 2"
+expect_grep "$WORK/out" "checkpoint.keep_best watches a validation metric, but the validation split is empty" "saying why"
+train 1 --set run.name=bad --set train.early_stop.metric=loss
+expect_eq "$?" 2 "an unknown metric exits 2"
+expect_grep "$WORK/out" "none, val_loss, val_accuracy, val_perplexity" "listing the valid ones"
+finish
