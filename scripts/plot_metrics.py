@@ -5,8 +5,12 @@
 Writes OUT_DIR (default RUN_DIR/plots)/loss.png (training loss per step and
 validation accuracy per epoch), step_time.png (per-step milliseconds split
 into forward, backward, waiting for communication, optimizer and check,
-stacked) and comm_share.png (the share of the step spent waiting for
-communication, with the 20% line past which lockstep warns).
+stacked), comm_share.png (the share of the step spent waiting for
+communication, with the 20% line past which lockstep warns) and
+training.png (learning rate, gradient norm before clipping, the fp16 loss
+scale with its skipped steps, and rank 0's peak resident memory: those the
+run recorded). Validation points include the evaluations every
+train.eval_every steps.
 """
 import json
 import os
@@ -79,7 +83,22 @@ def main():
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, "comm_share.png"), dpi=100)
-    print(f"plots in {out}: loss.png step_time.png comm_share.png")
+    panels = [("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"),
+              ("loss_scale", "loss scale (fp16)"), ("peak_rss_mib", "peak resident MiB (rank 0)")]
+    panels = [(k, t) for k, t in panels if any(k in r for r in steps)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels)), sharex=True, squeeze=False)
+    for ax, (key, title) in zip(axes[:, 0], panels):
+        ax.plot([r["step"] for r in steps if key in r], [r[key] for r in steps if key in r])
+        ax.set_ylabel(title, fontsize=8)
+        if key == "loss_scale":
+            ax.set_yscale("log")
+            skipped = [r["step"] for r in steps if r.get("skipped_steps", 0) > 0]
+            for s in skipped:
+                ax.axvline(s, color="tab:red", alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "training.png"), dpi=100)
+    print(f"plots in {out}: loss.png step_time.png comm_share.png training.png")
 
 
 if __name__ == "__main__":

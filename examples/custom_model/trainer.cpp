@@ -1,9 +1,13 @@
-// Your own model inside lockstep's trainer: register it under a name, then
-// run `lockstep train` from your program. The config says model.name: tiny.
+// Your own model, loss and callback inside lockstep's trainer: register
+// them under names, then run `lockstep train` from your program. The config
+// says model.name: tiny and train.loss: smoothed.
 //   lockstep-run --nproc-per-node 2 build/custom_trainer --config tiny.yaml
+#include <lockstep/train/callbacks.h>
 #include <lockstep/train/models.h>
 #include <lockstep/train/train_main.h>
 #include <torch/torch.h>
+
+#include <cstdio>
 
 // A Classifier maps [batch, ...example shape] to [batch, classes].
 class Tiny : public lockstep::Classifier {
@@ -20,7 +24,44 @@ class Tiny : public lockstep::Classifier {
   torch::nn::Linear hidden_{nullptr}, out_{nullptr};
 };
 
+// Cross-entropy with label smoothing (eps spread over all classes).
+at::Tensor smoothed_cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
+  const double eps = 0.1;
+  const auto logp = torch::log_softmax(logits, 1);
+  const auto nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1);
+  return ((1 - eps) * nll - eps * logp.mean(1)).mean();
+}
+
+// Runs on every rank; prints on rank 0 what it saw.
+class Report : public lockstep::TrainerCallback {
+ public:
+  void on_train_start(const lockstep::CallbackContext& context,
+                      const lockstep::TrainerState&) override {
+    rank_ = context.rank;
+  }
+  void on_step_end(const lockstep::TrainerState&, const lockstep::StepStats&) override { ++steps_; }
+  void on_evaluation_end(const lockstep::TrainerState& state,
+                         const lockstep::TrainResult& result) override {
+    if (rank_ == 0) {
+      std::printf("[report] step %lld: val_loss %.4f val_accuracy %.4f\n",
+                  static_cast<long long>(state.step), result.val_loss, result.val_accuracy);
+    }
+  }
+  void on_checkpoint(const lockstep::TrainerState&, const std::string& folder) override {
+    if (rank_ == 0) std::printf("[report] checkpoint %s\n", folder.c_str());
+  }
+  void on_train_end(const lockstep::TrainerState&, const lockstep::TrainResult&) override {
+    if (rank_ == 0) std::printf("[report] %lld steps seen\n", static_cast<long long>(steps_));
+  }
+
+ private:
+  int rank_ = 0;
+  int64_t steps_ = 0;
+};
+
 int main(int argc, char** argv) {
+  lockstep::register_loss("smoothed", smoothed_cross_entropy);
+  lockstep::register_callback("report", [] { return std::make_shared<Report>(); });
   lockstep::register_model(
       "tiny", [](const lockstep::ModelConfig&, const std::vector<int64_t>& shape, int64_t classes) {
         int64_t features = 1;

@@ -14,6 +14,7 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
+#include "lockstep/train/callbacks.h"
 #include "lockstep/train/models.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/train/precision.h"
@@ -77,10 +78,8 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   StepOptions step_options = step_options_from_config(config, plan.total_steps);
   step_options.synchronise = synchronise;
   const TaskKind task = data.task;
-  TrainStep step(
-      *pg, ddp, *model, *optimizer,
-      [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); },
-      task == TaskKind::kClassification, step_options);
+  TrainStep step(*pg, ddp, *model, *optimizer, loss_from_config(config.train.loss, task),
+                 task == TaskKind::kClassification, step_options);
   precision.install(step.hooks);
   Phase phase;
   step.set_report_observer([&](const ConsistencyReport& r) { phase.steps.push_back(r); });
@@ -183,6 +182,10 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
     control_text = "PASS (divergence caught at step " + std::to_string(control.first_divergence) +
                    (control.first_stepped > 1 ? ", the first the GradScaler did not skip" : "") +
                    ": " + control.first_message + ")";
+  } else if (control.first_stepped < 0) {
+    control_text =
+        "FAIL (the GradScaler skipped every step: inf/NaN gradients at every loss scale, so "
+        "nothing could diverge; more --steps or a lower train.loss_scale)";
   } else if (control.first_divergence < 0) {
     control_text = "FAIL (training without synchronisation was never caught)";
   } else {

@@ -235,9 +235,17 @@ const std::vector<Field>& fields() {
                  1 << 20),
       make_field("train", "clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, Type::kDouble,
                  "clip gradients to this global norm after synchronisation (0: off)", 0, kInf),
+      make_field("train", "clip_value", &C::train, &TrainConfig::clip_value, Type::kDouble,
+                 "clamp every gradient element to [-v, v] after synchronisation, before "
+                 "clip_grad_norm (0: off)",
+                 0, kInf),
       make_choice("train", "device", &C::train, &TrainConfig::device, kDeviceKindNames,
                   "where the model and batches live (auto: cuda with dist.backend nccl, else "
                   "cpu; cuda: GPU LOCAL_RANK modulo the GPUs seen)"),
+      make_field("train", "loss", &C::train, &TrainConfig::loss, Type::kString,
+                 "auto (cross-entropy for classes and next tokens, MSE for regression), "
+                 "cross_entropy, mse, or a name given to register_loss",
+                 -kInf, kInf),
       make_field("train", "eval_every", &C::train, &TrainConfig::eval_every, Type::kInt,
                  "also evaluate the validation split every N steps (0: at epoch ends only)", 0,
                  1e15),

@@ -80,6 +80,7 @@ void Interval::add(const StepStats& step) {
   optimizer_ms += step.optimizer_ms;
   check_ms += step.check_ms;
   lr = step.lr;
+  if (step.grad_norm.defined()) grad_norm = step.grad_norm;
   scaling = step.scaling;
   loss_scale = step.loss_scale;
   skipped += step.skipped ? 1 : 0;
@@ -116,6 +117,10 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
     used = std::snprintf(extra, sizeof extra, "\"loss_scale\": %.9g, \"skipped_steps\": %lld, ",
                          in.loss_scale, static_cast<long long>(in.skipped));
   }
+  const double grad_norm = in.grad_norm.defined() ? in.grad_norm.item<double>() : 0.0;
+  if (in.grad_norm.defined()) {
+    used += std::snprintf(extra + used, sizeof extra - used, "\"grad_norm\": %.6g, ", grad_norm);
+  }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::snprintf(extra + used, sizeof extra - used, "\"peak_rss_mib\": %.1f, ",
@@ -127,6 +132,7 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
     const int64_t step = state.step;
     events_->scalar("train/loss", loss, step);
     events_->scalar("train/lr", lr, step);
+    if (in.grad_norm.defined()) events_->scalar("train/grad_norm", grad_norm, step);
     if (language) {
       events_->scalar("train/perplexity", std::exp(loss), step);
       events_->scalar("train/tokens_per_s", tokens_per_s, step);

@@ -27,6 +27,7 @@ struct Interval {
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
   int64_t steps = 0;
   double lr = 0;          // the last step's
+  at::Tensor grad_norm;   // the last step's, before clipping
   bool scaling = false;   // a GradScaler runs (fp16)
   double loss_scale = 0;  // the last step's
   int64_t skipped = 0;    // steps the scaler skipped (inf/NaN gradients)

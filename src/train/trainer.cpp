@@ -16,6 +16,7 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
+#include "lockstep/train/callbacks.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/fault.h"
 #include "lockstep/train/gpt.h"
@@ -54,6 +55,7 @@ struct Trainer::Impl {
   std::shared_ptr<Tracer> tracer;  // log.trace
   std::optional<Fault> fault;      // LOCKSTEP_FAULT, read once the world is known
   std::string last_checkpoint;
+  std::vector<std::shared_ptr<TrainerCallback>> callbacks;  // register_callback
 
   // ------------------------------------------------------------ lifecycle
   void agree_on_config() {
@@ -226,7 +228,13 @@ struct Trainer::Impl {
     if (!problem.empty()) {
       if (config.checkpoint.on_error == OnCheckpointError::kFail) throw DataError(problem);
       spdlog::warn("{}; training goes on (checkpoint.on_error: warn)", problem);
+      return;
     }
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(state.step));
+    const std::string folder =
+        run_dir + "/checkpoints/" + (best_yaml.empty() ? std::string(name) : "best");
+    for (auto& c : callbacks) c->on_checkpoint(state, folder);
   }
 
   void end_interval(Interval& in, TrainResult& result) {
@@ -272,6 +280,7 @@ struct Trainer::Impl {
     result.val_examples = static_cast<int64_t>(sums[2]);
     model->train();
     metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples, at);
+    for (auto& c : callbacks) c->on_evaluation_end(state, result);
     return true;
   }
 
@@ -345,7 +354,7 @@ struct Trainer::Impl {
     return true;
   }
 
-  void train_step(BatchLoader& loader, Interval& in) {
+  StepStats train_step(BatchLoader& loader, Interval& in) {
     StepStats stats;
     try {
       stats = step->run(
@@ -362,6 +371,7 @@ struct Trainer::Impl {
     }
     in.add(stats);
     ++state.step;
+    return stats;
   }
 };
 
@@ -384,9 +394,9 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
   const TaskKind task = s.data.task;
   s.step = std::make_unique<TrainStep>(
-      *s.pg, *s.ddp, *s.model, *s.optimizer,
-      [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); },
+      *s.pg, *s.ddp, *s.model, *s.optimizer, loss_from_config(s.config.train.loss, task),
       task == TaskKind::kClassification, step_options_from_config(s.config, s.plan.total_steps));
+  s.callbacks = callbacks_create();
   s.precision->install(s.step->hooks);
   if (s.config.log.trace) {
     s.tracer = std::make_shared<Tracer>(s.world.rank);
@@ -415,6 +425,8 @@ TrainResult Trainer::run() {
     s.state.batch_in_epoch = 0;
   }
   s.model->train();
+  const CallbackContext context{s.world.rank, s.world.world_size, s.run_dir};
+  for (auto& c : s.callbacks) c->on_train_start(context, s.state);
   const int64_t eval_every = s.config.train.eval_every;
   const auto eval_point = [&] { return eval_every > 0 && s.state.step % eval_every == 0; };
   bool stopping = false;  // train.early_stop
@@ -426,7 +438,8 @@ TrainResult Trainer::run() {
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
     while (s.state.batch_in_epoch < s.plan.micro_per_epoch && s.state.step < stop) {
       fault_maybe_fire(s.fault, s.world, s.state.step);
-      s.train_step(loader, interval);
+      const StepStats stats = s.train_step(loader, interval);
+      for (auto& c : s.callbacks) c->on_step_end(s.state, stats);
       const bool end = s.state.step == stop;
       if (s.state.step % s.config.log.every == 0 || end) s.end_interval(interval, result);
       const bool epoch_end = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
@@ -487,6 +500,7 @@ TrainResult Trainer::run() {
       hex_of(fingerprint_digest(fingerprint_tensors(*s.model, true), DigestMode::kXxh3));
   result.last_checkpoint = s.last_checkpoint;
   if (result.best_checkpoint.empty()) result.best_checkpoint = s.last_best;
+  for (auto& c : s.callbacks) c->on_train_end(s.state, result);
   if (result.val_examples > 0) {
     spdlog::info("done: {} steps, validation accuracy {:.4f}, final weights {}", result.steps,
                  result.val_accuracy, result.fingerprint);

@@ -52,7 +52,7 @@ for rank in (0, 1):
     assert any(b['ts'] < w['ts'] + w['dur'] and b['ts'] >= w['ts'] for b in buckets for w in backward)
 " && pass "traces: valid Chrome trace JSON per rank, all-reduces overlap backward" || fail "trace invalid"
 $PY "$root/scripts/plot_metrics.py" "$runs/short" "$WORK/plots" >/dev/null
-for png in loss step_time comm_share; do
+for png in loss step_time comm_share training; do
   [ "$(head -c 8 "$WORK/plots/$png.png" | od -An -tx1 | tr -d ' ')" = 89504e470d0a1a0a ] &&
     pass "plot $png.png is a PNG" || fail "plot $png.png missing or not a PNG"
 done

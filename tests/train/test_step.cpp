@@ -269,3 +269,67 @@ TEST_CASE("the recipe: the step plan, and each section converted once", "[step][
   CHECK(compressed.comm_hook->name() == "fp16");
   CHECK(compressed.bucket_cap_mb == 4);
 }
+
+TEST_CASE("the step reports the gradient norm before clipping, and clips by value first",
+          "[step]") {
+  // One rank, one linear layer whose gradient is known: loss = sum(w * g)
+  // has gradient g. clip_value 0.5 clamps it, clip_grad_norm 0.3 then
+  // scales it; grad_norm reports |g| before either.
+  auto outcomes = run_ranks<int>(1, [&](ProcessGroup& pg) {
+    at::manual_seed(1);
+    auto model = model_create(small_mlp(), {kFeatures}, kClasses);
+    ClassifierDdp ddp(model, pg.shared_from_this());
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+    StepOptions options;
+    options.clip_value = 0.01;
+    options.clip_grad_norm = 0.02;
+    options.total_steps = 1;
+    options.check.every = 0;
+    std::vector<at::Tensor> before, grads;
+    TrainStep step(
+        pg, ddp, *model, sgd,
+        [](const at::Tensor& out, const at::Tensor& y) {
+          return torch::nn::functional::cross_entropy(out, y);
+        },
+        true, options);
+    step.hooks.optimizer_step = [&](torch::optim::Optimizer&) {
+      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+    };
+    // The reference: the same forward and backward by hand.
+    at::manual_seed(2);
+    const auto x = at::randn({kRows, kFeatures});
+    const auto y = at::randint(0, kClasses, {kRows}, at::kLong);
+    bool given = false;
+    const auto stats = step.run(
+        [&]() -> std::optional<Batch> {
+          if (given) return std::nullopt;
+          given = true;
+          return Batch{x, y};
+        },
+        0);
+    auto reference = model_create(small_mlp(), {kFeatures}, kClasses);
+    {
+      at::NoGradGuard no_grad;
+      auto ps = reference->parameters(), qs = model->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(qs[i]);
+    }
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    std::vector<at::Tensor> norms;
+    for (const auto& p : reference->parameters()) norms.push_back(p.grad().norm());
+    const double norm = at::stack(norms).norm().item<double>();
+    REQUIRE(stats.grad_norm.defined());
+    CHECK(stats.grad_norm.item<double>() == Approx(norm).epsilon(1e-6));
+    std::vector<at::Tensor> clamped;
+    for (const auto& p : reference->parameters()) clamped.push_back(p.grad().clamp(-0.01, 0.01));
+    std::vector<at::Tensor> cn;
+    for (const auto& g : clamped) cn.push_back(g.norm());
+    const double clamped_norm = at::stack(cn).norm().item<double>();
+    const double coef = std::min(1.0, 0.02 / (clamped_norm + 1e-6));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      CHECK(at::allclose(grads[i], clamped[i] * coef, 1e-5, 1e-7));
+    }
+    CHECK(clamped_norm > 0.02);  // so the norm clipping did act
+    return 0;
+  });
+  REQUIRE(error_text(outcomes[0].error).empty());
+}

@@ -122,8 +122,10 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;
   double loss_scale = 65536;                  // fp16: the GradScaler's initial scale
   int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
-  int64_t eval_every = 0;                     // also evaluate every N steps (0: at epoch ends only)
-  int64_t eval_batches = 0;                   // validation batches per rank per evaluation (0: all)
+  std::string loss = "auto";  // auto (the task's), cross_entropy, mse, or a register_loss name
+  double clip_value = 0;      // clamp every gradient element to [-v, v] (0: off)
+  int64_t eval_every = 0;     // also evaluate every N steps (0: at epoch ends only)
+  int64_t eval_batches = 0;   // validation batches per rank per evaluation (0: all)
   // train.early_stop: {metric, patience, min_delta} (YAML) or
   // --set train.early_stop.metric=val_loss.
   WatchedMetric early_stop_metric = WatchedMetric::kNone;

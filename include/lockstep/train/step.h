@@ -7,7 +7,7 @@
 //   verdicts of earlier checks (StepChecks::before_update), before the
 //     weights change
 //   hooks.before_clip                                        unscale_
-//   learning rate of the schedule; clip the global gradient norm
+//   learning rate of the schedule; the gradient norm; clip by value, by norm
 //   hooks.optimizer_step, or optimizer.step()               skip, sharded step
 //   the per-step check started (check.every)
 //   hooks.after_step                                         evaluation
@@ -51,6 +51,7 @@ struct StepStats {
   double samples = 0;
   double lr = 0;  // the learning rate this step used
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+  at::Tensor grad_norm;   // the global gradient norm before clipping (a scalar tensor)
   bool scaling = false;   // a GradScaler runs (fp16)
   double loss_scale = 0;  // its scale after this step
   bool skipped = false;   // the optimizer step was skipped (inf/NaN gradients)
@@ -76,6 +77,7 @@ struct StepHooks {
 struct StepOptions {
   int64_t accumulation_steps = 1;
   double clip_grad_norm = 0;  // 0: no clipping
+  double clip_value = 0;      // 0: none; else gradients clamped to [-v, v] first
   OptimConfig optim;          // the learning-rate schedule
   int64_t total_steps = 1;    // the schedule's length
   CheckConfig check;          // check.every 0: no per-step check
