@@ -26,6 +26,11 @@ class Tiny : public lockstep::Classifier {
 
 // Cross-entropy with label smoothing (eps spread over all classes).
 at::Tensor smoothed_cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
+  static bool announced = false;  // a visible mark that train.loss picked it
+  if (!announced) {
+    announced = true;
+    std::printf("[loss] label-smoothed cross-entropy\n");
+  }
   const double eps = 0.1;
   const auto logp = torch::log_softmax(logits, 1);
   const auto nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1);

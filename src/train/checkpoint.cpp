@@ -257,8 +257,10 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
         w.best = node["best"].as<double>();
         w.best_step = node["step"].as<int64_t>();
         w.bad = node["bad"].as<int64_t>();
-        if (w.best_step < 0 || w.bad < 0) {
-          throw YAML::Exception(node.Mark(), std::string(key) + ": negative step or count");
+        if (w.best_step < 0 || w.bad < 0 || !std::isfinite(w.best)) {
+          throw YAML::Exception(node.Mark(), std::string(key) +
+                                                 ": a negative step or count, or a best that "
+                                                 "is not a finite number");
         }
       }
     };

@@ -250,7 +250,7 @@ const std::vector<Field>& fields() {
                  "also evaluate the validation split every N steps (0: at epoch ends only)", 0,
                  1e15),
       make_field("train", "eval_batches", &C::train, &TrainConfig::eval_batches, Type::kInt,
-                 "validation batches per rank per evaluation (0: the whole split)", 0, 1e15),
+                 "validation batches per rank per evaluation (0: the whole split)", 0, 1e9),
       make_choice("train", "early_stop.metric", &C::train, &TrainConfig::early_stop_metric,
                   kWatchedMetricNames,
                   "stop every rank when this validation metric has not improved for "
@@ -489,7 +489,7 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
         if (!item.first.IsScalar()) {
           throw ConfigError(mark(path, item.first) + ": a key must be plain text");
         }
-        if (!item.second.IsMap()) {
+        if (!item.second.IsMap() || item.second.size() == 0) {  // {}: "must be a single value"
           items.push_back({item.first, item.first.Scalar(), item.second});
           continue;
         }

@@ -118,8 +118,11 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
                          in.loss_scale, static_cast<long long>(in.skipped));
   }
   const double grad_norm = in.grad_norm.defined() ? in.grad_norm.item<double>() : 0.0;
-  if (in.grad_norm.defined()) {
-    used += std::snprintf(extra + used, sizeof extra - used, "\"grad_norm\": %.6g, ", grad_norm);
+  if (in.grad_norm.defined()) {  // JSON has no inf or NaN (fp16's skipped steps): null
+    used +=
+        std::isfinite(grad_norm)
+            ? std::snprintf(extra + used, sizeof extra - used, "\"grad_norm\": %.6g, ", grad_norm)
+            : std::snprintf(extra + used, sizeof extra - used, "\"grad_norm\": null, ");
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

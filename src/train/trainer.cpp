@@ -304,8 +304,11 @@ struct Trainer::Impl {
   // Whether `value` improves on `watch` by more than `min_delta`; updates it.
   // Every rank holds the same all-reduced value: every rank decides alike.
   bool improve(MetricWatch& watch, double value, bool higher, double min_delta) {
-    const bool better = watch.best_step < 0 ||
-                        (higher ? value > watch.best + min_delta : value < watch.best - min_delta);
+    // A NaN (a diverged evaluation) is never better; any number beats none.
+    const bool better =
+        !std::isnan(value) &&
+        (watch.best_step < 0 || std::isnan(watch.best) ||
+         (higher ? value > watch.best + min_delta : value < watch.best - min_delta));
     if (better) {
       watch.best = value;
       watch.best_step = state.step;
@@ -442,13 +445,27 @@ TrainResult Trainer::run() {
       for (auto& c : s.callbacks) c->on_step_end(s.state, stats);
       const bool end = s.state.step == stop;
       if (s.state.step % s.config.log.every == 0 || end) s.end_interval(interval, result);
+      // Evaluations come before any checkpoint of this step, so that the
+      // checkpoint holds their effect on the watches (a resume from it
+      // makes the decisions an uninterrupted run makes): an epoch's end, a
+      // train.eval_every step, or a stop inside an epoch (partial, not
+      // counted by the watches).
       const bool epoch_end = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
-      if (eval_point() && !end && !epoch_end) {  // those two are evaluated below
-        if (s.evaluate(result, EvalAt::kEvery) && s.after_evaluation(result)) {
+      const bool evaluate_now = epoch_end || end || eval_point();
+      if (evaluate_now) {
+        const EvalAt at = epoch_end      ? EvalAt::kEpochEnd
+                          : eval_point() ? EvalAt::kEvery
+                                         : EvalAt::kStop;
+        if (s.evaluate(result, at) && at != EvalAt::kStop && s.after_evaluation(result)) {
           stopping = true;
+          if (!end && s.state.step % s.config.log.every != 0) s.end_interval(interval, result);
           s.save_checkpoint();
           break;
         }
+      }
+      if (end) {
+        s.save_checkpoint();
+        break;
       }
       if (s.config.checkpoint.every > 0 && s.state.step % s.config.checkpoint.every == 0 && !end) {
         s.save_checkpoint();
@@ -470,22 +487,7 @@ TrainResult Trainer::run() {
         }
       }
     }
-    if (stopping) break;
-    // An epoch's end is evaluated; so is a stop inside one (marked partial,
-    // unless it falls on a train.eval_every step).
-    const bool epoch_done = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
-    if (epoch_done || s.state.step == stop) {
-      const EvalAt at = epoch_done     ? EvalAt::kEpochEnd
-                        : eval_point() ? EvalAt::kEvery
-                                       : EvalAt::kStop;
-      if (s.evaluate(result, at) && at != EvalAt::kStop && s.after_evaluation(result)) {
-        stopping = true;
-      }
-    }
-    if (s.state.step == stop || stopping) {
-      s.save_checkpoint();
-      break;
-    }
+    if (stopping || s.state.step == stop) break;
     ++s.state.epoch;
     s.state.batch_in_epoch = 0;
   }

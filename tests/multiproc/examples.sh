@@ -59,7 +59,8 @@ w1=$(sed -n 's/.*rank 1: .*weights \([0-9a-f]*\)$/\1/p' "$WORK/out")
 expect_eq "$?" 0 "custom_trainer (register_model + train_main) exits 0"
 expect_grep "$WORK/out" "trained [0-9]+ steps: validation accuracy 0\.(8|9)[0-9]+" "the registered model trains (accuracy >= 0.8)"
 expect_grep "$WORK/runs/tiny/config.yaml" 'name: "tiny"' "under its registered name"
-expect_grep "$WORK/runs/tiny/config.yaml" 'loss: "smoothed"' "with the registered loss (train.loss: smoothed)"
+expect_grep "$WORK/runs/tiny/config.yaml" 'loss: "smoothed"' "train.loss: smoothed"
+expect_grep "$WORK/out" "\[rank1\]: \[loss\] label-smoothed cross-entropy" "the registered loss is the one trained with"
 expect_grep "$WORK/out" "\[rank0\]: \[report\] step [0-9]+: val_loss [0-9.]+ val_accuracy [0-9.]+" "the registered callback runs at each evaluation"
 expect_grep "$WORK/out" "\[rank0\]: \[report\] checkpoint .*/runs/tiny/checkpoints/step_[0-9]{8}\$" "and at each checkpoint"
 steps=$(sed -n 's/.*trained \([0-9]*\) steps.*/\1/p' "$WORK/out")

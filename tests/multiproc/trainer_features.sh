@@ -122,6 +122,15 @@ expect_grep "$runs/early2/checkpoints/step_00000025/state.yaml" "^early_stop:" "
 train 2 --set run.name=early2 "${stop[@]}" --set checkpoint.resume=auto
 expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "the resumed run stops at step 30 too"
 
+# ... also from a checkpoint taken at an epoch's last step (23) by
+#    checkpoint.every: the epoch's evaluation comes before that checkpoint,
+#    so resuming from it stops at 30 as well (it once held the watch from
+#    before the evaluation, and stopped at 40).
+train 2 --set run.name=early3 "${stop[@]}" --set train.max_steps=24 --set checkpoint.every=23
+expect_grep "$runs/early3/checkpoints/step_00000023/state.yaml" "^  bad: 2\$" "step 23's checkpoint counts its own evaluation"
+train 2 --set run.name=early3b "${stop[@]}" --set checkpoint.resume="$runs/early3/checkpoints/step_00000023"
+expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "resumed from step 23, it stops at step 30"
+
 # 6. A nested YAML mapping, and bad input.
 cat >"$WORK/nested.yaml" <<'YAML'
 train:
