@@ -204,13 +204,33 @@ std::optional<std::string> Checkpointer::newest() const {
 }
 
 void Checkpointer::verify(const std::string& folder) {
-  std::ifstream manifest(folder + "/MANIFEST");
-  if (!manifest) {
+  if (!path_exists(folder + "/MANIFEST")) {
     throw DataError("checkpoint '" + folder + "' has no MANIFEST (incomplete or not a checkpoint)");
   }
+  // A regular file of at most 64 KiB (64 lines of 64 + 2 + a name), read
+  // whole first: a FIFO, a device or a giant file is refused unread.
+  struct stat st {};
+  if (stat((folder + "/MANIFEST").c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      st.st_size > 64 * 1024) {
+    throw DataError("checkpoint '" + folder + "': MANIFEST is " + std::to_string(st.st_size) +
+                    " bytes, over the 64 KiB a MANIFEST can need");
+  }
+  std::istringstream manifest(read_regular_file(folder + "/MANIFEST"));
   std::map<std::string, std::string> expected;
   std::string hash, file;
-  while (manifest >> hash >> file) expected[file] = hash;
+  while (manifest >> hash >> file) {
+    // A MANIFEST lists each of a handful of files once, with a SHA-256.
+    if (expected.size() >= 64 || hash.size() != 64 ||
+        hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      throw DataError("checkpoint '" + folder +
+                      "': MANIFEST is malformed (a line is not "
+                      "'<64 hex digits>  <file>', or it lists over 64 files)");
+    }
+    if (!expected.emplace(file, hash).second) {
+      throw DataError("checkpoint '" + folder + "': MANIFEST lists '" + file.substr(0, 64) +
+                      "' twice");
+    }
+  }
   for (const auto& f : kFiles) {
     if (expected.find(f) == expected.end())
       throw DataError("checkpoint '" + folder + "': MANIFEST does not list " + f);

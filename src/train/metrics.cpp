@@ -161,11 +161,12 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
     } else {
       record(
           "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
-          "\"lr\": %.6g, %s\"samples_per_s\": %.1f, \"ms\": {\"forward\": %.3f, "
+          "\"lr\": %.6g, %s\"samples_per_s\": %.1f, \"samples_per_s_per_rank\": %.1f, "
+          "\"ms\": {\"forward\": %.3f, "
           "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
           static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-          accuracy, lr, extra, samples / seconds, in.forward_ms / n, in.backward_ms / n,
-          in.comm_ms / n, in.optimizer_ms / n, in.check_ms / n);
+          accuracy, lr, extra, samples / seconds, samples / seconds / pg_.size(), in.forward_ms / n,
+          in.backward_ms / n, in.comm_ms / n, in.optimizer_ms / n, in.check_ms / n);
     }
     // What the line says after the loss: ppl and tokens/s, or accuracy and samples/s.
     char rate[160];

@@ -32,6 +32,7 @@ expect_eq "$?" 0 "eval_every=50, keep_best=val_loss, tensorboard=true on 2 ranks
 run="$runs/features"
 expect_eq "$(grep -c '"at": "eval_every"' "$run/metrics.jsonl")" 9 "evaluations at steps 50, 100, ..., 450 (9)"
 expect_grep "$run/metrics.jsonl" '^\{"step": 250, "epoch": 11, "val_loss": [0-9.]+, "val_accuracy": [0-9.]+, "at": "eval_every"\}$' "step 250's record"
+expect_grep "$run/metrics.jsonl" '"samples_per_s": [0-9.]+, "samples_per_s_per_rank": [0-9.]+, ' "samples/s in all and per rank"
 best="$run/checkpoints/best"
 (cd "$best" && sha256sum -c --quiet MANIFEST) && pass "best/ verifies with its MANIFEST" || fail "best/ does not verify"
 expect_grep "$best/MANIFEST" "  best.yaml\$" "best.yaml is in the MANIFEST"
@@ -149,6 +150,17 @@ expect_grep "$runs/nested/config.yaml" '^  early_stop.metric: "val_accuracy"$' "
 train 1 --set run.name=bad --set checkpoint.keep_best=val_loss --set data.validation_fraction=0
 expect_eq "$?" 2 "keep_best without a validation split exits 2"
 expect_grep "$WORK/out" "checkpoint.keep_best watches a validation metric, but the validation split is empty" "saying why"
+# A MANIFEST that lists a file twice, or is a FIFO, is refused unread.
+cp -r "$runs/early/checkpoints/step_00000030" "$WORK/twice"
+line=$(grep ' model.pt$' "$WORK/twice/MANIFEST") && echo "$line" >>"$WORK/twice/MANIFEST"
+train 2 --set run.name=twice --set checkpoint.resume="$WORK/twice"
+expect_eq "$?" 2 "a MANIFEST listing a file twice exits 2"
+expect_grep "$WORK/out" "MANIFEST lists 'model.pt' twice" "naming the file"
+cp -r "$runs/early/checkpoints/step_00000030" "$WORK/fifo"
+rm "$WORK/fifo/MANIFEST" && mkfifo "$WORK/fifo/MANIFEST"
+timeout 60 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name=fifo \
+  --set checkpoint.resume="$WORK/fifo" >"$WORK/out" 2>&1
+expect_eq "$?" 2 "a MANIFEST that is a FIFO exits 2 (no hang)"
 train 1 --set run.name=bad --set train.early_stop.metric=loss
 expect_eq "$?" 2 "an unknown metric exits 2"
 expect_grep "$WORK/out" "none, val_loss, val_accuracy, val_perplexity" "listing the valid ones"
