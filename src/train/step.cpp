@@ -35,6 +35,7 @@ StepOptions step_options_from_config(const Config& config, int64_t total_steps) 
   options.accumulation_steps = config.train.accumulation_steps;
   options.clip_grad_norm = config.train.clip_grad_norm;
   options.clip_value = config.train.clip_value;
+  options.grad_norm_every = config.log.every;
   options.optim = config.optim;
   options.total_steps = total_steps;
   options.check = config.check;
@@ -165,11 +166,13 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
   optimizer_set_lr(optimizer_, stats.lr);
   // After synchronisation (and unscaling): every rank measures and clips
   // the same averaged gradients. The norm stays a tensor: no host sync here.
-  std::vector<at::Tensor> norms;
-  for (const auto& p : model_.parameters()) {
-    if (p.grad().defined()) norms.push_back(p.grad().detach().to(at::kFloat).norm());
+  if (options_.grad_norm_every > 0 && (step + 1) % options_.grad_norm_every == 0) {
+    std::vector<at::Tensor> norms;
+    for (const auto& p : model_.parameters()) {
+      if (p.grad().defined()) norms.push_back(p.grad().detach().to(at::kFloat).norm());
+    }
+    if (!norms.empty()) stats.grad_norm = at::stack(norms).norm();
   }
-  if (!norms.empty()) stats.grad_norm = at::stack(norms).norm();
   if (options_.clip_value > 0) {
     for (const auto& p : model_.parameters()) {
       if (p.grad().defined()) p.grad().clamp_(-options_.clip_value, options_.clip_value);

@@ -8,10 +8,10 @@
 #include <sstream>
 
 #include "lockstep/train/step.h"
+#include "lockstep/train/tensorboard.h"
 #include "support/catch.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
-#include "lockstep/train/tensorboard.h"
 #include "train/metrics.h"
 
 using namespace lockstep;

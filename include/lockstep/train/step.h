@@ -78,9 +78,12 @@ struct StepOptions {
   int64_t accumulation_steps = 1;
   double clip_grad_norm = 0;  // 0: no clipping
   double clip_value = 0;      // 0: none; else gradients clamped to [-v, v] first
-  OptimConfig optim;          // the learning-rate schedule
-  int64_t total_steps = 1;    // the schedule's length
-  CheckConfig check;          // check.every 0: no per-step check
+  // StepStats::grad_norm on every N-th step (the trainer: log.every, the
+  // steps it reports; a pass over the gradients is not free); 0: never.
+  int64_t grad_norm_every = 1;
+  OptimConfig optim;        // the learning-rate schedule
+  int64_t total_steps = 1;  // the schedule's length
+  CheckConfig check;        // check.every 0: no per-step check
   bool broadcast_buffers = true;
   // false: every backward runs under no_sync (the check mode's negative
   // control: ranks that never synchronise must be caught).
