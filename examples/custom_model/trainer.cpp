@@ -1,7 +1,9 @@
-// Your own model, loss and callback inside lockstep's trainer: register
-// them under names, then run `lockstep train` from your program. The config
-// says model.name: tiny and train.loss: smoothed.
+// Your own model, loss, callback and comm hook inside lockstep's trainer:
+// register them under names, then run `lockstep train` from your program.
+// The config says model.name: tiny and train.loss: smoothed;
+// --set ddp.comm_hook=counting picks the hook.
 //   lockstep-run --nproc-per-node 2 build/custom_trainer --config tiny.yaml
+#include <lockstep/ddp/comm_hooks.h>
 #include <lockstep/train/callbacks.h>
 #include <lockstep/train/models.h>
 #include <lockstep/train/train_main.h>
@@ -64,7 +66,31 @@ class Report : public lockstep::TrainerCallback {
   int64_t steps_ = 0;
 };
 
+// A comm hook: the plain SUM all-reduce of each bucket (already divided by
+// the world size), announcing the buckets of its first iteration. A hook
+// that needs each gradient's shape reads bucket.gradients the same way.
+class Counting : public lockstep::CommHook {
+ public:
+  std::string name() const override { return "counting"; }
+  lockstep::HookWork run_bucket(lockstep::ProcessGroup& pg, lockstep::GradBucket& bucket) override {
+    if (!announced_) {
+      std::printf("[hook] bucket %zu of %zu: %zu gradients, %lld bytes\n", bucket.index + 1,
+                  bucket.count, bucket.gradients.size(),
+                  static_cast<long long>(bucket.buffer.nbytes()));
+      announced_ = bucket.is_last();
+    }
+    lockstep::HookWork work;
+    work.work = pg.allreduce_async(bucket.buffer, lockstep::ReduceKind::kSum);
+    work.bytes = static_cast<int64_t>(bucket.buffer.nbytes());
+    return work;
+  }
+
+ private:
+  bool announced_ = false;
+};
+
 int main(int argc, char** argv) {
+  lockstep::register_comm_hook("counting", [] { return std::make_shared<Counting>(); });
   lockstep::register_loss("smoothed", smoothed_cross_entropy);
   lockstep::register_callback("report", [] { return std::make_shared<Report>(); });
   lockstep::register_model(

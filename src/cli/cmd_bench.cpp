@@ -64,6 +64,7 @@ struct Timing {
   double ms_per_step = 0;  // slowest rank
   double check_ms = 0;     // of which the step waited for the consistency check (slowest rank)
   double idle_share = 0;   // of the bytes hashed, the share the idle thread hashed (rank 0)
+  double comm_bytes = 0;   // rank 0's payload in the gradient exchange, last step
 };
 
 // Modes ddp+check, ddp+check-inplace and ddp+check-sha256 run the cross-rank
@@ -90,6 +91,12 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
     DdpOptions options = base;
     if (mode == "ddp-fp16") options.comm_hook = comm_hook_create(CommHookKind::kFp16);
     if (mode == "ddp-bf16") options.comm_hook = comm_hook_create(CommHookKind::kBf16);
+    if (mode.rfind("ddp-powersgd", 0) == 0) {  // ddp-powersgd<rank>: compressing from step 2
+      PowerSgdOptions powersgd;
+      powersgd.matrix_approximation_rank = std::stoi(mode.substr(12));
+      powersgd.start_iter = 2;
+      options.comm_hook = comm_hook_create(CommHookKind::kPowerSgd, &powersgd);
+    }
     if (mode.rfind("ddp-bucket", 0) == 0) {
       options.bucket_cap_mb = std::stod(mode.substr(10));
       options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
@@ -156,7 +163,9 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   const auto slowest = max_over_ranks(pg, {ms, check_ms / steps});
   const double hashed = checks ? static_cast<double>(checks->hashed_bytes() - hashed_before) : 0;
   const double idle = checks ? static_cast<double>(checks->idle_bytes() - idle_before) : 0;
-  return {slowest[0], slowest[1], hashed > 0 ? idle / hashed : 0.0};
+  const double bytes =
+      ddp && ddp->reducer() ? static_cast<double>(ddp->reducer()->last_stats().bytes) : 0.0;
+  return {slowest[0], slowest[1], hashed > 0 ? idle / hashed : 0.0, bytes};
 }
 
 // Communication only: the model's gradients exchanged as DDP's buckets (all
@@ -219,7 +228,7 @@ int cmd_bench(int argc, char** argv) {
         ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-powersgd{1,2,4} (PowerSGD of that rank, compressing from the second step), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
         ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
@@ -256,6 +265,9 @@ int cmd_bench(int argc, char** argv) {
                                          "ddp-amp-bf16",
                                          "ddp-fp16",
                                          "ddp-bf16",
+                                         "ddp-powersgd1",
+                                         "ddp-powersgd2",
+                                         "ddp-powersgd4",
                                          "ddp-bucket1",
                                          "ddp-bucket5",
                                          "ddp-bucket25",
@@ -291,10 +303,11 @@ int cmd_bench(int argc, char** argv) {
               "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
               "\"world\": %d, \"device\": \"%s\", \"batch\": %lld, \"ms_per_step\": %.4f, "
               "\"check_ms\": %.4f, "
-              "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f}\n",
+              "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f, "
+              "\"comm_bytes_per_step\": %.0f}\n",
               spec.name.c_str(), mode.c_str(), dist.world.world_size,
               device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(spec.batch), t.ms_per_step,
-              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib());
+              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib(), t.comm_bytes);
           std::fflush(stdout);
         }
       }

@@ -2,12 +2,30 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
+
+#include "lockstep/ddp/powersgd.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {
+namespace {
+
+std::mutex registry_mu;
+std::map<std::string, CommHookFactory>& registry() {
+  static std::map<std::string, CommHookFactory> hooks;
+  return hooks;
+}
+
+}  // namespace
+
+HookWork CommHook::run(ProcessGroup&, at::Tensor&) {
+  throw UsageError("comm hook '" + name() + "' implements neither run() nor run_bucket()");
+}
 
 HookWork AllReduceHook::run(ProcessGroup& pg, at::Tensor& bucket) {
-  return {pg.allreduce_async(bucket, ReduceKind::kSum), nullptr};
+  return {pg.allreduce_async(bucket, ReduceKind::kSum), nullptr, nullptr,
+          static_cast<int64_t>(bucket.nbytes())};
 }
 
 CompressHook::CompressHook(at::ScalarType wire_type) : wire_type_(wire_type) {}
@@ -20,7 +38,8 @@ HookWork CompressHook::run(ProcessGroup& pg, at::Tensor& bucket) {
   auto wire = bucket.to(wire_type_);
   auto work = pg.allreduce_async(wire, ReduceKind::kSum);
   // `wire` is captured: it must outlive the collective.
-  return {work, [bucket, wire]() mutable { bucket.copy_(wire); }};
+  return {work, nullptr, [bucket, wire]() mutable { bucket.copy_(wire); },
+          static_cast<int64_t>(wire.nbytes())};
 }
 
 void CompressHook::check_supported(ProcessGroup& pg) {
@@ -35,16 +54,57 @@ void CompressHook::check_supported(ProcessGroup& pg) {
   }
 }
 
-std::shared_ptr<CommHook> comm_hook_create(CommHookKind kind) {
+std::shared_ptr<CommHook> comm_hook_create(CommHookKind kind, const PowerSgdOptions* powersgd) {
   switch (kind) {
     case CommHookKind::kFp16:
       return std::make_shared<CompressHook>(at::kHalf);
     case CommHookKind::kBf16:
       return std::make_shared<CompressHook>(at::kBFloat16);
+    case CommHookKind::kPowerSgd:
+      return std::make_shared<PowerSgdHook>(powersgd ? *powersgd : PowerSgdOptions{});
     case CommHookKind::kAllreduce:
       break;
   }
   return std::make_shared<AllReduceHook>();
+}
+
+void register_comm_hook(const std::string& name, CommHookFactory factory) {
+  if (name.empty() || !factory) throw ConfigError("register_comm_hook: empty name or factory");
+  if (value_named(kCommHookKindNames, name)) {
+    throw ConfigError("register_comm_hook: '" + name + "' is a built-in hook's name");
+  }
+  std::lock_guard<std::mutex> lock(registry_mu);
+  registry()[name] = std::move(factory);  // registered again: replaced
+}
+
+std::vector<std::string> comm_hook_names() {
+  auto names = names_of(kCommHookKindNames);
+  std::lock_guard<std::mutex> lock(registry_mu);
+  for (const auto& [name, factory] : registry()) names.push_back(name);
+  return names;
+}
+
+std::shared_ptr<CommHook> comm_hook_create(const std::string& name,
+                                           const PowerSgdOptions& powersgd) {
+  if (const auto kind = value_named(kCommHookKindNames, name)) {
+    if (*kind == CommHookKind::kAllreduce) return nullptr;
+    return comm_hook_create(*kind, &powersgd);
+  }
+  CommHookFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    const auto it = registry().find(name);
+    if (it != registry().end()) factory = it->second;
+  }
+  if (!factory) {
+    std::string valid;
+    for (const auto& n : comm_hook_names()) valid += (valid.empty() ? "" : ", ") + n;
+    throw ConfigError("ddp.comm_hook: unknown hook '" + name + "' (valid: " + valid +
+                      "; register_comm_hook adds your own)");
+  }
+  auto hook = factory();
+  if (!hook) throw ConfigError("comm hook '" + name + "': its factory returned nothing");
+  return hook;
 }
 
 }  // namespace lockstep

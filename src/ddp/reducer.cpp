@@ -140,6 +140,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
       const size_t index = bucket.params[slot];
       bucket.views.push_back(storage_alias(bucket.contents, offset, params_[index]));
+      bucket.offsets.push_back(offset);
       offset += params_[index].numel();
       locators_[index] = {buckets_.size(), slot};
       auto& grad = params_[index].mutable_grad();
@@ -232,12 +233,15 @@ void Reducer::mark_ready(size_t index, bool from_hook) {
   at::NoGradGuard no_grad;
   // A parameter with no gradient since the last sync contributes zeros.
   const bool has_local_grad = grad.defined() && (from_hook || used_since_sync_[index] != 0);
+  const bool divide = options_.hook->predivided();
   if (!has_local_grad) {
     view.zero_();
   } else if (aliases(grad, view)) {
-    view.mul_(divisor_);  // Note [Pre-divided buckets]
-  } else {
+    if (divide) view.mul_(divisor_);  // Note [Pre-divided buckets]
+  } else if (divide) {
     at::mul_out(view, grad, divisor_);
+  } else {
+    view.copy_(grad);
   }
   if (--bucket.pending == 0) launch_ready_buckets(from_hook);
 }
@@ -248,7 +252,9 @@ void Reducer::launch_ready_buckets(bool during_backward) {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
     const auto launched = Tracer::Clock::now();
-    bucket.work = options_.hook->run(*pg_, bucket.contents);
+    auto view = grad_bucket(next_bucket_, bucket.contents);
+    bucket.work = options_.hook->run_bucket(*pg_, view);
+    stats_.bytes += bucket.work.bytes;
     if (tracer_ && bucket.work.work) {
       // Completion is stamped by the backend's future, on its thread.
       auto tracer = tracer_;
@@ -302,12 +308,9 @@ void Reducer::finalize() {
     used = used.cpu();
     used_anywhere.assign(used.data_ptr<int>(), used.data_ptr<int>() + used.numel());
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    pg_->wait(buckets_[b].work.work, "gradient bucket " + std::to_string(b) + " of " +
-                                         std::to_string(buckets_.size()) + " (" +
-                                         options_.hook->name() + ")");
-    if (buckets_[b].work.finish) buckets_[b].work.finish();
-  }
+  std::vector<HookWork> works;
+  for (auto& bucket : buckets_) works.push_back(bucket.work);
+  complete_works(works, "gradient bucket");
   write_back(used_anywhere);
   if (tracer_) tracer_->complete("wait for buckets", "comm", start, Tracer::Clock::now());
   stats_.wait_ms =
@@ -329,19 +332,63 @@ void Reducer::shadow_iteration() {
   std::lock_guard<std::mutex> lock(mu_);
   if (order_recorded_ && !rebuilt_) rebuild_buckets();
   std::vector<HookWork> works;
-  std::vector<at::Tensor> zeros;
-  for (auto& bucket : buckets_) {
-    zeros.push_back(at::zeros_like(bucket.contents));
-    works.push_back(options_.hook->run(*pg_, zeros.back()));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto view = grad_bucket(b, at::zeros_like(buckets_[b].contents));
+    works.push_back(options_.hook->run_bucket(*pg_, view));
   }
   if (options_.find_unused_parameters) {
     auto used = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt).to(pg_->device());
     pg_->allreduce(used, ReduceKind::kMax);
   }
-  for (size_t b = 0; b < works.size(); ++b) {
-    pg_->wait(works[b].work, "joined rank's shadow of gradient bucket " + std::to_string(b));
-  }
+  complete_works(works, "joined rank's shadow of gradient bucket");
   order_recorded_ = true;
+}
+
+GradBucket Reducer::grad_bucket(size_t b, const at::Tensor& buffer) const {
+  const Bucket& bucket = buckets_[b];
+  GradBucket view;
+  view.index = b;
+  view.count = buckets_.size();
+  view.buffer = buffer;
+  view.offsets = bucket.offsets;
+  view.params.assign(bucket.params.begin(), bucket.params.end());
+  if (buffer.is_same(bucket.contents)) {
+    view.gradients = bucket.views;
+  } else {
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      view.gradients.push_back(
+          storage_alias(buffer, bucket.offsets[slot], params_[bucket.params[slot]]));
+    }
+  }
+  return view;
+}
+
+// Every first-stage exchange was issued before any second stage (a hook's
+// then()), so all ranks issue the second stages in the same order whatever
+// the timing; they overlap one another and the waits for later buckets.
+void Reducer::complete_works(std::vector<HookWork>& works, const std::string& what) {
+  const std::string hook =
+      " of " + std::to_string(works.size()) + " (" + options_.hook->name() + ")";
+  try {
+    for (size_t b = 0; b < works.size(); ++b) {
+      if (!works[b].then) continue;
+      pg_->wait(works[b].work, what + " " + std::to_string(b) + hook);
+      works[b] = works[b].then();
+      stats_.bytes += works[b].bytes;
+    }
+    for (size_t b = 0; b < works.size(); ++b) {
+      pg_->wait(works[b].work, what + " " + std::to_string(b) + hook);
+      if (works[b].finish) works[b].finish();
+    }
+  } catch (...) {
+    for (auto& w : works) {  // never leave a write in flight
+      try {
+        if (w.work && !w.work->isCompleted()) w.work->wait();
+      } catch (const std::exception&) {
+      }
+    }
+    throw;
+  }
 }
 
 // Note [Bucket rebuild]: after the first synchronised iteration the buckets

@@ -175,6 +175,10 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
   write_file(tmp + "/state.yaml", std::string(yaml.c_str()) + "\n");
   write_file(tmp + "/config.yaml", config_yaml);
   std::vector<std::string> files = kFiles;
+  if (!state.comm_hook.empty()) {
+    state_dict_save_file(state.comm_hook, tmp + "/comm_hook.pt");
+    files.push_back("comm_hook.pt");
+  }
   if (!best_yaml.empty()) {
     write_file(tmp + "/best.yaml", best_yaml);
     files.push_back("best.yaml");
@@ -299,6 +303,10 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
   }
   loaded.model = state_dict_load_file(folder + "/model.pt");
   loaded.rng_states = tensor_from_bytes(read_regular_file(folder + "/rng.pt"), folder + "/rng.pt");
+  // Read only when the (verified) MANIFEST lists it.
+  if (read_regular_file(folder + "/MANIFEST").find("  comm_hook.pt\n") != std::string::npos) {
+    loaded.state.comm_hook = state_dict_load_file(folder + "/comm_hook.pt");
+  }
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(folder + "/optimizer.pt");

@@ -305,8 +305,23 @@ const std::vector<Field>& fields() {
       make_field(
           "ddp", "broadcast_buffers", &C::ddp, &DdpConfig::broadcast_buffers, Type::kBool,
           "broadcast rank 0's buffers before a forward that follows a synced one (PyTorch's rule)"),
-      make_choice("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, kCommHookKindNames,
-                  "gradient exchange"),
+      make_field("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, Type::kString,
+                 "gradient exchange: allreduce, fp16, bf16, powersgd (ddp.powersgd.*), or a name "
+                 "a program registered with lockstep::register_comm_hook"),
+      make_field("ddp", "powersgd.rank", &C::ddp, &DdpConfig::powersgd_rank, Type::kInt,
+                 "powersgd: matrix approximation rank (PyTorch's matrix_approximation_rank)", 1,
+                 1 << 16),
+      make_field("ddp", "powersgd.start_iter", &C::ddp, &DdpConfig::powersgd_start_iter, Type::kInt,
+                 "powersgd: plain all-reduce for this many synchronised backwards first "
+                 "(start_powerSGD_iter; >= 2 with error_feedback or warm_start)",
+                 0, 1e15),
+      make_field("ddp", "powersgd.min_compression_rate", &C::ddp,
+                 &DdpConfig::powersgd_min_compression_rate, Type::kDouble,
+                 "powersgd: a gradient is compressed only if it shrinks by more than this", 0, 1e9),
+      make_field("ddp", "powersgd.error_feedback", &C::ddp, &DdpConfig::powersgd_error_feedback,
+                 Type::kBool, "powersgd: add the last compression error to the gradient"),
+      make_field("ddp", "powersgd.warm_start", &C::ddp, &DdpConfig::powersgd_warm_start,
+                 Type::kBool, "powersgd: start from the last iteration's Q"),
       make_field("check", "every", &C::check, &CheckConfig::every, Type::kInt,
                  "cross-rank weight fingerprint check every N optimizer steps (0: off)", 0, 1e15),
       make_choice("check", "mode", &C::check, &CheckConfig::mode, kDigestModeNames, "digest"),
@@ -530,6 +545,16 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
   return config;
 }
 
+PowerSgdOptions powersgd_options_from_config(const DdpConfig& ddp) {
+  PowerSgdOptions o;
+  o.matrix_approximation_rank = ddp.powersgd_rank;
+  o.start_iter = ddp.powersgd_start_iter;
+  o.min_compression_rate = ddp.powersgd_min_compression_rate;
+  o.use_error_feedback = ddp.powersgd_error_feedback;
+  o.warm_start = ddp.powersgd_warm_start;
+  return o;
+}
+
 void config_validate(const Config& c, int world_size) {
   if ((c.data.name == DatasetKind::kCsv || c.data.name == DatasetKind::kMnist ||
        c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens) &&
@@ -560,6 +585,7 @@ void config_validate(const Config& c, int world_size) {
                       " must divide model.hidden=" + std::to_string(c.model.hidden));
   }
   if (world_size < 1) throw ConfigError("world size must be >= 1");
+  if (c.ddp.comm_hook == "powersgd") powersgd_validate(powersgd_options_from_config(c.ddp));
   // The per-epoch step count needs the dataset: the trainer checks it
   // (global batch = data.batch_size x world x train.accumulation_steps).
 }

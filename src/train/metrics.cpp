@@ -77,6 +77,7 @@ void Interval::add(const StepStats& step) {
   forward_ms += step.forward_ms;
   backward_ms += step.backward_ms;
   comm_ms += step.comm_ms;
+  comm_bytes += step.comm_bytes;
   optimizer_ms += step.optimizer_ms;
   check_ms += step.check_ms;
   lr = step.lr;
@@ -111,7 +112,7 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
   }
   // fp16: the scale after the interval's last step, and the steps skipped in
   // it; then rank 0's peak resident memory so far.
-  char extra[160] = "";
+  char extra[256] = "";
   int used = 0;
   if (in.scaling) {
     used = std::snprintf(extra, sizeof extra, "\"loss_scale\": %.9g, \"skipped_steps\": %lld, ",
@@ -126,8 +127,10 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  std::snprintf(extra + used, sizeof extra - used, "\"peak_rss_mib\": %.1f, ",
-                static_cast<double>(usage.ru_maxrss) / 1024.0);
+  // Rank 0's gradient exchange per optimizer step (every rank sends as much).
+  std::snprintf(extra + used, sizeof extra - used,
+                "\"peak_rss_mib\": %.1f, \"comm_bytes_per_step\": %.0f, ",
+                static_cast<double>(usage.ru_maxrss) / 1024.0, in.comm_bytes / n);
   const bool language = tokens_per_sample_ > 0;
   const double tokens_per_s = samples * tokens_per_sample_ / seconds;
   const double flops = tokens_per_s * flops_per_token_;
@@ -144,6 +147,7 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
       events_->scalar("train/samples_per_s", samples / seconds, step);
     }
     events_->scalar("train/comm_share", step_ms > 0 ? in.comm_ms / step_ms : 0.0, step);
+    events_->scalar("train/comm_bytes_per_step", in.comm_bytes / n, step);
     if (in.scaling) events_->scalar("train/loss_scale", in.loss_scale, step);
     events_->flush();
   }

@@ -161,7 +161,7 @@ DdpOptions ddp_options_from_config(const DdpConfig& c) {
   ddp.gradient_as_bucket_view = c.gradient_as_bucket_view;
   ddp.find_unused_parameters = c.find_unused_parameters;
   ddp.broadcast_buffers = c.broadcast_buffers;
-  if (c.comm_hook != CommHookKind::kAllreduce) ddp.comm_hook = comm_hook_create(c.comm_hook);
+  ddp.comm_hook = comm_hook_create(c.comm_hook, powersgd_options_from_config(c));
   return ddp;
 }
 

@@ -145,7 +145,11 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
     (start / static_cast<double>(acc)).backward();
     trace(synced ? "backward" : "backward (no_sync)", t);
     double wait = 0;
-    if (synced && ddp_.reducer() != nullptr) wait = ddp_.reducer()->last_stats().wait_ms;
+    if (synced && ddp_.reducer() != nullptr) {
+      const auto reduced = ddp_.reducer()->last_stats();
+      wait = reduced.wait_ms;
+      stats.comm_bytes += static_cast<double>(reduced.bytes);
+    }
     stats.backward_ms += ms_since(t) - wait;
     stats.comm_ms += wait;
     const double rows = static_cast<double>(batch->x.size(0));

@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "hook_state.h"
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
@@ -46,6 +47,10 @@ struct Trainer::Impl {
   std::shared_ptr<Classifier> model;
   at::Device device{at::kCPU};  // train.device, resolved
   std::unique_ptr<DistributedDataParallel<std::shared_ptr<Classifier>>> ddp;
+  std::shared_ptr<CommHook> comm_hook;  // ddp.comm_hook; nullptr: plain all-reduce
+  StateDict resumed_hook_state;         // from the checkpoint, until the hook exists
+  int64_t resumed_world_size = 0;
+  std::string resumed_from;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
   std::unique_ptr<Checkpointer> checkpointer;
@@ -184,6 +189,10 @@ struct Trainer::Impl {
     state_dict_load(*model, loaded.model, folder + "/model.pt");
     precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");
     generator_restore(loaded.rng_states[world.rank]);
+    resumed_hook_state = std::move(loaded.state.comm_hook);
+    resumed_world_size = loaded.state.world_size;
+    resumed_from = folder + "/comm_hook.pt";
+    loaded.state.comm_hook.clear();
     state = loaded.state;
     last_checkpoint = folder;
     spdlog::info("resumed from {} at step {} (epoch {}, after micro-batch {})", folder, state.step,
@@ -209,6 +218,11 @@ struct Trainer::Impl {
     state.world_size = world.world_size;
     state.model = config.model.name;
     state.scaler = precision->state_dict();
+    if (comm_hook) state.comm_hook = hook_state_gather(*pg, *comm_hook);
+    struct ClearOnExit {
+      StateDict& held;
+      ~ClearOnExit() { held.clear(); }  // every rank's hook state: not kept between checkpoints
+    } clear{state.comm_hook};
     // Only weights every rank agrees on are worth keeping.
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
     const auto states = pg->allgather(generator_state().to(pg->device()));
@@ -393,8 +407,21 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   s.build_optimizer();
   s.maybe_resume();
   const DdpOptions ddp = ddp_options_from_config(s.config.ddp);
+  s.comm_hook = ddp.comm_hook;
   s.ddp =
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
+  if (!s.resumed_from.empty()) {
+    hook_state_restore(s.comm_hook.get(), s.resumed_hook_state, s.world.rank, s.world.world_size,
+                       s.resumed_world_size, s.resumed_from);
+    s.resumed_hook_state.clear();
+  }
+  if (s.config.ddp.comm_hook == "powersgd" && s.world.world_size > 1 &&
+      s.config.ddp.powersgd_start_iter >= s.plan.total_steps) {
+    spdlog::warn(
+        "ddp.powersgd.start_iter is {} and this run has {} steps: PowerSGD never compresses "
+        "(it all-reduces plainly until then; PyTorch's default 1000 suits long runs)",
+        s.config.ddp.powersgd_start_iter, s.plan.total_steps);
+  }
   const TaskKind task = s.data.task;
   s.step = std::make_unique<TrainStep>(
       *s.pg, *s.ddp, *s.model, *s.optimizer, loss_from_config(s.config.train.loss, task),

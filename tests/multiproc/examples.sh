@@ -55,8 +55,11 @@ w1=$(sed -n 's/.*rank 1: .*weights \([0-9a-f]*\)$/\1/p' "$WORK/out")
 
 # 2. A registered model in the whole trainer.
 (cd "$WORK" && "$run" --nproc-per-node 2 --master-port 0 "$WORK/custom_model/custom_trainer" \
-  --config "$root/examples/custom_model/tiny.yaml" --set run.dir="$WORK/runs") >"$WORK/out" 2>&1
+  --config "$root/examples/custom_model/tiny.yaml" --set run.dir="$WORK/runs" \
+  --set ddp.comm_hook=counting) >"$WORK/out" 2>&1
 expect_eq "$?" 0 "custom_trainer (register_model + train_main) exits 0"
+expect_grep "$WORK/runs/tiny/config.yaml" 'comm_hook: "counting"' "ddp.comm_hook: counting (registered by name)"
+expect_grep "$WORK/out" "\[rank1\]: \[hook\] bucket 1 of 1: 4 gradients, [0-9]+ bytes" "the registered hook exchanges the gradients"
 expect_grep "$WORK/out" "trained [0-9]+ steps: validation accuracy 0\.(8|9)[0-9]+" "the registered model trains (accuracy >= 0.8)"
 expect_grep "$WORK/runs/tiny/config.yaml" 'name: "tiny"' "under its registered name"
 expect_grep "$WORK/runs/tiny/config.yaml" 'loss: "smoothed"' "train.loss: smoothed"
@@ -69,6 +72,10 @@ expect_grep "$WORK/out" "\[rank0\]: \[report\] $steps steps seen" "and at every 
   --set run.dir="$WORK/runs" --set train.loss=smoothd >"$WORK/out" 2>&1
 expect_eq "$?" 2 "an unknown loss exits 2"
 expect_grep "$WORK/out" "train.loss: unknown loss 'smoothd' \(valid: auto, cross_entropy, mse, smoothed" "and lists the registered ones"
+"$WORK/custom_model/custom_trainer" --config "$root/examples/custom_model/tiny.yaml" \
+  --set run.dir="$WORK/runs" --set ddp.comm_hook=countng >"$WORK/out" 2>&1
+expect_eq "$?" 2 "an unknown comm hook exits 2"
+expect_grep "$WORK/out" "ddp.comm_hook: unknown hook 'countng' \(valid: allreduce, fp16, bf16, powersgd, counting;" "and lists the registered ones"
 "$WORK/custom_model/custom_trainer" --config "$root/examples/custom_model/tiny.yaml" \
   --set run.dir="$WORK/runs" --set model.name=tiyn >"$WORK/out" 2>&1
 expect_eq "$?" 2 "an unknown model name exits 2"

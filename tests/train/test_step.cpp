@@ -262,7 +262,7 @@ TEST_CASE("the recipe: the step plan, and each section converted once", "[step][
   CHECK(plain.first_bucket_cap_mb == 1);
   CHECK(plain.comm_hook == nullptr);
   DdpConfig fp16;
-  fp16.comm_hook = CommHookKind::kFp16;
+  fp16.comm_hook = "fp16";
   fp16.bucket_cap_mb = 4;
   const DdpOptions compressed = ddp_options_from_config(fp16);
   REQUIRE(compressed.comm_hook != nullptr);

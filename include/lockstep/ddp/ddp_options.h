@@ -3,6 +3,7 @@
 // Plain data: no LibTorch or c10d headers.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "lockstep/ddp/buckets.h"
@@ -14,11 +15,30 @@ namespace lockstep {
 class CommHook;  // ddp/comm_hooks.h
 
 // The built-in comm hooks (comm_hook_create in comm_hooks.h).
-enum class CommHookKind { kAllreduce, kFp16, kBf16 };
-inline constexpr NameTable<CommHookKind, 3> kCommHookKindNames{
+enum class CommHookKind { kAllreduce, kFp16, kBf16, kPowerSgd };
+inline constexpr NameTable<CommHookKind, 4> kCommHookKindNames{
     {{CommHookKind::kAllreduce, "allreduce"},
      {CommHookKind::kFp16, "fp16"},
-     {CommHookKind::kBf16, "bf16"}}};
+     {CommHookKind::kBf16, "bf16"},
+     {CommHookKind::kPowerSgd, "powersgd"}}};
+
+// PowerSGD's settings (ddp/powersgd.h): PyTorch's PowerSGDState, defaults
+// included.
+struct PowerSgdOptions {
+  int64_t matrix_approximation_rank = 1;
+  int64_t start_iter = 1000;  // PyTorch's start_powerSGD_iter
+  double min_compression_rate = 2;
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  double orthogonalization_epsilon = 0;
+  uint32_t random_seed = 0;
+  bool batch_tensors_with_same_shape = false;
+};
+
+// Throws ConfigError naming the bad field: rank >= 1, start_iter >= 0 (> 1
+// with error feedback or warm start: the buckets are rebuilt after the
+// first iteration), min_compression_rate >= 0, epsilon >= 0.
+void powersgd_validate(const PowerSgdOptions& options);
 
 struct DdpOptions {
   // Cap of every bucket but the first.

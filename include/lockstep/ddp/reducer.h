@@ -52,6 +52,7 @@ struct ReducerStats {
   size_t buckets = 0;
   size_t launched_during_backward = 0;  // all-reduces started before finalize
   double wait_ms = 0;                   // time finalize spent waiting
+  int64_t bytes = 0;                    // this rank's payload in the hooks' collectives
 };
 
 class Reducer {
@@ -86,6 +87,7 @@ class Reducer {
     at::Tensor contents;            // flat buffer
     std::vector<size_t> params;     // indices into params_
     std::vector<at::Tensor> views;  // per param: aliases `contents`
+    std::vector<int64_t> offsets;   // per param: first element in `contents`
     size_t pending = 0;             // gradients still to arrive
     bool launched = false;
     HookWork work;
@@ -101,6 +103,11 @@ class Reducer {
   void hook(size_t index);
   void mark_ready(size_t index, bool from_hook);
   void launch_ready_buckets(bool during_backward);
+  // The hook's view of bucket b with `buffer` as its contents (the bucket's
+  // own, or a joined rank's zeros).
+  GradBucket grad_bucket(size_t b, const at::Tensor& buffer) const;
+  // Waits for every bucket's exchange, second stages included, and finishes them.
+  void complete_works(std::vector<HookWork>& works, const std::string& what);
   void finalize();
   void write_back(const std::vector<int>& used_anywhere);
   void reset_iteration();

@@ -5,6 +5,8 @@
 //                 Python opens with torch.load(path)
 //   optimizer.pt  LibTorch's optimizer archive
 //   rng.pt        every rank's CPU generator state, [world, bytes] uint8
+//   comm_hook.pt  only for a stateful comm hook (PowerSGD): every rank's
+//                 state, keys "rank<r>.<key>" (a state dict, torch.load)
 //   state.yaml    step, epoch, position in the epoch, world size, model;
 //                 with train.precision fp16 the GradScaler's state under
 //                 `scaler:` (torch.amp.GradScaler.state_dict()'s keys)
@@ -49,6 +51,7 @@ struct TrainerState {
   std::string model;
   std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
   MetricWatch keep_best, early_stop;
+  StateDict comm_hook;  // comm_hook.pt: every rank's hook state; empty: none
 };
 
 class Checkpointer {

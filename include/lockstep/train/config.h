@@ -156,8 +156,16 @@ struct DdpConfig {
   bool gradient_as_bucket_view = DdpOptions{}.gradient_as_bucket_view;
   bool find_unused_parameters = DdpOptions{}.find_unused_parameters;
   bool broadcast_buffers = DdpOptions{}.broadcast_buffers;
-  CommHookKind comm_hook = CommHookKind::kAllreduce;
+  std::string comm_hook = "allreduce";  // built-in (kCommHookKindNames) or registered
+  // ddp.powersgd: PyTorch's PowerSGDState, defaults included (ddp/powersgd.h).
+  int64_t powersgd_rank = PowerSgdOptions{}.matrix_approximation_rank;
+  int64_t powersgd_start_iter = PowerSgdOptions{}.start_iter;
+  double powersgd_min_compression_rate = PowerSgdOptions{}.min_compression_rate;
+  bool powersgd_error_feedback = PowerSgdOptions{}.use_error_feedback;
+  bool powersgd_warm_start = PowerSgdOptions{}.warm_start;
 };
+
+PowerSgdOptions powersgd_options_from_config(const DdpConfig& ddp);
 
 struct CheckConfig {
   int64_t every = 1;

@@ -51,6 +51,7 @@ struct StepStats {
   double samples = 0;
   double lr = 0;  // the learning rate this step used
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+  double comm_bytes = 0;  // this rank's payload in the gradient exchange (the comm hook's)
   at::Tensor grad_norm;   // the global gradient norm before clipping (a scalar tensor)
   bool scaling = false;   // a GradScaler runs (fp16)
   double loss_scale = 0;  // its scale after this step
