@@ -8,6 +8,7 @@
 #
 #   scripts/bench_ddp.sh      (env: NPROC=2 ROUNDS=5 STEPS=30 WARMUP=10 MODELS=small,large (xl: 24.9M)
 #                              MODES=local,ddp,ddp-fp16,ddp-bf16 (2.x),ddp-bucket{1,5,25,100},ddp-accum4,
+#                                    ddp-powersgd{1,2,4} (PyTorch's powerSGD_hook beside lockstep's),
 #                                    exchange-bucketed,exchange-flat)
 # exchange-* rows time the gradient exchange alone (no compute): DDP's
 # buckets vs one flat all-reduce of all gradients; they have no PyTorch peer.

@@ -64,6 +64,12 @@ def time_steps(dims, batch, mode, warmup, steps, device):
                     return default_hooks.bf16_compress_hook(state, bucket)
 
                 run.register_comm_hook(None, bf16_on_gloo)
+        if mode.startswith("ddp-powersgd"):  # as lockstep's: compressing from the second step
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+            state = powersgd.PowerSGDState(process_group=None,
+                                           matrix_approximation_rank=int(mode[len("ddp-powersgd"):]),
+                                           start_powerSGD_iter=2)
+            run.register_comm_hook(state, powersgd.powerSGD_hook)
     micro = 4 if mode == "ddp-accum4" else 1
 
     def step():

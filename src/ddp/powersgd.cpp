@@ -26,8 +26,9 @@ struct Round {
   at::Tensor q_memory;                   // the Qs: the second all-reduce
   std::vector<at::Tensor> uncompressed;  // slots of `input`
   std::vector<at::Tensor> batches;       // [b, n, m]: views of `input` unless stacked
-  std::vector<std::vector<at::Tensor>> originals;  // per batch: what was stacked
-  std::vector<at::Tensor> ps, qs;                  // [b, n, r] / [b, m, r]
+  std::vector<std::vector<at::Tensor>> originals;         // per batch: what was stacked
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (contiguous copy, its gradient)
+  std::vector<at::Tensor> ps, qs;                         // [b, n, r] / [b, m, r]
   int64_t world = 1;
 };
 
@@ -155,7 +156,7 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
   const auto layout = at::tensor(bucket.params, at::kLong);
   auto known = layout_.find(b);
   if (known == layout_.end() || !known->second.equal(layout)) {
-    if (known != layout_.end()) {
+    if (known != layout_.end() && layout_loaded_[b]) {
       spdlog::warn(
           "powersgd: bucket {} holds other parameters than its saved state: its error "
           "and Q start over",
@@ -164,6 +165,7 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
     error_.erase(b);
     q_.erase(b);
     layout_[b] = layout;
+    layout_loaded_[b] = false;
   }
   if (options_.use_error_feedback) {
     auto it = error_.find(b);
@@ -206,7 +208,16 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
         groups.push_back({shape, {}});
         group = std::prev(groups.end());
       }
-      group->second.push_back(slot.view({n, m}));
+      // Rows of the parameter's first dimension: the bucket slot where that
+      // dimension is outermost in memory (contiguous, channels_last), else a
+      // contiguous copy of the logical matrix (a transposed weight).
+      if (g.dim() == 0 || g.stride(0) * n == numel || n == 1) {
+        group->second.push_back(slot.view({n, m}));
+      } else {
+        auto copy = g.contiguous().view({n, m});
+        round->copies.emplace_back(copy, g);
+        group->second.push_back(copy);
+      }
     } else {
       stats_.numel_after += numel;
       round->uncompressed.push_back(slot);
@@ -301,9 +312,20 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
           originals[i].copy_(round->batches[k][static_cast<int64_t>(i)]);
         }
       }
+      for (auto& [copy, gradient] : round->copies) gradient.copy_(copy.view(gradient.sizes()));
+      // All-reduced: every rank sees the same and drops it alike.
+      const bool q_finite = at::isfinite(round->q_memory).all().item<bool>();
       std::lock_guard<std::mutex> lock(mu_);
-      if (options_.use_error_feedback) error_[bucket_index] = round->input_cp - round->input;
-      if (!options_.warm_start) q_.clear();
+      if (options_.use_error_feedback) {
+        auto error = round->input_cp - round->input;
+        if (!at::isfinite(error).all().item<bool>()) error.zero_();
+        error_[bucket_index] = std::move(error);
+      }
+      if (!options_.warm_start) {
+        q_.clear();
+      } else if (!q_finite) {
+        q_.erase(bucket_index);
+      }
       end_of_bucket(last);
     };
     return second;
@@ -369,6 +391,7 @@ void PowerSgdHook::load_state_dict(const HookState& state, const std::string& so
     }
   }
   if (iter < 0 || !has_rng) throw bad("'iter' or 'rng' is missing");
+  if (iter > static_cast<int64_t>(1e15)) throw bad("'iter' is over 1e15");
   if (rank != options_.matrix_approximation_rank) {
     spdlog::warn("{}: PowerSGD ran with rank {}, now {}: Q is drawn afresh", source, rank,
                  options_.matrix_approximation_rank);
@@ -380,7 +403,11 @@ void PowerSgdHook::load_state_dict(const HookState& state, const std::string& so
   error_.clear();
   q_.clear();
   layout_.clear();
-  for (auto& [b, l] : layout) layout_[b] = l.clone();
+  layout_loaded_.clear();
+  for (auto& [b, l] : layout) {
+    layout_[b] = l.clone();
+    layout_loaded_[b] = true;
+  }
   // On the CPU until the first bucket: run_compressed moves them to its device.
   for (auto& [b, e] : error) error_[b] = e.clone();
   for (auto& [b, t] : q) q_[b] = t.clone();

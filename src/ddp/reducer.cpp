@@ -324,13 +324,16 @@ void Reducer::finalize() {
 // rank's backward would: the one-time bucket rebuild broadcast, one
 // all-reduce per bucket in bucket order (through the comm hook, so the
 // message sizes and dtypes match), and the used-parameter all-reduce of
-// find_unused_parameters. It contributes zeros, so the mean is over the
-// initial world size, as PyTorch's Join does by default. Its own .grad is
-// left alone (fresh zero buffers, not the buckets).
+// find_unused_parameters. It contributes zero gradients (a stateful hook
+// may add its own state to them, as PowerSGD adds its error feedback, as in
+// PyTorch), so the mean is over the initial world size, as PyTorch's Join
+// does by default. Its own .grad is left alone (fresh zero buffers, not the
+// buckets).
 void Reducer::shadow_iteration() {
   ensure_prior_iteration_finished();
   std::lock_guard<std::mutex> lock(mu_);
   if (order_recorded_ && !rebuilt_) rebuild_buckets();
+  stats_ = ReducerStats{buckets_.size(), 0, 0};
   std::vector<HookWork> works;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     auto view = grad_bucket(b, at::zeros_like(buckets_[b].contents));
@@ -372,9 +375,17 @@ void Reducer::complete_works(std::vector<HookWork>& works, const std::string& wh
   try {
     for (size_t b = 0; b < works.size(); ++b) {
       if (!works[b].then) continue;
+      if (works[b].finish) {
+        throw UsageError("comm hook '" + options_.hook->name() +
+                         "': a HookWork with then() must leave finish() to the second stage");
+      }
       pg_->wait(works[b].work, what + " " + std::to_string(b) + hook);
       works[b] = works[b].then();
       stats_.bytes += works[b].bytes;
+      if (works[b].then) {
+        throw UsageError("comm hook '" + options_.hook->name() +
+                         "': a second stage's HookWork has a then(); two stages at most");
+      }
     }
     for (size_t b = 0; b < works.size(); ++b) {
       pg_->wait(works[b].work, what + " " + std::to_string(b) + hook);
@@ -415,6 +426,39 @@ void Reducer::rebuild_buckets() {
   build_buckets(chosen);
   spdlog::debug("ddp: buckets rebuilt in rank 0's gradient arrival order ({} buckets)",
                 buckets_.size());
+}
+
+std::vector<int64_t> Reducer::bucket_order() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> order;
+  for (const auto& bucket : bucket_indices_)
+    order.insert(order.end(), bucket.begin(), bucket.end());
+  return order;
+}
+
+// Note [Restored bucket order]: a stateful comm hook (PowerSGD) keeps state
+// per bucket. A resumed run's DDP would lay its buckets out in registration
+// order for its first iteration and rebuild them after it; where gradients
+// arrive in another order (a LayerNorm's weight before its bias) the buckets
+// would hold other parameters than the state was made for. The saved order
+// is laid out at once instead, and kept: the run goes on as if never
+// interrupted. Every rank reads the same order from the same checkpoint.
+void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<char> seen(params_.size(), 0);
+  bool permutation = order.size() == params_.size();
+  for (size_t k = 0; permutation && k < order.size(); ++k) {
+    permutation = order[k] >= 0 && static_cast<size_t>(order[k]) < params_.size() &&
+                  !seen[static_cast<size_t>(order[k])];
+    if (permutation) seen[static_cast<size_t>(order[k])] = 1;
+  }
+  if (!permutation) {
+    throw DataError("the saved bucket order is not a permutation of this model's " +
+                    std::to_string(params_.size()) + " parameters");
+  }
+  build_buckets(std::vector<size_t>(order.begin(), order.end()));
+  order_recorded_ = true;
+  rebuilt_ = true;
 }
 
 void Reducer::write_back(const std::vector<int>& used_anywhere) {

@@ -4,47 +4,58 @@
 
 #include <spdlog/spdlog.h>
 
+#include <map>
+
 #include "lockstep/util/error.h"
 
 namespace lockstep {
 
-StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook) {
-  const HookState mine = hook.state_dict();
+StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook, const DdpCore& ddp) {
+  HookState mine = hook.state_dict();
+  if (mine.empty()) return {};
   // Agree on the entries first (count, then each one's size): a rank whose
   // state differs must fail here, not pair the wrong tensors.
-  auto shape = at::zeros({static_cast<int64_t>(mine.size()) + 1}, at::kLong);
-  shape[0] = static_cast<int64_t>(mine.size());
-  for (size_t i = 0; i < mine.size(); ++i)
-    shape[static_cast<int64_t>(i) + 1] = mine[i].second.numel();
-  const auto count = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong).to(pg.device());
-  for (const auto& c : pg.allgather(count)) {
-    if (c.item<int64_t>() != static_cast<int64_t>(mine.size())) {
+  const auto count = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  for (const auto& c : pg.allgather(count.to(pg.device()))) {
+    if (c.cpu().item<int64_t>() != static_cast<int64_t>(mine.size())) {
       throw CommError(
           "the comm hook's state differs across ranks in its entries; cannot checkpoint it");
     }
   }
-  for (const auto& s : pg.allgather(shape.to(pg.device()))) {
-    if (!s.cpu().equal(shape)) {
+  auto sizes = at::empty({static_cast<int64_t>(mine.size())}, at::kLong);
+  for (size_t i = 0; i < mine.size(); ++i) sizes[static_cast<int64_t>(i)] = mine[i].second.numel();
+  for (const auto& s : pg.allgather(sizes.to(pg.device()))) {
+    if (!s.cpu().equal(sizes)) {
       throw CommError(
           "the comm hook's state differs across ranks in its sizes; cannot checkpoint it");
     }
   }
-  StateDict all;
+  const bool keep = pg.rank() == 0;
   std::vector<StateDict> per_rank(static_cast<size_t>(pg.size()));
   for (const auto& [key, t] : mine) {
-    const auto gathered = pg.allgather(t.contiguous().to(pg.device()));
-    for (size_t r = 0; r < gathered.size(); ++r) {
-      per_rank[r].emplace_back("rank" + std::to_string(r) + "." + key, gathered[r].cpu());
+    if (t.numel() == 0) {  // nothing to exchange (and Gloo cannot all-gather it)
+      if (keep) {
+        for (auto& rank : per_rank) rank.emplace_back(key, t.cpu());
+      }
+      continue;
     }
+    auto gathered = pg.allgather(t.contiguous().to(pg.device()));
+    if (!keep) continue;  // one entry of every rank at a time, then dropped
+    for (size_t r = 0; r < gathered.size(); ++r) per_rank[r].emplace_back(key, gathered[r].cpu());
   }
-  for (auto& rank : per_rank) {
-    for (auto& entry : rank) all.push_back(std::move(entry));
+  StateDict all;
+  if (!keep) return all;
+  if (const Reducer* reducer = ddp.reducer()) {
+    all.emplace_back("ddp.bucket_order", at::tensor(reducer->bucket_order(), at::kLong));
+  }
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    for (auto& [key, t] : per_rank[r]) all.emplace_back("rank" + std::to_string(r) + "." + key, t);
   }
   return all;
 }
 
-void hook_state_restore(CommHook* hook, const StateDict& saved, int rank, int64_t world_size,
-                        int64_t saved_world_size, const std::string& source) {
+void hook_state_restore(CommHook* hook, DdpCore& ddp, const StateDict& saved, int rank,
+                        int64_t world_size, int64_t saved_world_size, const std::string& source) {
   const bool stateful = hook != nullptr && !hook->state_dict().empty();
   if (!stateful) {
     if (!saved.empty()) {
@@ -58,13 +69,55 @@ void hook_state_restore(CommHook* hook, const StateDict& saved, int rank, int64_
                  world_size, hook->name());
     return;
   }
-  const std::string prefix = "rank" + std::to_string(rank) + ".";
-  HookState mine;
+  std::vector<HookState> per_rank(static_cast<size_t>(world_size));
+  at::Tensor order;
   for (const auto& [key, t] : saved) {
-    if (key.compare(0, prefix.size(), prefix) == 0) mine.emplace_back(key.substr(prefix.size()), t);
+    if (key == "ddp.bucket_order") {
+      if (t.dim() != 1 || t.scalar_type() != at::kLong) {
+        throw DataError(source + ": 'ddp.bucket_order' is not a 1-D int64 tensor");
+      }
+      order = t;
+      continue;
+    }
+    const auto dot = key.find('.');
+    const std::string who = key.substr(0, dot);
+    int64_t r = -1;
+    if (dot != std::string::npos && who.size() > 4 && who.size() <= 10 &&
+        who.compare(0, 4, "rank") == 0 &&
+        who.find_first_not_of("0123456789", 4) == std::string::npos) {
+      r = std::stoll(who.substr(4));
+    }
+    if (r < 0 || r >= world_size) {
+      throw DataError(source + ": '" + key.substr(0, 64) + "' names no rank of " +
+                      std::to_string(world_size));
+    }
+    per_rank[static_cast<size_t>(r)].emplace_back(key.substr(dot + 1), t);
   }
-  if (mine.empty()) throw DataError(source + ": no entry for rank " + std::to_string(rank));
-  hook->load_state_dict(mine, source);
+  // What every rank must share (PowerSGD: iter, Q, layouts) is equal.
+  std::map<std::string, at::Tensor> shared;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    if (per_rank[r].empty()) throw DataError(source + ": no entry for rank " + std::to_string(r));
+    for (const auto& [key, t] : per_rank[r]) {
+      if (hook->state_per_rank(key)) continue;
+      auto [it, fresh] = shared.emplace(key, t);
+      if (!fresh && !(it->second.sizes() == t.sizes() &&
+                      it->second.scalar_type() == t.scalar_type() && it->second.equal(t))) {
+        throw DataError(source + ": '" + key.substr(0, 64) + "' differs between rank 0 and rank " +
+                        std::to_string(r) + "; it must be the same on every rank");
+      }
+    }
+  }
+  // Every rank's entries are checked here, its own last, so a bad file
+  // fails every rank alike instead of one rank while the others wait.
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    if (static_cast<int>(r) != rank) hook->load_state_dict(per_rank[r], source);
+  }
+  hook->load_state_dict(per_rank[static_cast<size_t>(rank)], source);
+  if (order.defined()) {
+    const auto o = order.contiguous();
+    ddp.restore_bucket_order(
+        std::vector<int64_t>(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel()));
+  }
 }
 
 }  // namespace lockstep

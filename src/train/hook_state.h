@@ -1,25 +1,29 @@
 // A stateful comm hook's state (PowerSGD's error buffers and Qs) in a
-// checkpoint: every rank's, gathered to all (rank 0 writes it), keys
-// "rank<r>.<key>"; and back, each rank taking its own.
+// checkpoint: every rank's, gathered to rank 0, which writes it, keys
+// "rank<r>.<key>", with DDP's bucket order ("ddp.bucket_order": the state
+// is per bucket); and back, each rank taking its own.
 #pragma once
 
 #include <string>
 
-#include "lockstep/ddp/comm_hooks.h"
-#include "lockstep/distributed/process_group.h"
+#include "lockstep/ddp/ddp.h"
 #include "lockstep/train/state_dict.h"
 
 namespace lockstep {
 
-// Collective. Empty when the hook keeps no state. Throws CommError when the
-// ranks' states differ in their keys or shapes (they never should).
-StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook);
+// Collective. On rank 0 the entries to save (empty when the hook keeps no
+// state); empty on the other ranks, which hold one entry of every rank at a
+// time while it is gathered. Throws CommError when the ranks' states
+// differ in their entries or sizes (they never should).
+StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook, const DdpCore& ddp);
 
-// `saved` from a checkpoint (`source` names it for messages); `world_size`:
-// the ranks that wrote it. A stateful hook without saved state, or saved by
-// another world size, starts over with a warning; state saved by a hook
-// that is no longer used is ignored.
-void hook_state_restore(CommHook* hook, const StateDict& saved, int rank, int64_t world_size,
-                        int64_t saved_world_size, const std::string& source);
+// `saved` from a checkpoint (`source` names it for messages), written by
+// `saved_world_size` ranks. Every rank checks every rank's entries (so a
+// bad file fails every rank alike) and that the entries the hook shares
+// across ranks are equal, restores DDP's bucket order, then its own state.
+// A stateful hook without saved state starts over with a warning; state
+// saved by a hook that is no longer used is ignored.
+void hook_state_restore(CommHook* hook, DdpCore& ddp, const StateDict& saved, int rank,
+                        int64_t world_size, int64_t saved_world_size, const std::string& source);
 
 }  // namespace lockstep

@@ -218,7 +218,7 @@ struct Trainer::Impl {
     state.world_size = world.world_size;
     state.model = config.model.name;
     state.scaler = precision->state_dict();
-    if (comm_hook) state.comm_hook = hook_state_gather(*pg, *comm_hook);
+    if (comm_hook) state.comm_hook = hook_state_gather(*pg, *comm_hook, *ddp);
     struct ClearOnExit {
       StateDict& held;
       ~ClearOnExit() { held.clear(); }  // every rank's hook state: not kept between checkpoints
@@ -411,8 +411,8 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   s.ddp =
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
   if (!s.resumed_from.empty()) {
-    hook_state_restore(s.comm_hook.get(), s.resumed_hook_state, s.world.rank, s.world.world_size,
-                       s.resumed_world_size, s.resumed_from);
+    hook_state_restore(s.comm_hook.get(), *s.ddp, s.resumed_hook_state, s.world.rank,
+                       s.world.world_size, s.resumed_world_size, s.resumed_from);
     s.resumed_hook_state.clear();
   }
   if (s.config.ddp.comm_hook == "powersgd" && s.world.world_size > 1 &&

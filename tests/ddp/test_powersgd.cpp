@@ -180,6 +180,97 @@ TEST_CASE("PowerSGD's compressed gradient equals the low-rank approximation comp
   CHECK(outcomes[0].result.iter == 4);
 }
 
+TEST_CASE("PowerSGD with two buckets: one iteration per backward, one seed per bucket",
+          "[powersgd]") {
+  const int n = 2;
+  torch::manual_seed(13);
+  std::vector<std::vector<torch::Tensor>> w(n);  // [iteration * 2 + bucket]
+  for (int r = 0; r < n; ++r) {
+    for (int k = 0; k < 6; ++k) w[r].push_back(torch::randn({8, 6}));
+  }
+  PowerSgdOptions options;
+  options.start_iter = 2;
+  auto outcomes = run_ranks<std::vector<torch::Tensor>>(n, [&](ProcessGroup& pg) {
+    PowerSgdHook hook(options);
+    std::vector<torch::Tensor> out;
+    for (int it = 0; it < 3; ++it) {
+      // As the Reducer: both buckets' first stages, then their second ones.
+      std::vector<GradBucket> buckets;
+      std::vector<HookWork> works;
+      for (size_t b = 0; b < 2; ++b) {
+        buckets.push_back(make_bucket(w[pg.rank()][it * 2 + b], torch::zeros({6})));
+        buckets.back().index = b;
+        buckets.back().count = 2;
+        buckets.back().params = {static_cast<int64_t>(2 * b), static_cast<int64_t>(2 * b + 1)};
+      }
+      for (auto& bucket : buckets) works.push_back(hook.run_bucket(pg, bucket));
+      for (auto& work : works) {
+        pg.wait(work.work, "first");
+        if (work.then) work = work.then();
+      }
+      for (auto& work : works) {
+        pg.wait(work.work, "second");
+        if (work.finish) work.finish();
+      }
+      for (auto& bucket : buckets) out.push_back(bucket.buffer.narrow(0, 0, 48).clone());
+    }
+    CHECK(hook.stats().iter == 3);  // counted once per backward, at the last bucket
+    return out;
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+  }
+  // Iteration 2 compresses both buckets; bucket 0 draws numpy's first seed,
+  // bucket 1 its second.
+  std::mt19937 engine(0);
+  for (int b = 0; b < 2; ++b) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(numpy_randint_1e9(engine));
+    auto q = orthogonal(at::randn({6, 1}, generator, at::TensorOptions(at::kFloat)));
+    const auto& m0 = w[0][4 + b];
+    const auto& m1 = w[1][4 + b];
+    auto p = orthogonal(torch::mm(m0, q) + torch::mm(m1, q));
+    q = (torch::mm(m0.t(), p) + torch::mm(m1.t(), p)) / 2;
+    const auto want = torch::mm(p, q.t()).reshape(-1);
+    INFO("bucket " << b);
+    CHECK(torch::allclose(outcomes[0].result[static_cast<size_t>(4 + b)], want, 1e-5, 1e-6));
+  }
+  // Iterations 0 and 1 were plain: the mean.
+  CHECK(torch::allclose(outcomes[0].result[3], ((w[0][3] + w[1][3]) / 2).reshape(-1), 1e-6, 1e-7));
+}
+
+TEST_CASE("PowerSGD compresses a transposed gradient as its logical matrix", "[powersgd]") {
+  const int n = 2;
+  torch::manual_seed(17);
+  std::vector<torch::Tensor> m{torch::randn({8, 6}), torch::randn({8, 6})};
+  PowerSgdOptions options;  // compressing from the first iteration
+  options.start_iter = 0;
+  options.use_error_feedback = false;
+  options.warm_start = false;
+  auto outcomes = run_ranks<torch::Tensor>(n, [&](ProcessGroup& pg) {
+    PowerSgdHook hook(options);
+    GradBucket bucket;
+    bucket.count = 1;
+    bucket.buffer = torch::zeros({48});
+    // The weight's memory is column-major: strides (1, 8), as a transposed parameter's.
+    auto g = bucket.buffer.as_strided({8, 6}, {1, 8});
+    g.copy_(m[static_cast<size_t>(pg.rank())]);
+    bucket.gradients = {g};
+    bucket.offsets = {0};
+    bucket.params = {0};
+    exchange(hook, pg, bucket);
+    return g.clone();
+  });
+  for (int r = 0; r < n; ++r) REQUIRE_FALSE(outcomes[r].error);
+  std::mt19937 engine(0);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(numpy_randint_1e9(engine));
+  auto q = orthogonal(at::randn({6, 1}, generator, at::TensorOptions(at::kFloat)));
+  auto p = orthogonal(torch::mm(m[0], q) + torch::mm(m[1], q));
+  q = (torch::mm(m[0].t(), p) + torch::mm(m[1].t(), p)) / 2;
+  CHECK(torch::allclose(outcomes[0].result, torch::mm(p, q.t()), 1e-5, 1e-6));
+  CHECK(torch::equal(outcomes[0].result, outcomes[1].result));
+}
+
 TEST_CASE("PowerSGD's error feedback is carried exactly", "[powersgd]") {
   // One rank: the all-reduce is the identity, so after each compressed
   // iteration the error must be exactly input + previous error - output.
@@ -227,11 +318,12 @@ TEST_CASE("PowerSGD under DDP: ranks bit-identical, bytes cut, state round trip 
   options.start_iter = 2;
   options.matrix_approximation_rank = 2;
   // steps 0..7; `cut`: after that many steps the hook is rebuilt from its state_dict.
-  auto train = [&](int cut) {
+  auto train = [&](int cut, bool view = true) {
     return run_ranks<std::pair<std::vector<torch::Tensor>, std::vector<int64_t>>>(
         n, [&](ProcessGroup& pg) {
           auto model = clone_of(base);
           DdpOptions ddp_options;
+          ddp_options.gradient_as_bucket_view = view;
           auto hook = std::make_shared<PowerSgdHook>(options);
           ddp_options.comm_hook = hook;
           auto ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
@@ -263,15 +355,18 @@ TEST_CASE("PowerSGD under DDP: ranks bit-identical, bytes cut, state round trip 
   // A cut at step 5 rebuilds DDP too: its buckets are rebuilt after the
   // first step again, with the same layout, so the state still fits.
   auto resumed = train(5);
+  auto copied = train(-1, /*view=*/false);  // gradients copied into the buckets and back
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << error_text(whole[r].error) << error_text(resumed[r].error));
     REQUIRE_FALSE(whole[r].error);
     REQUIRE_FALSE(resumed[r].error);
+    REQUIRE_FALSE(copied[r].error);
   }
   const auto& w0 = whole[0].result.first;
   for (size_t i = 0; i < w0.size(); ++i) {
     CHECK(torch::equal(w0[i], whole[1].result.first[i]));    // ranks agree
     CHECK(torch::equal(w0[i], resumed[0].result.first[i]));  // and the resume is exact
+    CHECK(torch::equal(w0[i], copied[0].result.first[i]));   // views or copies: the same
   }
   const auto& bytes = whole[0].result.second;
   const int64_t plain = bytes[0];
@@ -346,13 +441,18 @@ TEST_CASE("PowerSGD parity run for tests/python/powersgd_parity.py", "[.powersgd
     throw std::runtime_error("init.pt has no " + key);
   };
   const int n = 2, steps = 10;
-  for (int64_t approx_rank : {1, 2, 4}) {
+  // As powersgd_parity.py's VARIANTs (one bucket: PyTorch's hook pairs
+  // mismatched collectives on Gloo with several, docs/ddp.md).
+  for (const std::string variant : {"r1", "r2", "r4", "r2-batch"}) {
     PowerSgdOptions options;
     options.start_iter = 2;
-    options.matrix_approximation_rank = approx_rank;
+    options.matrix_approximation_rank = std::stoi(variant.substr(1, 1));
+    options.batch_tensors_with_same_shape = variant.find("-batch") != std::string::npos;
     auto outcomes = run_ranks<std::pair<StateDict, std::vector<int64_t>>>(n, [&](ProcessGroup& pg) {
-      torch::nn::Sequential model(torch::nn::Linear(12, 32), torch::nn::ReLU(),
-                                  torch::nn::Linear(32, 5));
+      torch::nn::Sequential model(
+          torch::nn::Linear(12, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
+          torch::nn::ReLU(), torch::nn::Linear(32, 12), torch::nn::ReLU(),
+          torch::nn::Linear(12, 32), torch::nn::ReLU(), torch::nn::Linear(32, 5));
       StateDict weights;
       for (const auto& [k, t] : init)
         if (k.rfind("x.", 0) != 0 && k.rfind("y.", 0) != 0) weights.emplace_back(k, t);
@@ -375,7 +475,7 @@ TEST_CASE("PowerSGD parity run for tests/python/powersgd_parity.py", "[.powersgd
       INFO("rank " << r << ": " << error_text(outcomes[r].error));
       REQUIRE_FALSE(outcomes[r].error);
     }
-    const std::string name = folder + "/lockstep_" + std::to_string(approx_rank);
+    const std::string name = folder + "/lockstep_" + variant;
     state_dict_save_file(outcomes[0].result.first, name + ".pt");
     std::ofstream bytes(name + ".bytes");
     for (size_t s = 0; s < outcomes[0].result.second.size(); ++s) {

@@ -7,8 +7,9 @@
 #    one (the hook's error buffers and Qs are in comm_hook.pt, which
 #    torch.load reads);
 # 3. against PyTorch's own powerSGD_hook (tests/python/powersgd_parity.py)
-#    on the same model, data and settings, ranks 1, 2 and 4: the same bytes
-#    per step and bit-identical weights;
+#    on the same model, data and settings, approximation ranks 1, 2 and 4,
+#    and 2 with batch_tensors_with_same_shape: the same bytes per step and
+#    bit-identical weights;
 # 4. bad settings exit 2 naming the key.
 #   powersgd.sh LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS
 source "$(dirname "$0")/lib.sh"
@@ -74,6 +75,34 @@ assert not torch.equal(h['rank0.error.0'], h['rank1.error.0']), 'each rank keeps
 assert torch.equal(h['rank0.q.0'], h['rank1.q.0']), 'Q is shared'
 " 2>"$WORK/py.err" && pass "the resumed run ends bit-identical; comm_hook.pt holds each rank's error, one Q, iter 100" ||
   { fail "resume is not bit-identical, or comm_hook.pt is not as documented"; tail -3 "$WORK/py.err"; }
+# 2b. The same with a small GPT: its LayerNorms' gradients arrive weight
+#     first, so a resumed DDP must take the saved bucket order (Note
+#     [Restored bucket order]) for the state to fit its buckets.
+gpt() {  # gpt NAME ARGS...
+  local name=$1
+  shift
+  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
+    --config "$root/configs/gpt-text.yaml" --set run.dir="$runs" --set run.name="$name" \
+    --set log.progress=plain --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 \
+    --set model.block_size=32 --set train.max_steps=24 --set checkpoint.every=12 \
+    --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=4 "$@" >"$WORK/$name.out" 2>&1
+}
+gpt gpt-whole
+expect_eq "$?" 0 "a small GPT with PowerSGD" || tail -5 "$WORK/gpt-whole.out"
+gpt gpt-resumed --set checkpoint.resume="$runs/gpt-whole/checkpoints/step_00000012"
+expect_eq "$?" 0 "resumed at step 12" || tail -5 "$WORK/gpt-resumed.out"
+if grep -q "holds other parameters" "$WORK/gpt-resumed.out"; then
+  fail "the resumed GPT's buckets hold other parameters than the saved state"
+else
+  pass "the resumed GPT's buckets hold the parameters the saved state was made for"
+fi
+$PY -c "
+import torch
+a = torch.load('$runs/gpt-whole/checkpoints/step_00000024/model.pt')
+b = torch.load('$runs/gpt-resumed/checkpoints/step_00000024/model.pt')
+assert all(torch.equal(a[k], b[k]) for k in a), 'weights differ'
+" 2>"$WORK/py.err" && pass "the resumed GPT ends bit-identical" || { fail "the resumed GPT differs"; tail -3 "$WORK/py.err"; }
+
 # Resumed with the hook gone: a note, and it trains on.
 train dropped --set checkpoint.resume="$runs/whole/checkpoints/step_00000100"
 expect_eq "$?" 0 "resumed with ddp.comm_hook: allreduce"
@@ -82,13 +111,13 @@ expect_grep "$WORK/dropped.out" "keeps none: ignored" "and says the saved hook s
 # 3. PyTorch's own hook on the same run.
 $PY "$root/tests/python/powersgd_parity.py" prepare "$WORK" 2>"$WORK/py.err"
 expect_eq "$?" 0 "the parity run's data" || tail -3 "$WORK/py.err"
-for r in 1 2 4; do
+for r in r1 r2 r4 r2-batch; do
   $PY "$root/tests/python/powersgd_parity.py" torch "$WORK" "$r" >"$WORK/torch$r.out" 2>&1
-  expect_eq "$?" 0 "PyTorch's DDP with powerSGD_hook, rank $r" || tail -5 "$WORK/torch$r.out"
+  expect_eq "$?" 0 "PyTorch's DDP with powerSGD_hook, $r" || tail -5 "$WORK/torch$r.out"
 done
 LOCKSTEP_POWERSGD_PARITY="$WORK" "$TESTS" "[.powersgd_parity]" >"$WORK/tests.out" 2>&1
 expect_eq "$?" 0 "lockstep's side of the parity run" || tail -20 "$WORK/tests.out"
-for r in 1 2 4; do
+for r in r1 r2 r4 r2-batch; do
   line=$($PY "$root/tests/python/powersgd_parity.py" compare "$WORK" "$r" 2>&1)
   [ $? = 0 ] && pass "against PyTorch: $line" || fail "against PyTorch: $line"
 done

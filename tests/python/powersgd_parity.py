@@ -1,14 +1,18 @@
 """PyTorch's own PowerSGD hook beside lockstep's (tests/multiproc/powersgd.sh).
 
-  powersgd_parity.py prepare DIR         init.pt: an MLP's weights and every step's data
-  powersgd_parity.py torch DIR RANK      2 processes, PyTorch's DDP + powerSGD_hook:
-                                         torch_<RANK>.pt (final weights), torch_<RANK>.bytes
-  powersgd_parity.py compare DIR RANK    against lockstep_<RANK>.pt / .bytes (written by
-                                         lockstep_tests "[.powersgd_parity]")
+  powersgd_parity.py prepare DIR            init.pt: an MLP's weights and every step's data
+  powersgd_parity.py torch DIR VARIANT      2 processes, PyTorch's DDP + powerSGD_hook:
+                                            torch_<VARIANT>.pt (final weights) and .bytes
+  powersgd_parity.py compare DIR VARIANT    against lockstep_<VARIANT>.pt / .bytes (written
+                                            by lockstep_tests "[.powersgd_parity]")
 
-The run: Linear(12, 32), ReLU, Linear(32, 5); SGD lr 0.1 momentum 0.9; 10
-steps of 8 rows per rank; PowerSGDState(matrix_approximation_rank=RANK,
-start_powerSGD_iter=2, the other settings PyTorch's defaults).
+VARIANT: r<rank>[-batch][-buckets]: matrix_approximation_rank, then
+batch_tensors_with_same_shape, then one bucket per parameter (else one
+bucket for all). The run: Linear(12, 32), Linear(32, 32), Linear(32, 12),
+Linear(12, 32), Linear(32, 5) with ReLUs (two [32, 12] weights apart: Qs are
+laid out by shape in order of appearance); SGD lr 0.1 momentum 0.9; 10
+steps of 8 rows per rank; PowerSGDState(start_powerSGD_iter=2, the other
+settings PyTorch's defaults).
 """
 import os
 import sys
@@ -21,7 +25,14 @@ STEPS, ROWS, WORLD = 10, 8, 2
 
 
 def model():
-    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 12), nn.ReLU(), nn.Linear(12, 32), nn.ReLU(),
+                         nn.Linear(32, 5))
+
+
+def parse(variant):
+    parts = variant.split("-")
+    return int(parts[0][1:]), "batch" in parts, "buckets" in parts
 
 
 def prepare(folder):
@@ -34,11 +45,12 @@ def prepare(folder):
     torch.save(state, os.path.join(folder, "init.pt"))
 
 
-def worker(rank, folder, approx_rank):
+def worker(rank, folder, variant):
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
+    approx_rank, batch, buckets = parse(variant)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, f"store{approx_rank}"),
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, f"store-{variant}"),
                             rank=rank, world_size=WORLD)
     sent = [0]
     real = dist.all_reduce
@@ -51,9 +63,11 @@ def worker(rank, folder, approx_rank):
     init = torch.load(os.path.join(folder, "init.pt"))
     net = model()
     net.load_state_dict({k: v for k, v in init.items() if not k.startswith(("x.", "y."))})
-    ddp = nn.parallel.DistributedDataParallel(net)
+    if buckets:  # one parameter per bucket, the first bucket too
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1
+    ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=1e-6 if buckets else 25)
     state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=approx_rank,
-                                   start_powerSGD_iter=2)
+                                   start_powerSGD_iter=2, batch_tensors_with_same_shape=batch)
     ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     per_step = []
@@ -65,8 +79,8 @@ def worker(rank, folder, approx_rank):
         opt.step()
         per_step.append(sent[0] - before)
     if rank == 0:
-        torch.save(net.state_dict(), os.path.join(folder, f"torch_{approx_rank}.pt"))
-        with open(os.path.join(folder, f"torch_{approx_rank}.bytes"), "w") as f:
+        torch.save(net.state_dict(), os.path.join(folder, f"torch_{variant}.pt"))
+        with open(os.path.join(folder, f"torch_{variant}.bytes"), "w") as f:
             f.write(" ".join(str(b) for b in per_step) + "\n")
     dist.barrier()
     # Debian 12's torch 1.13 sometimes aborts in Gloo's teardown ("terminate
@@ -75,18 +89,18 @@ def worker(rank, folder, approx_rank):
     os._exit(0)
 
 
-def compare(folder, approx_rank):
-    theirs = torch.load(os.path.join(folder, f"torch_{approx_rank}.pt"))
-    ours = torch.load(os.path.join(folder, f"lockstep_{approx_rank}.pt"))
+def compare(folder, variant):
+    theirs = torch.load(os.path.join(folder, f"torch_{variant}.pt"))
+    ours = torch.load(os.path.join(folder, f"lockstep_{variant}.pt"))
     init = torch.load(os.path.join(folder, "init.pt"))
     worst, moved = 0.0, 0.0
     for k, v in theirs.items():
         worst = max(worst, (ours[k] - v).abs().max().item())
         moved = max(moved, (v - init[k]).abs().max().item())
     same = all(torch.equal(ours[k], v) for k, v in theirs.items())
-    tb = open(os.path.join(folder, f"torch_{approx_rank}.bytes")).read().split()
-    lb = open(os.path.join(folder, f"lockstep_{approx_rank}.bytes")).read().split()
-    print(f"rank {approx_rank}: weights {'bit-identical' if same else 'differ'}, "
+    tb = open(os.path.join(folder, f"torch_{variant}.bytes")).read().split()
+    lb = open(os.path.join(folder, f"lockstep_{variant}.bytes")).read().split()
+    print(f"{variant}: weights {'bit-identical' if same else 'differ'}, "
           f"max |diff| {worst:.3g} (training moved them by up to {moved:.3g}); "
           f"bytes per step torch {' '.join(tb)} lockstep {' '.join(lb)}")
     return 0 if same and tb == lb and moved > 1e-3 else 1
@@ -99,9 +113,9 @@ if __name__ == "__main__":
     elif what == "torch":
         import torch.multiprocessing as mp
 
-        store = os.path.join(folder, f"store{sys.argv[3]}")
+        store = os.path.join(folder, f"store-{sys.argv[3]}")
         if os.path.exists(store):  # a FileStore is for one job only
             os.remove(store)
-        mp.spawn(worker, args=(folder, int(sys.argv[3])), nprocs=WORLD)
+        mp.spawn(worker, args=(folder, sys.argv[3]), nprocs=WORLD)
     else:
-        sys.exit(compare(folder, int(sys.argv[3])))
+        sys.exit(compare(folder, sys.argv[3]))

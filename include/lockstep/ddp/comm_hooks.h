@@ -35,9 +35,10 @@ namespace lockstep {
 struct HookWork {
   Ptr<C10dWork> work;  // in flight; nullptr when nothing to wait for
   // After work: a second exchange (PowerSGD's Q), whose HookWork replaces
-  // this one. Empty: none.
+  // this one (two stages at most; a first stage with then() has no
+  // finish()). Empty: none.
   std::function<HookWork()> then;
-  std::function<void()> finish;  // after work: leave the result in the bucket
+  std::function<void()> finish;  // after the last work: leave the result in the bucket
   int64_t bytes = 0;             // this rank's payload in the collectives started
 };
 
@@ -75,6 +76,9 @@ class CommHook {
   // DataError naming `source` if the state does not fit.
   virtual HookState state_dict() const { return {}; }
   virtual void load_state_dict(const HookState& state, const std::string& source) {}
+  // Whether a state entry may differ between ranks; the others must be
+  // equal on every rank in a checkpoint, or resuming is refused.
+  virtual bool state_per_rank(const std::string& key) const { return true; }
 };
 
 // SUM all-reduce of the bucket as it is (PyTorch DDP's default).

@@ -96,6 +96,10 @@ class DdpCore {
   ProcessGroup& process_group() { return *pg_; }
   // nullptr at world size 1.
   const Reducer* reducer() const { return reducer_.get(); }
+  // Note [Restored bucket order] (reducer.cpp): before the first forward.
+  void restore_bucket_order(const std::vector<int64_t>& order) {
+    if (reducer_) reducer_->restore_bucket_order(order);
+  }
   void set_tracer(std::shared_ptr<Tracer> tracer) {
     if (reducer_) reducer_->set_tracer(std::move(tracer));
   }

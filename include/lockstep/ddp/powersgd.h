@@ -21,11 +21,15 @@
 // Deterministic: every rank draws the same Q, and the P and Q all-reduces
 // give every rank the same bits, so the weights stay bit-identical.
 //
-// Differences from PyTorch, both deliberate: a column of zeros is left as
+// Differences from PyTorch, all deliberate: a column of zeros is left as
 // zeros when orthogonalized with orthogonalization_epsilon 0 (PyTorch
-// divides by a zero norm and gets NaN; its code means to recover zeros); a
-// gradient that is not contiguous (channels_last) is compressed as its
-// bucket slot, rows by its first dimension (PyTorch's view() would fail).
+// divides by a zero norm and gets NaN; its code means to recover zeros); an
+// averaged Q that is not finite is dropped (drawn afresh next time) and a
+// local error that is not finite is zeroed, so one overflowing step (fp16's
+// GradScaler makes them on purpose) does not poison every later one; a
+// channels_last gradient is compressed as its bucket slot, rows by its first
+// dimension (PyTorch's view() would fail), a transposed one as a contiguous
+// copy of its logical matrix.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +62,7 @@ class PowerSgdHook : public CommHook {
   // parameters), error.b (this rank's), q.b.
   HookState state_dict() const override;
   void load_state_dict(const HookState& state, const std::string& source) override;
+  bool state_per_rank(const std::string& key) const override { return key.rfind("error.", 0) == 0; }
 
   const PowerSgdOptions& options() const { return options_; }
   PowerSgdStats stats() const;
@@ -77,6 +82,7 @@ class PowerSgdHook : public CommHook {
   // Per bucket: its parameters when error_ and q_ were made. A bucket laid
   // out otherwise (a resumed DDP before its bucket rebuild) starts over.
   std::map<size_t, at::Tensor> layout_;
+  std::map<size_t, bool> layout_loaded_;  // from a checkpoint: a mismatch is worth a warning
   PowerSgdStats stats_;
 };
 

@@ -77,6 +77,13 @@ class Reducer {
   void shadow_iteration();
 
   const std::vector<std::vector<size_t>>& bucket_indices() const { return bucket_indices_; }
+  // The parameters in the order the buckets hold them (bucket 0 first).
+  std::vector<int64_t> bucket_order() const;
+  // Lays the buckets out in `order` (a bucket_order() saved with a stateful
+  // comm hook's state) and skips the one-time rebuild; before the first
+  // forward. Throws DataError unless `order` is a permutation of the
+  // parameters. Note [Restored bucket order].
+  void restore_bucket_order(const std::vector<int64_t>& order);
   // Records each bucket's all-reduce (launch to completion) and the end of
   // backward's wait; nullptr (the default) records nothing.
   void set_tracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
