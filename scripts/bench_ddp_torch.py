@@ -51,6 +51,12 @@ def time_steps(dims, batch, mode, warmup, steps, device):
             kwargs["device_ids"] = [device.index]
         if mode.startswith("ddp-bucket"):
             kwargs["bucket_cap_mb"] = float(mode[len("ddp-bucket"):])
+        if mode.startswith("ddp-powersgd"):
+            # One bucket: PyTorch's powerSGD_hook chains its all-reduces from
+            # completion callbacks, and with several buckets on Gloo the ranks
+            # pair mismatched collectives and hang (docs/ddp.md).
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 40
+            kwargs["bucket_cap_mb"] = 1e6
         run = DDP(model, **kwargs)
         if mode in ("ddp-fp16", "ddp-bf16"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -50,6 +51,24 @@ void gram_schmidt(at::Tensor& matrices, double epsilon) {
       rest.sub_(at::sum(col * rest, {1}, /*keepdim=*/true) * col);
     }
   }
+}
+
+// `slot`, reallocated only when it does not fit `like` (numel elements;
+// like's own when -1): per-bucket buffers are not allocated at every step
+// (a fresh large allocation costs its page faults each time).
+at::Tensor reuse(at::Tensor& slot, const at::Tensor& like, int64_t numel = -1) {
+  if (numel < 0) numel = like.numel();
+  if (!slot.defined() || slot.numel() != numel || slot.device() != like.device() ||
+      slot.scalar_type() != like.scalar_type()) {
+    slot = at::empty({numel}, like.options());
+  }
+  return slot;
+}
+
+// One pass and no temporary: a float sum in double cannot overflow, and
+// carries any inf or NaN.
+bool all_finite(const at::Tensor& t) {
+  return t.numel() == 0 || std::isfinite(t.sum(at::kDouble).item<double>());
 }
 
 std::string rng_text(const std::mt19937& engine) {
@@ -179,7 +198,8 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
       }
       error_[b] = at::zeros_like(input);
     }
-    round->input_cp = input.clone();
+    round->input_cp = reuse(copy_[b], input);
+    round->input_cp.copy_(input);
   }
 
   // Which gradients to compress, grouped by shape in order of appearance
@@ -237,7 +257,7 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
     q_[b] = at::empty({qs_size}, input.options());
   }
   round->q_memory = q_[b];
-  round->wire = at::empty({uncompressed_numel + ps_size}, input.options());
+  round->wire = reuse(wire_[b], input, uncompressed_numel + ps_size);
   int64_t at_u = 0;
   for (const auto& u : round->uncompressed) {
     round->wire.narrow(0, at_u, u.numel()).copy_(u);
@@ -314,12 +334,17 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
       }
       for (auto& [copy, gradient] : round->copies) gradient.copy_(copy.view(gradient.sizes()));
       // All-reduced: every rank sees the same and drops it alike.
-      const bool q_finite = at::isfinite(round->q_memory).all().item<bool>();
+      const bool q_finite = all_finite(round->q_memory);
       std::lock_guard<std::mutex> lock(mu_);
       if (options_.use_error_feedback) {
-        auto error = round->input_cp - round->input;
-        if (!at::isfinite(error).all().item<bool>()) error.zero_();
-        error_[bucket_index] = std::move(error);
+        auto& error = error_[bucket_index];
+        if (error.defined() && error.sizes() == round->input.sizes() &&
+            error.device() == round->input.device()) {
+          at::sub_out(error, round->input_cp, round->input);
+        } else {
+          error = round->input_cp - round->input;
+        }
+        if (!all_finite(error)) error.zero_();
       }
       if (!options_.warm_start) {
         q_.clear();
@@ -342,8 +367,10 @@ HookState PowerSgdHook::state_dict() const {
       at::scalar_tensor(static_cast<int64_t>(options_.matrix_approximation_rank), at::kLong));
   state.emplace_back("rng", text_tensor(rng_text(engine_)));
   for (const auto& [b, l] : layout_) state.emplace_back("layout." + std::to_string(b), l);
-  for (const auto& [b, e] : error_) state.emplace_back("error." + std::to_string(b), e.cpu());
-  for (const auto& [b, q] : q_) state.emplace_back("q." + std::to_string(b), q.cpu());
+  // Copies: the live buffers change in place at every step.
+  for (const auto& [b, e] : error_)
+    state.emplace_back("error." + std::to_string(b), e.cpu().clone());
+  for (const auto& [b, q] : q_) state.emplace_back("q." + std::to_string(b), q.cpu().clone());
   return state;
 }
 

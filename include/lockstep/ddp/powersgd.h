@@ -82,7 +82,10 @@ class PowerSgdHook : public CommHook {
   // Per bucket: its parameters when error_ and q_ were made. A bucket laid
   // out otherwise (a resumed DDP before its bucket rebuild) starts over.
   std::map<size_t, at::Tensor> layout_;
-  std::map<size_t, bool> layout_loaded_;  // from a checkpoint: a mismatch is worth a warning
+  std::map<size_t, bool> layout_loaded_;
+  // Per bucket, reused across steps: the bucket after the error was added,
+  // and the first exchange's buffer.
+  std::map<size_t, at::Tensor> copy_, wire_;  // from a checkpoint: a mismatch is worth a warning
   PowerSgdStats stats_;
 };
 
