@@ -9,7 +9,7 @@
 #      ms per step, bytes per step after start_iter;
 #   3. the GPT (configs/gpt-text.yaml) for GPT_STEPS steps with each hook:
 #      validation loss, ms per step, bytes per step.
-# Prints markdown tables (docs/performance.md, "PowerSGD over a slow link").
+# Prints markdown tables (docs/performance.md, "PowerSGD").
 # Needs root (ip netns, tc); nothing else may run meanwhile.
 #
 #   scripts/bench_powersgd.sh      (env: BUILD=build LINKS="none 1gbit 100mbit"

@@ -70,7 +70,8 @@ def same(a, b):
     return abs(a - b) <= 1e-6 * max(1.0, abs(b))
 for m in metrics:
     if "loss" in m:
-        for tag, key in (("train/loss", "loss"), ("train/lr", "lr"), ("train/accuracy", "accuracy")):
+        for tag, key in (("train/loss", "loss"), ("train/lr", "lr"), ("train/accuracy", "accuracy"),
+                         ("train/comm_bytes_per_step", "comm_bytes_per_step")):
             assert same(scalars[(tag, m["step"])], m[key]), (tag, m)
             checked += 1
         assert ("train/samples_per_s", m["step"]) in scalars and ("train/comm_share", m["step"]) in scalars
