@@ -65,10 +65,12 @@ at::Tensor reuse(at::Tensor& slot, const at::Tensor& like, int64_t numel = -1) {
   return slot;
 }
 
-// One pass and no temporary: a float sum in double cannot overflow, and
-// carries any inf or NaN.
+// One pass and no temporary: a sum of float32 (or 16-bit) values in double
+// cannot overflow, and carries any inf or NaN; float64 is checked elementwise.
 bool all_finite(const at::Tensor& t) {
-  return t.numel() == 0 || std::isfinite(t.sum(at::kDouble).item<double>());
+  if (t.numel() == 0) return true;
+  if (t.scalar_type() == at::kDouble) return at::isfinite(t).all().item<bool>();
+  return std::isfinite(t.sum(at::kDouble).item<double>());
 }
 
 std::string rng_text(const std::mt19937& engine) {
@@ -149,6 +151,17 @@ void PowerSgdHook::end_of_bucket(bool last) {
       spdlog::debug("powersgd: compression starts after {} iterations", iter_);
     }
   }
+}
+
+void PowerSgdHook::check_supported(ProcessGroup&) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (attached_) {
+    throw UsageError(
+        "comm hook 'powersgd' is already used by another DistributedDataParallel: its state is "
+        "per bucket, so give each its own hook (comm_hook_create), and load_state_dict to carry "
+        "state over");
+  }
+  attached_ = true;
 }
 
 HookWork PowerSgdHook::run_bucket(ProcessGroup& pg, GradBucket& bucket) {

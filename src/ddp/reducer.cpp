@@ -398,6 +398,13 @@ void Reducer::complete_works(std::vector<HookWork>& works, const std::string& wh
       } catch (const std::exception&) {
       }
     }
+    // Some of this exchange's collectives may not have been issued here
+    // while the peers issued them (a second stage that threw on this rank
+    // only): as after an interrupted backward, nothing later can pair up.
+    failure_ = "rank " + std::to_string(pg_->rank()) +
+               ": DistributedDataParallel cannot continue: the gradient exchange of the last "
+               "backward failed part way (see the first error), so the ranks may no longer agree "
+               "on which collectives were issued. Restart from the last checkpoint";
     throw;
   }
 }
@@ -431,6 +438,7 @@ void Reducer::rebuild_buckets() {
 std::vector<int64_t> Reducer::bucket_order() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> order;
+  if (!rebuilt_) return order;
   for (const auto& bucket : bucket_indices_)
     order.insert(order.end(), bucket.begin(), bucket.end());
   return order;
@@ -445,6 +453,9 @@ std::vector<int64_t> Reducer::bucket_order() const {
 // interrupted. Every rank reads the same order from the same checkpoint.
 void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (expect_hooks_ || order_recorded_ || !ready_order_.empty()) {
+    throw UsageError("restore_bucket_order: only before the first forward");
+  }
   std::vector<char> seen(params_.size(), 0);
   bool permutation = order.size() == params_.size();
   for (size_t k = 0; permutation && k < order.size(); ++k) {

@@ -12,9 +12,9 @@ namespace lockstep {
 
 StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook, const DdpCore& ddp) {
   HookState mine = hook.state_dict();
-  if (mine.empty()) return {};
   // Agree on the entries first (count, then each one's size): a rank whose
-  // state differs must fail here, not pair the wrong tensors.
+  // state differs must fail here, not pair the wrong tensors; counted even
+  // when empty, so no rank leaves while another goes on.
   const auto count = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
   for (const auto& c : pg.allgather(count.to(pg.device()))) {
     if (c.cpu().item<int64_t>() != static_cast<int64_t>(mine.size())) {
@@ -22,6 +22,7 @@ StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook, const DdpCor
           "the comm hook's state differs across ranks in its entries; cannot checkpoint it");
     }
   }
+  if (mine.empty()) return {};
   auto sizes = at::empty({static_cast<int64_t>(mine.size())}, at::kLong);
   for (size_t i = 0; i < mine.size(); ++i) sizes[static_cast<int64_t>(i)] = mine[i].second.numel();
   for (const auto& s : pg.allgather(sizes.to(pg.device()))) {
@@ -46,7 +47,9 @@ StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook, const DdpCor
   StateDict all;
   if (!keep) return all;
   if (const Reducer* reducer = ddp.reducer()) {
-    all.emplace_back("ddp.bucket_order", at::tensor(reducer->bucket_order(), at::kLong));
+    // Before the one-time rebuild there is none to keep: a resume rebuilds.
+    const auto order = reducer->bucket_order();
+    if (!order.empty()) all.emplace_back("ddp.bucket_order", at::tensor(order, at::kLong));
   }
   for (size_t r = 0; r < per_rank.size(); ++r) {
     for (auto& [key, t] : per_rank[r]) all.emplace_back("rank" + std::to_string(r) + "." + key, t);
@@ -93,18 +96,30 @@ void hook_state_restore(CommHook* hook, DdpCore& ddp, const StateDict& saved, in
     }
     per_rank[static_cast<size_t>(r)].emplace_back(key.substr(dot + 1), t);
   }
-  // What every rank must share (PowerSGD: iter, Q, layouts) is equal.
+  // What every rank must share (PowerSGD: iter, Q, layouts) is present for
+  // every rank and equal.
   std::map<std::string, at::Tensor> shared;
   for (size_t r = 0; r < per_rank.size(); ++r) {
     if (per_rank[r].empty()) throw DataError(source + ": no entry for rank " + std::to_string(r));
+    size_t shared_here = 0;
     for (const auto& [key, t] : per_rank[r]) {
       if (hook->state_per_rank(key)) continue;
+      ++shared_here;
       auto [it, fresh] = shared.emplace(key, t);
+      if (r > 0 && fresh) {
+        throw DataError(source + ": rank " + std::to_string(r) + " has '" + key.substr(0, 64) +
+                        "', rank 0 has not; it must be the same on every rank");
+      }
       if (!fresh && !(it->second.sizes() == t.sizes() &&
                       it->second.scalar_type() == t.scalar_type() && it->second.equal(t))) {
         throw DataError(source + ": '" + key.substr(0, 64) + "' differs between rank 0 and rank " +
                         std::to_string(r) + "; it must be the same on every rank");
       }
+    }
+    if (shared_here != shared.size()) {
+      throw DataError(source + ": rank " + std::to_string(r) + " lacks entries rank 0 has (" +
+                      std::to_string(shared_here) + " of " + std::to_string(shared.size()) +
+                      " shared ones); they must be the same on every rank");
     }
   }
   // Every rank's entries are checked here, its own last, so a bad file

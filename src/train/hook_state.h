@@ -20,7 +20,7 @@ StateDict hook_state_gather(ProcessGroup& pg, const CommHook& hook, const DdpCor
 // `saved` from a checkpoint (`source` names it for messages), written by
 // `saved_world_size` ranks. Every rank checks every rank's entries (so a
 // bad file fails every rank alike) and that the entries the hook shares
-// across ranks are equal, restores DDP's bucket order, then its own state.
+// across ranks are equal, restores its own state, then DDP's bucket order.
 // A stateful hook without saved state starts over with a warning; state
 // saved by a hook that is no longer used is ignored.
 void hook_state_restore(CommHook* hook, DdpCore& ddp, const StateDict& saved, int rank,

@@ -484,3 +484,27 @@ TEST_CASE("PowerSGD parity run for tests/python/powersgd_parity.py", "[.powersgd
     bytes << "\n";
   }
 }
+
+TEST_CASE("A PowerSGD hook serves one DistributedDataParallel", "[powersgd][ddp]") {
+  torch::manual_seed(2);
+  auto base = make_mlp();
+  auto outcomes = run_ranks<int>(2, [&](ProcessGroup& pg) {
+    auto model = clone_of(base);
+    DdpOptions options;
+    options.comm_hook = std::make_shared<PowerSgdHook>(PowerSgdOptions{});
+    DistributedDataParallel<torch::nn::Sequential> first(model, pg.shared_from_this(), options);
+    auto other = clone_of(base);
+    CHECK_THROWS_WITH(
+        DistributedDataParallel<torch::nn::Sequential>(other, pg.shared_from_this(), options),
+        Contains("comm hook 'powersgd' is already used by another DistributedDataParallel"));
+    // And the bucket order is restored before the first forward only.
+    F::cross_entropy(first.forward(torch::randn({4, 12})), torch::randint(0, 5, {4})).backward();
+    CHECK_THROWS_WITH(first.restore_bucket_order({0, 1, 2, 3}),
+                      Contains("restore_bucket_order: only before the first forward"));
+    return 0;
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    CHECK_FALSE(outcomes[r].error);
+  }
+}

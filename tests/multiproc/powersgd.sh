@@ -102,6 +102,22 @@ a = torch.load('$runs/gpt-whole/checkpoints/step_00000024/model.pt')
 b = torch.load('$runs/gpt-resumed/checkpoints/step_00000024/model.pt')
 assert all(torch.equal(a[k], b[k]) for k in a), 'weights differ'
 " 2>"$WORK/py.err" && pass "the resumed GPT ends bit-identical" || { fail "the resumed GPT differs"; tail -3 "$WORK/py.err"; }
+# From step 1, before DDP's one-time bucket rebuild: no order is saved, and
+# the resumed run rebuilds as the uninterrupted one did.
+gpt gpt-every --set checkpoint.every=1 --set checkpoint.keep=30
+expect_eq "$?" 0 "the small GPT with a checkpoint at every step"
+gpt gpt-from1 --set checkpoint.resume="$runs/gpt-every/checkpoints/step_00000001"
+expect_eq "$?" 0 "resumed at step 1" || tail -5 "$WORK/gpt-from1.out"
+$PY -c "
+import torch
+a = torch.load('$runs/gpt-whole/checkpoints/step_00000024/model.pt')
+b = torch.load('$runs/gpt-from1/checkpoints/step_00000024/model.pt')
+h = torch.load('$runs/gpt-every/checkpoints/step_00000001/comm_hook.pt')
+assert 'ddp.bucket_order' not in h, 'an order saved before the rebuild'
+assert 'ddp.bucket_order' in torch.load('$runs/gpt-every/checkpoints/step_00000002/comm_hook.pt')
+assert all(torch.equal(a[k], b[k]) for k in a), 'weights differ'
+" 2>"$WORK/py.err" && pass "resumed from step 1 (no bucket order yet), it ends bit-identical too" ||
+  { fail "the GPT resumed from step 1 differs"; tail -3 "$WORK/py.err"; }
 
 # Resumed with the hook gone: a note, and it trains on.
 train dropped --set checkpoint.resume="$runs/whole/checkpoints/step_00000100"

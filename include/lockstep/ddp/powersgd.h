@@ -58,6 +58,8 @@ class PowerSgdHook : public CommHook {
   std::string name() const override { return "powersgd"; }
   HookWork run_bucket(ProcessGroup& pg, GradBucket& bucket) override;
   bool predivided() const override { return false; }
+  // Refuses a second DistributedDataParallel (UsageError): the state is per bucket.
+  void check_supported(ProcessGroup& pg) override;
   // iter, rank, rng (the MT19937 state), per bucket b: layout.b (its
   // parameters), error.b (this rank's), q.b.
   HookState state_dict() const override;
@@ -76,6 +78,7 @@ class PowerSgdHook : public CommHook {
   PowerSgdOptions options_;
   mutable std::mutex mu_;
   int64_t iter_ = 0;
+  bool attached_ = false;
   std::mt19937 engine_;                 // numpy's RandomState(random_seed): the same words
   std::map<size_t, at::Tensor> error_;  // per bucket
   std::map<size_t, at::Tensor> q_;      // per bucket: the Qs of its compressed gradients

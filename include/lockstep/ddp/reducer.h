@@ -77,12 +77,14 @@ class Reducer {
   void shadow_iteration();
 
   const std::vector<std::vector<size_t>>& bucket_indices() const { return bucket_indices_; }
-  // The parameters in the order the buckets hold them (bucket 0 first).
+  // The parameters in the order the buckets hold them (bucket 0 first),
+  // once the one-time rebuild is done; empty before it (a run resumed from
+  // there rebuilds as the uninterrupted one did).
   std::vector<int64_t> bucket_order() const;
   // Lays the buckets out in `order` (a bucket_order() saved with a stateful
   // comm hook's state) and skips the one-time rebuild; before the first
-  // forward. Throws DataError unless `order` is a permutation of the
-  // parameters. Note [Restored bucket order].
+  // forward (UsageError after it). Throws DataError unless `order` is a
+  // permutation of the parameters. Note [Restored bucket order].
   void restore_bucket_order(const std::vector<int64_t>& order);
   // Records each bucket's all-reduce (launch to completion) and the end of
   // backward's wait; nullptr (the default) records nothing.
