@@ -190,6 +190,7 @@ TEST_CASE("PowerSGD with two buckets: one iteration per backward, one seed per b
   }
   PowerSgdOptions options;
   options.start_iter = 2;
+  // Assertions stay on the main thread (Catch2 v3's are not thread-safe).
   auto outcomes = run_ranks<std::vector<torch::Tensor>>(n, [&](ProcessGroup& pg) {
     PowerSgdHook hook(options);
     std::vector<torch::Tensor> out;
@@ -214,13 +215,15 @@ TEST_CASE("PowerSGD with two buckets: one iteration per backward, one seed per b
       }
       for (auto& bucket : buckets) out.push_back(bucket.buffer.narrow(0, 0, 48).clone());
     }
-    CHECK(hook.stats().iter == 3);  // counted once per backward, at the last bucket
+    out.push_back(torch::tensor({hook.stats().iter}));
     return out;
   });
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << error_text(outcomes[r].error));
     REQUIRE_FALSE(outcomes[r].error);
   }
+  // Counted once per backward, at the last bucket.
+  CHECK(outcomes[0].result.back().item<int64_t>() == 3);
   // Iteration 2 compresses both buckets; bucket 0 draws numpy's first seed,
   // bucket 1 its second.
   std::mt19937 engine(0);
@@ -277,31 +280,42 @@ TEST_CASE("PowerSGD's error feedback is carried exactly", "[powersgd]") {
   PowerSgdOptions options;
   options.start_iter = 2;
   torch::manual_seed(5);
-  auto outcomes = run_ranks<int>(1, [&](ProcessGroup& pg) {
+  std::vector<torch::Tensor> inputs;
+  for (int it = 0; it < 5; ++it) inputs.push_back(torch::randn({54}));
+  struct Seen {
+    std::vector<torch::Tensor> outputs, errors;  // errors: undefined where none was kept
+  };
+  auto outcomes = run_ranks<Seen>(1, [&](ProcessGroup& pg) {
     PowerSgdHook hook(options);
-    torch::Tensor carried = torch::zeros({54});
-    for (int it = 0; it < 5; ++it) {
-      const auto input = torch::cat({torch::randn({48}), torch::randn({6})});
+    Seen seen;
+    for (const auto& input : inputs) {
       auto bucket = make_bucket(input.narrow(0, 0, 48).view({8, 6}), input.narrow(0, 48, 6));
       exchange(hook, pg, bucket);
-      const auto state = hook.state_dict();
-      if (it < 2) {
-        CHECK(torch::equal(bucket.buffer, input));
-        continue;
-      }
+      seen.outputs.push_back(bucket.buffer.clone());
       torch::Tensor error;
-      for (const auto& [key, t] : state) {
+      for (const auto& [key, t] : hook.state_dict()) {
         if (key == "error.0") error = t;
       }
-      REQUIRE(error.defined());
-      CHECK(torch::equal(error, (input + carried) - bucket.buffer));
-      CHECK(error.abs().max().item<float>() > 1e-3);  // rank 1 of 8x6 loses something
-      CHECK(torch::equal(error.narrow(0, 48, 6), torch::zeros({6})));  // the bias: exact
-      carried = error;
+      seen.errors.push_back(error);
     }
-    return 0;
+    return seen;
   });
   REQUIRE_FALSE(outcomes[0].error);
+  const auto& seen = outcomes[0].result;
+  torch::Tensor carried = torch::zeros({54});
+  for (size_t it = 0; it < inputs.size(); ++it) {
+    INFO("iteration " << it);
+    if (it < 2) {  // plain all-reduce of one rank: the input itself
+      CHECK(torch::equal(seen.outputs[it], inputs[it]));
+      continue;
+    }
+    const auto& error = seen.errors[it];
+    REQUIRE(error.defined());
+    CHECK(torch::equal(error, (inputs[it] + carried) - seen.outputs[it]));
+    CHECK(error.abs().max().item<float>() > 1e-3);  // rank 1 of 8x6 loses something
+    CHECK(torch::equal(error.narrow(0, 48, 6), torch::zeros({6})));  // the bias: exact
+    carried = error;
+  }
 }
 
 TEST_CASE("PowerSGD under DDP: ranks bit-identical, bytes cut, state round trip resumes exactly",
@@ -488,23 +502,37 @@ TEST_CASE("PowerSGD parity run for tests/python/powersgd_parity.py", "[.powersgd
 TEST_CASE("A PowerSGD hook serves one DistributedDataParallel", "[powersgd][ddp]") {
   torch::manual_seed(2);
   auto base = make_mlp();
-  auto outcomes = run_ranks<int>(2, [&](ProcessGroup& pg) {
+  const auto x = torch::randn({4, 12});
+  const auto y = torch::randint(0, 5, {4});
+  auto said = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(nothing thrown)");
+  };
+  auto outcomes = run_ranks<std::vector<std::string>>(2, [&](ProcessGroup& pg) {
     auto model = clone_of(base);
     DdpOptions options;
     options.comm_hook = std::make_shared<PowerSgdHook>(PowerSgdOptions{});
     DistributedDataParallel<torch::nn::Sequential> first(model, pg.shared_from_this(), options);
     auto other = clone_of(base);
-    CHECK_THROWS_WITH(
-        DistributedDataParallel<torch::nn::Sequential>(other, pg.shared_from_this(), options),
-        Contains("comm hook 'powersgd' is already used by another DistributedDataParallel"));
-    // And the bucket order is restored before the first forward only.
-    F::cross_entropy(first.forward(torch::randn({4, 12})), torch::randint(0, 5, {4})).backward();
-    CHECK_THROWS_WITH(first.restore_bucket_order({0, 1, 2, 3}),
-                      Contains("restore_bucket_order: only before the first forward"));
-    return 0;
+    std::vector<std::string> out;
+    out.push_back(said([&] {
+      DistributedDataParallel<torch::nn::Sequential> second(other, pg.shared_from_this(), options);
+    }));
+    F::cross_entropy(first.forward(x), y).backward();
+    out.push_back(said([&] { first.restore_bucket_order({0, 1, 2, 3}); }));
+    return out;
   });
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << error_text(outcomes[r].error));
-    CHECK_FALSE(outcomes[r].error);
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK_THAT(outcomes[r].result[0],
+               Contains("comm hook 'powersgd' is already used by another DistributedDataParallel"));
+    // And the bucket order is restored before the first forward only.
+    CHECK_THAT(outcomes[r].result[1],
+               Contains("restore_bucket_order: only before the first forward"));
   }
 }
