@@ -75,6 +75,31 @@ assert not torch.equal(h['rank0.error.0'], h['rank1.error.0']), 'each rank keeps
 assert torch.equal(h['rank0.q.0'], h['rank1.q.0']), 'Q is shared'
 " 2>"$WORK/py.err" && pass "the resumed run ends bit-identical; comm_hook.pt holds each rank's error, one Q, iter 100" ||
   { fail "resume is not bit-identical, or comm_hook.pt is not as documented"; tail -3 "$WORK/py.err"; }
+# 2a. A hostile comm_hook.pt (its MANIFEST line rewritten to match): ranks
+#     that disagree on a shared entry, and a truncated file; each is exit 2
+#     naming the file, on every rank, never a crash or a hang.
+hostile() {  # hostile NAME PYTHON-THAT-REWRITES-$f
+  local ck="$WORK/$1"
+  rm -rf "$ck" && cp -r "$runs/whole/checkpoints/step_00000100" "$ck"
+  f="$ck/comm_hook.pt" $PY -c "import os, torch; f = os.environ['f']; $2" &&
+    $PY -c "
+import hashlib, sys
+ck = sys.argv[1]
+lines = open(ck + '/MANIFEST').read().splitlines()
+h = hashlib.sha256(open(ck + '/comm_hook.pt', 'rb').read()).hexdigest()
+open(ck + '/MANIFEST', 'w').write(''.join((h + '  comm_hook.pt' if l.endswith('  comm_hook.pt') else l) + '\n' for l in lines))
+" "$ck"
+  train "$1" --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
+    --set checkpoint.resume="$ck"
+}
+hostile bad-iter "s = torch.load(f); s['rank1.iter'] = torch.tensor(5); torch.save(s, f)"
+expect_eq "$?" 2 "a comm_hook.pt whose ranks disagree on iter exits 2"
+expect_grep "$WORK/bad-iter.out" "\[rank1\]: .*comm_hook.pt: 'iter' differs between rank 0 and rank 1" "rank 1 names the entry"
+expect_grep "$WORK/bad-iter.out" "\[rank0\]: .*comm_hook.pt: 'iter' differs between rank 0 and rank 1" "and so does rank 0"
+hostile truncated "b = open(f, 'rb').read(); open(f, 'wb').write(b[:len(b) // 2])"
+expect_eq "$?" 2 "a truncated comm_hook.pt exits 2"
+expect_grep "$WORK/truncated.out" "comm_hook.pt" "naming the file"
+
 # 2b. The same with a small GPT: its LayerNorms' gradients arrive weight
 #     first, so a resumed DDP must take the saved bucket order (Note
 #     [Restored bucket order]) for the state to fit its buckets.
