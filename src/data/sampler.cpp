@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+
 #include "lockstep/util/error.h"
 
 namespace lockstep {
@@ -32,7 +34,7 @@ DistributedSampler::DistributedSampler(int64_t length, SamplerOptions options)
   if (num_samples_ < 0) num_samples_ = 0;
 }
 
-std::vector<int64_t> DistributedSampler::indices() const {
+std::vector<int64_t> DistributedSampler::order() const {
   std::vector<int64_t> all;
   if (options_.shuffle) {
     auto generator = at::detail::createCPUGenerator(options_.seed + epoch_);
@@ -41,7 +43,21 @@ std::vector<int64_t> DistributedSampler::indices() const {
   } else {
     for (int64_t i = 0; i < length_; ++i) all.push_back(i);
   }
-  const int64_t total = total_size();
+  return all;
+}
+
+int64_t DistributedSampler::num_samples_from(int64_t offset) const {
+  const int64_t left = std::max<int64_t>(0, length_ - std::max<int64_t>(0, offset));
+  const int64_t n = options_.num_replicas;
+  if (offset <= 0) return num_samples_;
+  return options_.drop_last ? left / n : (left + n - 1) / n;
+}
+
+std::vector<int64_t> DistributedSampler::indices_from(int64_t offset) const {
+  if (offset < 0) throw UsageError("sampler: negative offset " + std::to_string(offset));
+  std::vector<int64_t> all = order();
+  all.erase(all.begin(), all.begin() + std::min<int64_t>(offset, length_));
+  const int64_t total = num_samples_from(offset) * options_.num_replicas;
   if (!options_.drop_last) {
     // Wrap around as often as needed (len may be smaller than the padding).
     const size_t original = all.size();
@@ -54,6 +70,10 @@ std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> mine;
   for (int64_t i = options_.rank; i < total; i += options_.num_replicas) mine.push_back(all[i]);
   return mine;
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  return indices_from(0);
 }
 
 }  // namespace lockstep

@@ -37,6 +37,8 @@
 //     before it has copied chunk k out.
 //   broadcast: the root copies into its slot; barrier; the others copy out.
 //   all-gather: copy into my slot; barrier; copy every slot out.
+//   reduce-scatter: copy the others' chunks (a piece of each) into my slot;
+//     barrier; reduce my chunk's piece in rank order into my output.
 //   barrier: a barrier.
 // A barrier is a generation number every rank publishes in its flag (a futex
 // word): waiters spin ~4,000 pauses, then sleep on the futex in 5 ms slices,
@@ -121,6 +123,29 @@ class ShmBackend : public SerialBackend {
     return enqueue(outs, [this, in, outs]() mutable { do_allgather(in, outs); });
   }
 
+  Ptr<C10dWork> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                     const c10d::ReduceScatterOptions& options) override {
+    check_tensor(input, "reduce-scatter");
+    check_tensor(output, "reduce-scatter");
+    if (input.numel() != output.numel() * world_ || input.scalar_type() != output.scalar_type())
+      throw CommError("shm backend: reduce-scatter input must hold one output-sized chunk per rank");
+    const ShmOp op = shm_op(options.reduceOp);
+    if (output.numel() > 0 && segment_.chunk() / output.element_size() / world_ == 0)
+      throw CommError("shm backend: dist.shm_chunk_mb too small for a reduce-scatter of " +
+                      std::to_string(world_) + " ranks");
+    at::Tensor in = input, out = output;
+    return enqueue({out}, [this, in, out, op]() mutable { do_reduce_scatter(out, in, op); });
+  }
+
+  Ptr<C10dWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                               std::vector<std::vector<at::Tensor>>& inputs,
+                               const c10d::ReduceScatterOptions& options) override {
+    if (outputs.size() != 1 || inputs.size() != 1 || static_cast<int>(inputs[0].size()) != world_)
+      throw CommError("shm backend: reduce-scatter takes one output and one input per rank");
+    at::Tensor flat = at::cat(inputs[0]);
+    return _reduce_scatter_base(outputs[0], flat, options);
+  }
+
   Ptr<C10dWork> barrier(const c10d::BarrierOptions&) override {
     return enqueue({}, [this] { sync(); });
   }
@@ -190,6 +215,37 @@ class ShmBackend : public SerialBackend {
       copy_others(data + previous_off * elem, segment_.result(previous_set), previous_n, elem);
     }
     if (!tensor.is_contiguous()) tensor.copy_(flat);
+  }
+
+  // Each step moves m elements of every rank's chunk: I copy the others'
+  // chunks' pieces into my slot (piece d at d * m); barrier; I reduce my
+  // chunk's piece over my own input and the others' slots, in rank order,
+  // straight into my output - the same order, so the same bits, as the
+  // all-reduce. Slot sets alternate as in the all-reduce.
+  void do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ShmOp op) {
+    const at::Tensor in = input.contiguous();
+    at::Tensor out = output.is_contiguous() ? output : output.contiguous();
+    const char* data = static_cast<const char*>(in.data_ptr());
+    char* result = static_cast<char*>(out.data_ptr());
+    const std::size_t elem = out.element_size();
+    const std::size_t n = static_cast<std::size_t>(out.numel());
+    const std::size_t per = segment_.chunk() / elem / world_;
+    std::vector<const void*> inputs(world_);
+    for (std::size_t off = 0; off < n; off += per) {
+      const std::size_t m = std::min(per, n - off);
+      const int set = static_cast<int>(step_++ % 2);
+      char* slot = segment_.slot(set, me_);
+      for (int d = 0; d < world_; ++d) {
+        if (d != me_) std::memcpy(slot + d * m * elem, data + (d * n + off) * elem, m * elem);
+      }
+      sync();
+      for (int r = 0; r < world_; ++r) {
+        inputs[r] = r == me_ ? data + (me_ * n + off) * elem
+                             : static_cast<const char*>(segment_.slot(set, r)) + me_ * m * elem;
+      }
+      shm_reduce(result + off * elem, inputs.data(), world_, m, out.scalar_type(), op);
+    }
+    if (!output.is_contiguous()) output.copy_(out);
   }
 
   void do_broadcast(at::Tensor& tensor, int root) {

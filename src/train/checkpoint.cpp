@@ -85,7 +85,7 @@ Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
     : dir_(std::move(run_dir) + "/checkpoints"), keep_(keep) {}
 
 std::string Checkpointer::save(const TrainerState& state, const StateDict& model,
-                               torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
+                               const StateDict& optimizer, const at::Tensor& rng_states,
                                const std::string& config_yaml, const std::string& best_yaml) {
   if (mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
     throw DataError("cannot create '" + dir_ + "': " + std::strerror(errno));
@@ -126,19 +126,11 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
 }
 
 void Checkpointer::write_folder(const std::string& tmp, const TrainerState& state,
-                                const StateDict& model, torch::optim::Optimizer& optimizer,
+                                const StateDict& model, const StateDict& optimizer,
                                 const at::Tensor& rng_states, const std::string& config_yaml,
                                 const std::string& best_yaml) {
   state_dict_save_file(model, tmp + "/model.pt");
-  {
-    // Serialised in memory, written by write_file: LibTorch's own file
-    // writer aborts the process when the disk fills (its destructor throws).
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    write_file(tmp + "/optimizer.pt", bytes.str());
-  }
+  state_dict_save_file(optimizer, tmp + "/optimizer.pt");
   {
     const auto bytes = torch::pickle_save(c10::IValue(rng_states.contiguous()));
     write_file(tmp + "/rng.pt", std::string(bytes.begin(), bytes.end()));
@@ -146,8 +138,9 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
   YAML::Emitter yaml;
   yaml << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key << "epoch"
        << YAML::Value << state.epoch << YAML::Key << "batch_in_epoch" << YAML::Value
-       << state.batch_in_epoch << YAML::Key << "world_size" << YAML::Value << state.world_size
-       << YAML::Key << "model" << YAML::Value << state.model;
+       << state.batch_in_epoch << YAML::Key << "epoch_offset" << YAML::Value
+       << state.epoch_offset << YAML::Key << "world_size" << YAML::Value << state.world_size
+       << YAML::Key << "zero" << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value << state.model;
   if (!state.scaler.empty()) {
     yaml << YAML::Key << "scaler" << YAML::Value << YAML::BeginMap;
     for (const auto& [key, value] : state.scaler) {
@@ -265,7 +258,7 @@ void Checkpointer::verify(const std::string& folder) {
 }
 
 Checkpointer::Loaded Checkpointer::load(const std::string& folder,
-                                        torch::optim::Optimizer& optimizer) {
+                                        torch::optim::Optimizer* legacy) {
   verify(folder);
   Loaded loaded;
   loaded.folder = folder;
@@ -275,7 +268,17 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
     loaded.state.epoch = state["epoch"].as<int64_t>();
     loaded.state.batch_in_epoch = state["batch_in_epoch"].as<int64_t>();
     loaded.state.world_size = state["world_size"].as<int64_t>();
+    // Written since ZeRO and elastic resume; absent in older checkpoints.
+    if (state["epoch_offset"]) loaded.state.epoch_offset = state["epoch_offset"].as<int64_t>();
+    if (state["zero"]) loaded.state.zero = state["zero"].as<int64_t>();
     loaded.state.model = state["model"].as<std::string>();
+    const auto& st = loaded.state;
+    if (st.step < 0 || st.epoch < 0 || st.batch_in_epoch < 0 || st.epoch_offset < 0 ||
+        st.world_size < 1 || st.zero < 0 || st.zero > 2) {
+      throw YAML::Exception(state.Mark(),
+                            "a negative step, epoch, batch_in_epoch or epoch_offset, a "
+                            "world_size below 1, or a zero outside 0..2");
+    }
     const auto watch = [&](const char* key, MetricWatch& w) {
       if (const YAML::Node node = state[key]) {
         w.best = node["best"].as<double>();
@@ -298,7 +301,7 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
   } catch (const YAML::Exception& e) {
     throw DataError(
         folder + "/state.yaml: " + e.what() +
-        " (keys step, epoch, batch_in_epoch, world_size: integers; model: text; scaler: a "
+        " (keys step, epoch, batch_in_epoch, epoch_offset, world_size, zero: integers; model: text; scaler: a "
         "mapping of numbers)");
   }
   loaded.model = state_dict_load_file(folder + "/model.pt");
@@ -307,13 +310,25 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
   if (read_regular_file(folder + "/MANIFEST").find("  comm_hook.pt\n") != std::string::npos) {
     loaded.state.comm_hook = state_dict_load_file(folder + "/comm_hook.pt");
   }
+  const std::string path = folder + "/optimizer.pt";
   try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(folder + "/optimizer.pt");
-    optimizer.load(archive);
-  } catch (const std::exception& e) {
-    throw DataError(folder + "/optimizer.pt: not this optimizer's state (" +
-                    what_of(e).substr(0, 200) + ")");
+    loaded.optimizer = state_dict_load_file(path);
+  } catch (const DataError& named) {
+    // Before ZeRO: LibTorch's optimizer archive (a TorchScript zip).
+    if (legacy == nullptr) {
+      throw DataError(std::string(named.what()) +
+                      " (an optimizer archive of an older lockstep resumes only with optim.zero: "
+                      "0 on the world size that wrote it)");
+    }
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(path);
+      legacy->load(archive);
+      loaded.legacy_optimizer = true;
+    } catch (const std::exception& e) {
+      throw DataError(path + ": not this optimizer's state (" + what_of(e).substr(0, 200) + "; " +
+                      what_of(named).substr(0, 200) + ")");
+    }
   }
   return loaded;
 }

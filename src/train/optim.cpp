@@ -56,6 +56,9 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 
 }  // namespace lockstep
 
+#include <map>
+#include <set>
+
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/distributed/torch_compat.h"
 
@@ -89,6 +92,116 @@ std::vector<NamedTensor> optimizer_state_tensors(
     }
   }
   return out;
+}
+
+}  // namespace lockstep
+
+namespace lockstep {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+NamedTensors optimizer_state_dict(const torch::optim::Optimizer& optimizer,
+                                  const NamedTensors& named_params) {
+  NamedTensors out;
+  for (auto& t : optimizer_state_tensors(optimizer, named_params)) {
+    at::Tensor value = t.tensor.detach();
+    if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".step") == 0)
+      value = value.reshape({});  // a 0-dim int64, as Python's state dicts hold it
+    out.emplace_back(t.name.substr(6), value);  // less "optim "
+  }
+  return out;
+}
+
+namespace {
+
+enum class Family { kSgd, kAdam, kAdamW };
+
+Family family_of(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return Family::kSgd;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Family::kAdamW;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Family::kAdam;
+  throw UsageError("optimizer state: only SGD, Adam and AdamW are supported");
+}
+
+const char* family_name(Family f) {
+  return f == Family::kSgd ? "sgd" : f == Family::kAdam ? "adam" : "adamw";
+}
+
+bool field_of(Family f, const std::string& field) {
+  if (f == Family::kSgd) return field == "momentum_buffer";
+  return field == "exp_avg" || field == "exp_avg_sq" || field == "max_exp_avg_sq" ||
+         field == "step";
+}
+
+}  // namespace
+
+void optimizer_load_state_dict(torch::optim::Optimizer& optimizer, const NamedTensors& named_params,
+                               const NamedTensors& state, const std::vector<std::string>& elsewhere,
+                               const std::string& source) {
+  const Family family = family_of(optimizer);
+  std::map<std::string, at::Tensor> params(named_params.begin(), named_params.end());
+  const std::set<std::string> other(elsewhere.begin(), elsewhere.end());
+  std::map<std::string, std::map<std::string, at::Tensor>> fields;  // by parameter
+  for (const auto& [key, value] : state) {
+    const auto dot = key.rfind('.');
+    const std::string name = dot == std::string::npos ? "" : key.substr(0, dot);
+    const std::string field = dot == std::string::npos ? key : key.substr(dot + 1);
+    const bool here = params.count(name) != 0;
+    if (!here && other.count(name) == 0)
+      throw DataError(source + ": '" + key + "' names no parameter of this model");
+    if (!field_of(family, field)) {
+      throw DataError(source + ": '" + key + "' is not state of optim.name " +
+                      family_name(family) + " (state of another optimizer?)");
+    }
+    if (!value.defined() || !value.device().is_cpu() || value.is_sparse())
+      throw DataError(source + ": '" + key + "' is not a dense CPU tensor");
+    if (field == "step") {
+      if (value.scalar_type() != at::kLong || value.numel() != 1 || value.item<int64_t>() < 0)
+        throw DataError(source + ": '" + key + "' must be one int64 >= 0");
+    } else if (here) {
+      const at::Tensor& p = params.at(name);
+      if (value.sizes() != p.sizes() || value.scalar_type() != p.scalar_type()) {
+        throw DataError(source + ": '" + key + "' has shape " + c10::str(value.sizes()) + " " +
+                        c10::toString(value.scalar_type()) + ", the parameter " +
+                        c10::str(p.sizes()) + " " + c10::toString(p.scalar_type()));
+      }
+    }
+    if (here) fields[name][field] = value;
+  }
+  auto& states = optimizer.state();
+  for (const auto& [name, f] : fields) {
+    const at::Tensor& p = params.at(name);
+    auto need = [&](const char* field) {
+      auto it = f.find(field);
+      if (it == f.end())
+        throw DataError(source + ": '" + name + "' has optimizer state but no '" + field + "'");
+      return it->second.to(p.device()).clone();
+    };
+    auto optional = [&](const char* field) {
+      auto it = f.find(field);
+      return it == f.end() ? at::Tensor() : it->second.to(p.device()).clone();
+    };
+    const auto key = optimizer_state_key(optimizer, p);
+    if (family == Family::kSgd) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(need("momentum_buffer"));
+      states[key] = std::move(s);
+    } else if (family == Family::kAdam) {
+      auto s = std::make_unique<torch::optim::AdamParamState>();
+      s->step(need("step").item<int64_t>());
+      s->exp_avg(need("exp_avg"));
+      s->exp_avg_sq(need("exp_avg_sq"));
+      s->max_exp_avg_sq(optional("max_exp_avg_sq"));
+      states[key] = std::move(s);
+    } else {
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(need("step").item<int64_t>());
+      s->exp_avg(need("exp_avg"));
+      s->exp_avg_sq(need("exp_avg_sq"));
+      s->max_exp_avg_sq(optional("max_exp_avg_sq"));
+      states[key] = std::move(s);
+    }
+  }
 }
 
 }  // namespace lockstep

@@ -1,7 +1,6 @@
 #include "lockstep/train/step.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <spdlog/spdlog.h>
@@ -160,6 +159,7 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
           add_to(stats.correct, (out.detach().argmax(1) == batch->y).sum().to(at::kDouble));
     }
   }
+  if (hooks.after_backward) hooks.after_backward();
   auto t = Clock::now();
   if (checks_) handle(checks_->before_update());  // before the weights change
   stats.check_ms += ms_since(t);
@@ -170,20 +170,42 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
   optimizer_set_lr(optimizer_, stats.lr);
   // After synchronisation (and unscaling): every rank measures and clips
   // the same averaged gradients. The norm stays a tensor: no host sync here.
-  if (options_.grad_norm_every > 0 && (step + 1) % options_.grad_norm_every == 0) {
-    std::vector<at::Tensor> norms;
+  // The arithmetic is torch::nn::utils::clip_grad_norm_'s, step for step
+  // (each gradient's 2-norm, the 2-norm of those), so that a sharded
+  // optimizer that gathers the norms from their owners clips alike.
+  const bool report_norm =
+      options_.grad_norm_every > 0 && (step + 1) % options_.grad_norm_every == 0;
+  const auto norms_now = [&] {
+    if (hooks.grad_norms) return hooks.grad_norms();
+    std::vector<at::Tensor> each;
     for (const auto& p : model_.parameters()) {
-      if (p.grad().defined()) norms.push_back(p.grad().detach().to(at::kFloat).norm());
+      if (p.grad().defined()) each.push_back(p.grad().detach().norm(2));
     }
-    if (!norms.empty()) stats.grad_norm = at::stack(norms).norm();
+    return each.empty() ? at::Tensor() : at::stack(each);
+  };
+  const auto total_of = [](const at::Tensor& norms) {
+    return norms.numel() == 1 ? norms[0] : norms.norm(2);
+  };
+  at::Tensor norms;  // before any clipping: what is reported
+  if (report_norm || (options_.clip_grad_norm > 0 && options_.clip_value <= 0)) {
+    norms = norms_now();
+    if (report_norm && norms.defined()) stats.grad_norm = total_of(norms).to(at::kFloat);
   }
   if (options_.clip_value > 0) {
     for (const auto& p : model_.parameters()) {
       if (p.grad().defined()) p.grad().clamp_(-options_.clip_value, options_.clip_value);
     }
+    norms = at::Tensor();
   }
   if (options_.clip_grad_norm > 0) {
-    torch::nn::utils::clip_grad_norm_(model_.parameters(), options_.clip_grad_norm);
+    if (!norms.defined()) norms = norms_now();
+    if (norms.defined()) {
+      const auto clip_coef = options_.clip_grad_norm / (total_of(norms) + 1e-6);
+      const auto clamped = at::clamp(clip_coef, c10::nullopt, 1.0);
+      for (const auto& p : model_.parameters()) {
+        if (p.grad().defined()) p.grad().detach().mul_(clamped.to(p.grad().device()));
+      }
+    }
   }
   if (hooks.optimizer_step) {
     hooks.optimizer_step(optimizer_);

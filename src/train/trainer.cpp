@@ -25,9 +25,11 @@
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
+#include "lockstep/train/zero.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
+#include "lockstep/util/module_tensors.h"
 #include "lockstep/util/sha256.h"
 #include "lockstep/util/text.h"
 #include "lockstep/util/trace.h"
@@ -52,6 +54,7 @@ struct Trainer::Impl {
   int64_t resumed_world_size = 0;
   std::string resumed_from;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  ZeroOptimizer* zero = nullptr;  // `optimizer`, when optim.zero is 1 or 2
   std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
   std::unique_ptr<Checkpointer> checkpointer;
   TrainerState state;
@@ -157,8 +160,89 @@ struct Trainer::Impl {
   }
 
   void build_optimizer() {
-    optimizer = optimizer_create(config.optim, model->parameters());
+    if (config.optim.zero > 0) {
+      auto sharded = std::make_unique<ZeroOptimizer>(pg, config.optim, module_tensors(*model, false),
+                                                     static_cast<int>(config.optim.zero));
+      zero = sharded.get();
+      const auto elements = zero->owned_elements();
+      int64_t all = 0, owned = 0;
+      for (size_t i = 0; i < zero->owners().size(); ++i) owned += zero->owns(i) ? 1 : 0;
+      for (int64_t e : elements) all += e;
+      spdlog::info(
+          "optim.zero: {}: this rank owns {} of {} parameter tensors ({} of {} elements) and "
+          "keeps optimizer state for those only{}",
+          config.optim.zero, owned, zero->owners().size(),
+          elements[static_cast<size_t>(world.rank)], all,
+          config.optim.zero == 2 ? "; gradients are reduce-scattered to their owners" : "");
+      optimizer = std::move(sharded);
+    } else {
+      optimizer = optimizer_create(config.optim, model->parameters());
+    }
     checkpointer = std::make_unique<Checkpointer>(run_dir, config.checkpoint.keep);
+  }
+
+  // This epoch's share of samples for this rank: the sampler's, or the rest
+  // of the epoch from state.epoch_offset (Note [Elastic resume]).
+  std::vector<int64_t> epoch_indices() const {
+    return state.epoch_offset > 0 ? sampler->indices_from(state.epoch_offset)
+                                  : sampler->indices();
+  }
+  // Micro-batches this rank trains in the current epoch (from its offset):
+  // whole optimizer steps only, as step_plan() counts them.
+  int64_t micro_in_epoch(const DistributedSampler& s, int64_t offset) const {
+    if (offset == 0 && &s == sampler.get()) return plan.micro_per_epoch;
+    const int64_t per_rank = s.num_samples_from(offset), bs = config.data.batch_size;
+    const int64_t micro = config.data.drop_last ? per_rank / bs : (per_rank + bs - 1) / bs;
+    const int64_t acc = config.train.accumulation_steps;
+    return micro / acc * acc;
+  }
+
+  // Note [Elastic resume]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A checkpoint written by W ranks resumes on W' ranks. Within the
+  // interrupted epoch, the W ranks consumed the first
+  //   consumed = epoch_offset + batch_in_epoch x data.batch_size x W
+  // positions of the epoch's sample order (rank r takes positions r, r + W,
+  // ...: a DistributedSampler's deal; the batches before the epoch's end
+  // are full). The W' ranks take the rest of that order, positions
+  // consumed .. end, dealt the same way as if it were the whole dataset
+  // (padded by wrapping or truncated with drop_last to a multiple of W'):
+  // no sample of the epoch is repeated or skipped beyond what the padding
+  // of a DistributedSampler repeats anyway. The next epochs are the
+  // sampler's for W'. The step count and the optimizer state continue;
+  // the schedule's length becomes the steps done plus the steps left at W'
+  // (so a cosine still ends at the last step). Generators: ranks below W
+  // restore theirs, the others are seeded afresh (run.seed, rank).
+  void remap_epoch(int64_t old_world) {
+    SamplerOptions o;
+    o.num_replicas = static_cast<int>(old_world);
+    o.rank = 0;
+    o.shuffle = config.data.shuffle;
+    o.seed = static_cast<uint64_t>(config.run.seed);
+    o.drop_last = config.data.drop_last;
+    DistributedSampler old(data.train->size(), o);
+    old.set_epoch(state.epoch);
+    const int64_t old_micro = micro_in_epoch(old, state.epoch_offset);
+    if (state.batch_in_epoch >= old_micro) {  // the epoch was complete
+      ++state.epoch;
+      state.epoch_offset = 0;
+      state.batch_in_epoch = 0;
+      return;
+    }
+    const int64_t consumed =
+        state.epoch_offset + state.batch_in_epoch * config.data.batch_size * old_world;
+    state.epoch_offset = std::min(consumed, data.train->size());
+    state.batch_in_epoch = 0;
+  }
+
+  // The steps left from the current position, at this world size.
+  int64_t steps_left() const {
+    sampler->set_epoch(state.epoch);
+    const int64_t in_epoch =
+        (micro_in_epoch(*sampler, state.epoch_offset) - state.batch_in_epoch) /
+        config.train.accumulation_steps;
+    const int64_t later = std::max<int64_t>(0, config.train.epochs - state.epoch - 1);
+    return std::max<int64_t>(0, in_epoch) + later * plan.steps_per_epoch;
   }
 
   void maybe_resume() {
@@ -173,30 +257,79 @@ struct Trainer::Impl {
       }
       folder = *newest;
     }
-    auto loaded =
-        reading_key("checkpoint.resume", [&] { return Checkpointer::load(folder, *optimizer); });
-    if (loaded.state.world_size != world.world_size) {
-      throw ConfigError("checkpoint '" + folder + "' was written by " +
-                        std::to_string(loaded.state.world_size) + " rank(s), this run has " +
-                        std::to_string(world.world_size) +
-                        ": the data order would differ (start fresh with model.init_from: " +
-                        absolute_path(folder + "/model.pt") + ")");
+    auto loaded = reading_key("checkpoint.resume", [&] {
+      return Checkpointer::load(folder, zero != nullptr ? nullptr : optimizer.get());
+    });
+    const int64_t old_world = loaded.state.world_size;
+    if (loaded.legacy_optimizer && old_world != world.world_size) {
+      throw ConfigError("checkpoint '" + folder + "' holds an optimizer archive of an older "
+                        "lockstep, which resumes only on the " + std::to_string(old_world) +
+                        " rank(s) that wrote it (this run has " +
+                        std::to_string(world.world_size) + ")");
     }
     if (loaded.state.model != config.model.name) {
       throw ConfigError("checkpoint '" + folder + "' holds a '" + loaded.state.model +
                         "' model, the config asks for '" + config.model.name + "'");
     }
     state_dict_load(*model, loaded.model, folder + "/model.pt");
+    if (!loaded.legacy_optimizer) {
+      reading_key("checkpoint.resume", [&] {
+        const std::string source = folder + "/optimizer.pt";
+        if (zero != nullptr) {
+          zero->load_state_dict(loaded.optimizer, source);
+        } else {
+          optimizer_load_state_dict(*optimizer, module_tensors(*model, false), loaded.optimizer, {},
+                                    source);
+        }
+        return 0;
+      });
+    }
     precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");
-    generator_restore(loaded.rng_states[world.rank]);
+    if (world.rank < loaded.rng_states.size(0)) {
+      generator_restore(loaded.rng_states[world.rank]);
+    } else {
+      seed_rank_generator(config, world.rank);
+    }
     resumed_hook_state = std::move(loaded.state.comm_hook);
-    resumed_world_size = loaded.state.world_size;
+    resumed_world_size = old_world;
     resumed_from = folder + "/comm_hook.pt";
     loaded.state.comm_hook.clear();
     state = loaded.state;
     last_checkpoint = folder;
-    spdlog::info("resumed from {} at step {} (epoch {}, after micro-batch {})", folder, state.step,
-                 state.epoch + 1, state.batch_in_epoch);
+    std::string changed;
+    if (old_world != world.world_size) {
+      const int64_t before_epoch = state.epoch;
+      remap_epoch(old_world);
+      changed += "; written by " + std::to_string(old_world) + " rank(s), now " +
+                 std::to_string(world.world_size) + ": ";
+      if (state.epoch != before_epoch) {
+        changed += "its epoch was complete, epoch " + std::to_string(state.epoch + 1) +
+                   " starts on the new ranks";
+      } else {
+        changed += "the rest of epoch " + std::to_string(state.epoch + 1) + " (" +
+                   std::to_string(data.train->size() - state.epoch_offset) +
+                   " samples from position " + std::to_string(state.epoch_offset) +
+                   " of its order) is dealt to the new ranks";
+      }
+      changed += "; global batch " +
+                 std::to_string(config.data.batch_size * old_world *
+                                config.train.accumulation_steps) +
+                 " -> " +
+                 std::to_string(config.data.batch_size * world.world_size *
+                                config.train.accumulation_steps);
+    }
+    if (state.zero != config.optim.zero) {
+      changed += "; optim.zero " + std::to_string(state.zero) + " -> " +
+                 std::to_string(config.optim.zero);
+    }
+    const int64_t before = plan.total_steps;
+    plan.total_steps = state.step + steps_left();
+    if (plan.total_steps != before && old_world != world.world_size) {
+      changed += "; schedule length " + std::to_string(before) + " -> " +
+                 std::to_string(plan.total_steps) + " steps";
+    }
+    spdlog::info("resumed from {} at step {} (epoch {}, after micro-batch {}){}", folder,
+                 state.step, state.epoch + 1, state.batch_in_epoch, changed);
   }
 
   // ------------------------------------------------------------ the loop
@@ -216,6 +349,7 @@ struct Trainer::Impl {
   void save_checkpoint(const std::string& best_yaml = "") {
     step->finish_checks();
     state.world_size = world.world_size;
+    state.zero = config.optim.zero;
     state.model = config.model.name;
     state.scaler = precision->state_dict();
     if (comm_hook) state.comm_hook = hook_state_gather(*pg, *comm_hook, *ddp);
@@ -226,10 +360,15 @@ struct Trainer::Impl {
     // Only weights every rank agrees on are worth keeping.
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
     const auto states = pg->allgather(generator_state().to(pg->device()));
+    // Whole on rank 0 (gathered from the owners under ZeRO), whatever the stage.
+    const StateDict optimizer_state =
+        zero != nullptr ? zero->consolidated_state_dict()
+        : world.rank == 0 ? optimizer_state_dict(*optimizer, module_tensors(*model, false))
+                          : StateDict{};
     const std::string problem = rank0_outcome(*pg, [&] {
       std::vector<at::Tensor> rows;
       for (const auto& s : states) rows.push_back(s.cpu());
-      const std::string folder = checkpointer->save(state, state_dict_of(*model), *optimizer,
+      const std::string folder = checkpointer->save(state, state_dict_of(*model), optimizer_state,
                                                     at::stack(rows), config_yaml, best_yaml);
       if (best_yaml.empty()) {
         last_checkpoint = folder;
@@ -406,8 +545,10 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   within_memory("the model (section model)", [&] { s.build_model(); });
   s.build_optimizer();
   s.maybe_resume();
-  const DdpOptions ddp = ddp_options_from_config(s.config.ddp);
+  DdpOptions ddp = ddp_options_from_config(s.config.ddp);
   s.comm_hook = ddp.comm_hook;
+  if (s.zero != nullptr && s.zero->stage() == 2)
+    ddp.comm_hook = zero_grad_hook(s.zero->owners(), s.world.rank);
   s.ddp =
       std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
   if (!s.resumed_from.empty()) {
@@ -428,6 +569,11 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
       task == TaskKind::kClassification, step_options_from_config(s.config, s.plan.total_steps));
   s.callbacks = callbacks_create();
   s.precision->install(s.step->hooks);
+  if (s.zero != nullptr && s.zero->stage() == 2) {
+    ZeroOptimizer* zero = s.zero;
+    s.step->hooks.after_backward = [zero] { zero->release_unowned_grads(); };
+    s.step->hooks.grad_norms = [zero] { return zero->grad_norms(); };
+  }
   if (s.config.log.trace) {
     s.tracer = std::make_shared<Tracer>(s.world.rank);
     s.ddp->set_tracer(s.tracer);
@@ -450,9 +596,11 @@ TrainResult Trainer::run() {
   const int64_t stop = std::min(max_steps, s.plan.total_steps);
   Interval interval;
   StopSignals signals(s.config.checkpoint.on_signal);
-  if (s.state.batch_in_epoch >= s.plan.micro_per_epoch) {  // resumed at an epoch's end
-    ++s.state.epoch;
+  s.sampler->set_epoch(s.state.epoch);
+  if (s.state.batch_in_epoch >= s.micro_in_epoch(*s.sampler, s.state.epoch_offset)) {
+    ++s.state.epoch;  // resumed at an epoch's end
     s.state.batch_in_epoch = 0;
+    s.state.epoch_offset = 0;
   }
   s.model->train();
   const CallbackContext context{s.world.rank, s.world.world_size, s.run_dir};
@@ -462,11 +610,12 @@ TrainResult Trainer::run() {
   bool stopping = false;  // train.early_stop
   while (!stopping && s.state.step < stop && s.state.epoch < s.config.train.epochs) {
     s.sampler->set_epoch(s.state.epoch);
+    const int64_t micro = s.micro_in_epoch(*s.sampler, s.state.epoch_offset);
     BatchLoader loader(
-        s.data.train, s.sampler->indices(),
+        s.data.train, s.epoch_indices(),
         LoaderOptions{s.config.data.batch_size, s.config.data.drop_last, s.config.data.prefetch});
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
-    while (s.state.batch_in_epoch < s.plan.micro_per_epoch && s.state.step < stop) {
+    while (s.state.batch_in_epoch < micro && s.state.step < stop) {
       fault_maybe_fire(s.fault, s.world, s.state.step);
       const StepStats stats = s.train_step(loader, interval);
       for (auto& c : s.callbacks) c->on_step_end(s.state, stats);
@@ -477,7 +626,7 @@ TrainResult Trainer::run() {
       // makes the decisions an uninterrupted run makes): an epoch's end, a
       // train.eval_every step, or a stop inside an epoch (partial, not
       // counted by the watches).
-      const bool epoch_end = s.state.batch_in_epoch >= s.plan.micro_per_epoch;
+      const bool epoch_end = s.state.batch_in_epoch >= micro;
       const bool evaluate_now = epoch_end || end || eval_point();
       if (evaluate_now) {
         const EvalAt at = epoch_end      ? EvalAt::kEpochEnd
@@ -517,6 +666,7 @@ TrainResult Trainer::run() {
     if (stopping || s.state.step == stop) break;
     ++s.state.epoch;
     s.state.batch_in_epoch = 0;
+    s.state.epoch_offset = 0;
   }
   s.step->finish_checks();
   if (s.tracer) {

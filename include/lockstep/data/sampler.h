@@ -42,6 +42,15 @@ class DistributedSampler {
   int64_t total_size() const { return num_samples_ * options_.num_replicas; }
   // This rank's indices for the current epoch.
   std::vector<int64_t> indices() const;
+  // The same for the rest of the epoch's order from position `offset` on,
+  // as if it were the whole dataset (padded by wrapping it, or truncated
+  // with drop_last, to a multiple of num_replicas); offset 0 is indices().
+  // Elastic resume: a run of another world size consumed the positions
+  // before `offset` (Note [Elastic resume], train/trainer.cpp).
+  std::vector<int64_t> indices_from(int64_t offset) const;
+  int64_t num_samples_from(int64_t offset) const;
+  // The epoch's order of all indices (shuffled or not), unpadded.
+  std::vector<int64_t> order() const;
 
  private:
   int64_t length_;

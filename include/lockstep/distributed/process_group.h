@@ -79,6 +79,29 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   };
   Gathering allgather_async(const at::Tensor& tensor);
 
+  // Flat reduce-scatter (SUM): `input` holds size() equal chunks of
+  // output.numel() elements; after wait(), `output` is the sum over ranks of
+  // chunk rank(). shm reduces natively in rank order (the same bits as its
+  // all-reduce); NCCL, MPI and LibTorch 2's Gloo use their own; LibTorch 1's
+  // Gloo and the hierarchical backend have none: an all-reduce of the whole
+  // input, then the slice (twice the traffic; said once per process). At
+  // world size 1 the chunk is copied and work is nullptr.
+  struct Scattering {
+    Ptr<C10dWork> work;
+    at::Tensor output;
+    at::Tensor staged;  // the fallback's all-reduced copy of the input
+    uint64_t sequence = 0;
+  };
+  Scattering reduce_scatter_async(at::Tensor& output, const at::Tensor& input);
+  void wait(Scattering& scattering, const std::string& what);
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input);
+  // Whether reduce_scatter_async is native here (false: the fallback).
+  bool reduce_scatter_native() const;
+  // Flat all-gather: `output` (size() x input.numel() elements, contiguous)
+  // receives every rank's `input` in rank order.
+  Ptr<C10dWork> all_gather_into_async(at::Tensor& output, const at::Tensor& input);
+  void all_gather_into(at::Tensor& output, const at::Tensor& input);
+
   // Point to point (Gloo and NCCL both have them); `tag` tells concurrent
   // messages between the same pair apart.
   Ptr<C10dWork> send_async(at::Tensor& tensor, int dst, int tag);

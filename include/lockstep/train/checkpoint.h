@@ -3,11 +3,16 @@
 // <run dir>/checkpoints/step_00000120/
 //   model.pt      the state dict: torch::pickle_save of {name: tensor}, which
 //                 Python opens with torch.load(path)
-//   optimizer.pt  LibTorch's optimizer archive
+//   optimizer.pt  the optimizer state as a state dict, "<param>.<field>"
+//                 (train/optim.h: optimizer_state_dict), whatever the
+//                 world size and optim.zero that wrote it; torch.load reads
+//                 it. Checkpoints of lockstep before ZeRO hold LibTorch's
+//                 optimizer archive here: still read (same world size).
 //   rng.pt        every rank's CPU generator state, [world, bytes] uint8
 //   comm_hook.pt  only for a stateful comm hook (PowerSGD): every rank's
 //                 state, keys "rank<r>.<key>" (a state dict, torch.load)
-//   state.yaml    step, epoch, position in the epoch, world size, model;
+//   state.yaml    step, epoch, position in the epoch (epoch_offset,
+//                 batch_in_epoch), world size, optim.zero, model;
 //                 with train.precision fp16 the GradScaler's state under
 //                 `scaler:` (torch.amp.GradScaler.state_dict()'s keys)
 //   config.yaml   the resolved configuration
@@ -46,8 +51,12 @@ struct MetricWatch {
 struct TrainerState {
   int64_t step = 0;            // optimizer steps done
   int64_t epoch = 0;           // current epoch
-  int64_t batch_in_epoch = 0;  // micro-batches of this epoch already consumed
+  int64_t batch_in_epoch = 0;  // micro-batches per rank consumed since epoch_offset
+  // Positions of this epoch's sample order consumed before the world size
+  // last changed (Note [Elastic resume], trainer.cpp); 0: none.
+  int64_t epoch_offset = 0;
   int64_t world_size = 1;
+  int64_t zero = 0;  // optim.zero of the run that wrote it
   std::string model;
   std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
   MetricWatch keep_best, early_stop;
@@ -66,7 +75,7 @@ class Checkpointer {
   // replaced by rename), with best.yaml (metric, value, step) in its
   // MANIFEST.
   std::string save(const TrainerState& state, const StateDict& model,
-                   torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
+                   const StateDict& optimizer, const at::Tensor& rng_states,
                    const std::string& config_yaml, const std::string& best_yaml = "");
 
   // The newest checkpoint folder, whether or not it verifies.
@@ -75,17 +84,20 @@ class Checkpointer {
   struct Loaded {
     TrainerState state;
     StateDict model;
+    StateDict optimizer;        // empty when `legacy_optimizer`
+    bool legacy_optimizer = false;  // an archive, loaded into the optimizer given
     at::Tensor rng_states;
     std::string folder;
   };
-  // Verifies the manifest, then reads. The optimizer is loaded in place.
-  static Loaded load(const std::string& folder, torch::optim::Optimizer& optimizer);
+  // Verifies the manifest, then reads. An optimizer.pt of the older archive
+  // form is loaded in place into `legacy` (nullptr: refused, DataError).
+  static Loaded load(const std::string& folder, torch::optim::Optimizer* legacy);
   // Throws DataError naming the first file whose SHA-256 differs.
   static void verify(const std::string& folder);
 
  private:
   void write_folder(const std::string& tmp, const TrainerState& state, const StateDict& model,
-                    torch::optim::Optimizer& optimizer, const at::Tensor& rng_states,
+                    const StateDict& optimizer, const at::Tensor& rng_states,
                     const std::string& config_yaml, const std::string& best_yaml);
   void rotate();
 

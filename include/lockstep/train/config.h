@@ -147,6 +147,7 @@ struct OptimConfig {
   int64_t step_size = 100;
   double gamma = 0.1;
   double min_lr = 0;
+  int64_t zero = 0;  // ZeRO stage: 0 none, 1 optimizer state, 2 and gradients (train/zero.h)
 };
 
 struct DdpConfig {

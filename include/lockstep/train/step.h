@@ -7,6 +7,7 @@
 //   verdicts of earlier checks (StepChecks::before_update), before the
 //     weights change
 //   hooks.before_clip                                        unscale_
+//   hooks.after_backward                                     ZeRO-2's release
 //   learning rate of the schedule; the gradient norm; clip by value, by norm
 //   hooks.optimizer_step, or optimizer.step()               skip, sharded step
 //   the per-step check started (check.every)
@@ -63,6 +64,12 @@ struct StepHooks {
   std::function<void(const std::function<void()>& forward_and_loss)> around_forward;
   // The loss backward starts from (e.g. multiplied by a loss scale).
   std::function<at::Tensor(const at::Tensor& loss)> scale_loss;
+  // After the last micro-batch's backward (the gradients synchronised):
+  // e.g. ZeRO-2 releases the gradients this rank does not own.
+  std::function<void()> after_backward;
+  // The per-parameter norms of the synchronised gradients, the same on
+  // every rank (ZeRO-2: gathered from the owners); unset: computed here.
+  std::function<at::Tensor()> grad_norms;
   // After the gradients are synchronised, before clipping (e.g. unscale_).
   std::function<void(torch::optim::Optimizer&)> before_clip;
   // Replaces optimizer.step() (e.g. a scaler that skips, a sharded step).

@@ -1,0 +1,314 @@
+#include "lockstep/train/zero.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "lockstep/check/fingerprint.h"
+#include "lockstep/distributed/coalesced.h"
+#include "lockstep/train/optim.h"
+#include "lockstep/util/error.h"
+
+// Note [ZeRO]
+// ~~~~~~~~~~~
+// The partition is by whole parameter (PyTorch's ZeroRedundancyOptimizer,
+// sorted-greedy), not by flat ranges (llm.c): the owner steps the very
+// tensor plain DDP would step, with the same LibTorch optimizer, so every
+// element sees the same arithmetic and ZeRO's weights are bit-identical to
+// optim.zero 0's. Flat ranges would balance better, but they cut tensors
+// and the optimizer's kernels treat a tensor's tail differently from its
+// body, which costs bit-identity. Balance: the largest rank holds at most
+// the largest parameter more than the mean.
+//
+// Stage 1: the gradients are all-reduced as in plain DDP; only the owner
+// steps a parameter, then each rank broadcasts what it owns (coalesced).
+// Stage 2: each bucket is reduce-scattered instead (ZeroGradHook): packed
+// into one equal-sized chunk per owner (the largest owner's share, zero
+// padded), so the owner receives the sum of its gradients and no rank
+// receives the others'. The reduce-scatter sums in rank order on shm, as its
+// all-reduce does: the same bits. After backward the other ranks' gradients
+// of a parameter are released (.grad undefined).
+// Clipping and the reported norm: each owner computes its gradients' norms,
+// an all-reduce of [norms, present] (exact: one non-zero term per entry)
+// gives every rank all of them, and the total is the 2-norm of that vector
+// in parameter order, as torch::nn::utils::clip_grad_norm_ computes it:
+// the same bits as without sharding.
+// Checkpoints: the owners' state is gathered on rank 0 (one broadcast per
+// state tensor from its owner; checkpoint time only) into the state dict
+// optimizer_state_dict() writes for an unsharded optimizer, in parameter
+// order: optimizer.pt is the same file whatever the stage and world size,
+// and any of them resumes from it.
+
+namespace lockstep {
+
+std::vector<int> zero_partition(const std::vector<at::Tensor>& params, int world) {
+  if (world < 1) throw UsageError("zero_partition: world size " + std::to_string(world));
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  std::vector<int> owners(params.size(), 0);
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
+    owners[i] = static_cast<int>(least);
+    load[static_cast<size_t>(least)] += params[i].numel();
+  }
+  return owners;
+}
+
+namespace {
+
+std::vector<torch::optim::OptimizerParamGroup> all_of(
+    const ZeroOptimizer::NamedTensors& named) {
+  std::vector<at::Tensor> params;
+  for (const auto& [name, p] : named) params.push_back(p);
+  return {torch::optim::OptimizerParamGroup(params)};
+}
+
+// Field ids of the consolidation's metadata.
+const char* const kFields[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                               "step"};
+constexpr int64_t kStepField = 4;
+
+int64_t field_id(const std::string& field) {
+  for (int64_t i = 0; i < 5; ++i)
+    if (field == kFields[i]) return i;
+  throw InternalError("optimizer state field '" + field + "'");
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig& config,
+                             NamedTensors named_params, int stage)
+    : torch::optim::Optimizer(all_of(named_params),
+                              std::make_unique<torch::optim::SGDOptions>(config.lr)),
+      pg_(std::move(pg)),
+      named_(std::move(named_params)),
+      stage_(stage) {
+  if (stage_ != 1 && stage_ != 2)
+    throw ConfigError("optim.zero=" + std::to_string(stage_) + " must be 0, 1 or 2");
+  std::vector<at::Tensor> params;
+  for (const auto& [name, p] : named_) params.push_back(p);
+  owners_ = zero_partition(params, pg_->size());
+  std::vector<at::Tensor> mine;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (owns(i)) mine.push_back(params[i]);
+  local_ = optimizer_create(config, mine);
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+ZeroOptimizer::NamedTensors ZeroOptimizer::owned_named() const {
+  NamedTensors out;
+  for (size_t i = 0; i < named_.size(); ++i)
+    if (owns(i)) out.push_back(named_[i]);
+  return out;
+}
+
+at::Tensor ZeroOptimizer::step(LossClosure closure) {
+  if (closure) throw UsageError("ZeroOptimizer::step: closures are not supported");
+  optimizer_set_lr(*local_, param_groups().front().options().get_lr());
+  local_->step();
+  at::NoGradGuard no_grad;
+  std::vector<std::vector<at::Tensor>> by_owner(static_cast<size_t>(pg_->size()));
+  for (size_t i = 0; i < named_.size(); ++i)
+    by_owner[static_cast<size_t>(owners_[i])].push_back(named_[i].second);
+  for (int r = 0; r < pg_->size(); ++r) {
+    if (!by_owner[static_cast<size_t>(r)].empty())
+      broadcast_coalesced(*pg_, by_owner[static_cast<size_t>(r)], r);
+  }
+  return {};
+}
+
+int64_t ZeroOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& t : optimizer_state_tensors(*local_, owned_named()))
+    bytes += static_cast<int64_t>(t.tensor.nbytes());
+  return bytes;
+}
+
+std::vector<int64_t> ZeroOptimizer::owned_elements() const {
+  std::vector<int64_t> out(static_cast<size_t>(pg_->size()), 0);
+  for (size_t i = 0; i < named_.size(); ++i)
+    out[static_cast<size_t>(owners_[i])] += named_[i].second.numel();
+  return out;
+}
+
+void ZeroOptimizer::release_unowned_grads() {
+  for (size_t i = 0; i < named_.size(); ++i)
+    if (!owns(i)) named_[i].second.mutable_grad().reset();
+}
+
+at::Tensor ZeroOptimizer::grad_norms() {
+  const int64_t n = static_cast<int64_t>(named_.size());
+  at::Tensor norms;  // this rank's, in the gradients' dtype
+  std::vector<at::Tensor> parts(static_cast<size_t>(n));
+  std::vector<float> present(static_cast<size_t>(n), 0.0f);
+  at::ScalarType dtype = at::kFloat;
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor& g = named_[static_cast<size_t>(i)].second.grad();
+    if (owns(static_cast<size_t>(i)) && g.defined()) {
+      parts[static_cast<size_t>(i)] = g.detach().norm(2);
+      dtype = g.scalar_type();
+      present[static_cast<size_t>(i)] = 1.0f;
+    }
+  }
+  const auto device = pg_->device();
+  at::Tensor packed = at::zeros({2 * n}, at::TensorOptions().dtype(at::kDouble).device(device));
+  // Doubles carry a float's or a bfloat16's norm exactly; one non-zero
+  // term per entry, so the sum is exact too.
+  for (int64_t i = 0; i < n; ++i) {
+    if (parts[static_cast<size_t>(i)].defined()) {
+      packed[i].copy_(parts[static_cast<size_t>(i)].to(at::kDouble));
+      packed[n + i].fill_(1.0);
+    }
+  }
+  pg_->allreduce(packed, ReduceKind::kSum);
+  std::vector<int64_t> keep;
+  const auto flags = packed.narrow(0, n, n).cpu();
+  for (int64_t i = 0; i < n; ++i)
+    if (flags[i].item<double>() != 0) keep.push_back(i);
+  if (keep.empty()) return at::Tensor();
+  norms = packed.index_select(0, at::tensor(keep, at::kLong).to(device)).to(dtype);
+  return norms;
+}
+
+ZeroOptimizer::NamedTensors ZeroOptimizer::consolidated_state_dict() {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < named_.size(); ++i) index[named_[i].first] = i;
+  const auto long_options = at::TensorOptions().dtype(at::kLong).device(pg_->device());
+  std::vector<std::pair<size_t, std::pair<std::string, at::Tensor>>> gathered;
+  for (int r = 0; r < pg_->size(); ++r) {
+    NamedTensors mine;
+    if (r == pg_->rank()) mine = optimizer_state_dict(*local_, owned_named());
+    at::Tensor count = at::full({1}, static_cast<int64_t>(mine.size()), long_options);
+    pg_->broadcast(count, r);
+    const int64_t k = count.cpu().item<int64_t>();
+    at::Tensor meta = at::zeros({std::max<int64_t>(1, 3 * k)}, long_options);
+    if (r == pg_->rank()) {
+      auto m = meta.cpu();
+      for (int64_t e = 0; e < k; ++e) {
+        const auto& [key, value] = mine[static_cast<size_t>(e)];
+        const auto dot = key.rfind('.');
+        const int64_t field = field_id(key.substr(dot + 1));
+        m[3 * e] = static_cast<int64_t>(index.at(key.substr(0, dot)));
+        m[3 * e + 1] = field;
+        m[3 * e + 2] = field == kStepField ? value.item<int64_t>() : 0;
+      }
+      meta.copy_(m);
+    }
+    pg_->broadcast(meta, r);
+    const auto m = meta.cpu();
+    for (int64_t e = 0; e < k; ++e) {
+      const int64_t p = m[3 * e].item<int64_t>(), field = m[3 * e + 1].item<int64_t>();
+      if (p < 0 || p >= static_cast<int64_t>(named_.size()) || field < 0 || field > kStepField)
+        throw InternalError("ZeRO consolidation: rank " + std::to_string(r) + " sent bad metadata");
+      const auto& [name, param] = named_[static_cast<size_t>(p)];
+      const std::string key = name + "." + kFields[field];
+      if (field == kStepField) {
+        if (pg_->rank() == 0)
+          gathered.push_back({static_cast<size_t>(p), {key, at::scalar_tensor(
+                                                                m[3 * e + 2].item<int64_t>(),
+                                                                at::kLong)}});
+        continue;
+      }
+      at::Tensor t = r == pg_->rank() ? mine[static_cast<size_t>(e)].second.contiguous().clone()
+                                      : at::empty_like(param, at::MemoryFormat::Contiguous);
+      pg_->broadcast(t, r);
+      if (pg_->rank() == 0) gathered.push_back({static_cast<size_t>(p), {key, t.cpu()}});
+    }
+  }
+  std::stable_sort(gathered.begin(), gathered.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  NamedTensors out;
+  for (auto& g : gathered) out.push_back(std::move(g.second));
+  return out;
+}
+
+void ZeroOptimizer::load_state_dict(const NamedTensors& state, const std::string& source) {
+  std::vector<std::string> elsewhere;
+  for (size_t i = 0; i < named_.size(); ++i)
+    if (!owns(i)) elsewhere.push_back(named_[i].first);
+  optimizer_load_state_dict(*local_, owned_named(), state, elsewhere, source);
+}
+
+namespace {
+
+class ZeroGradHook : public CommHook {
+ public:
+  ZeroGradHook(std::vector<int> owners, int rank) : owners_(std::move(owners)), rank_(rank) {}
+  std::string name() const override { return "zero2 reduce-scatter"; }
+
+  HookWork run_bucket(ProcessGroup& pg, GradBucket& bucket) override {
+    const int world = pg.size();
+    Packing& pack = packing(bucket, world);
+    at::NoGradGuard no_grad;
+    pack.input.zero_();
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      const int64_t n = bucket.gradients[j].numel();
+      pack.input.narrow(0, pack.at[j], n).copy_(bucket.buffer.narrow(0, bucket.offsets[j], n));
+    }
+    auto scattering = std::make_shared<ProcessGroup::Scattering>(
+        pg.reduce_scatter_async(pack.output, pack.input));
+    ProcessGroup* group = &pg;
+    at::Tensor buffer = bucket.buffer;
+    auto places = pack.mine;  // (offset in the bucket, offset in my chunk, count)
+    HookWork work;
+    work.work = scattering->work;
+    work.bytes = static_cast<int64_t>(pack.input.nbytes());
+    at::Tensor output = pack.output;
+    work.finish = [group, scattering, buffer, places, output]() mutable {
+      scattering->work = {};  // the Reducer waited for it
+      group->wait(*scattering, "reduce_scatter");
+      for (const auto& [at_bucket, at_chunk, n] : places)
+        buffer.narrow(0, at_bucket, n).copy_(output.narrow(0, at_chunk, n));
+    };
+    return work;
+  }
+
+ private:
+  struct Packing {
+    at::Tensor input, output;
+    std::vector<int64_t> at;  // each gradient's place in `input`
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> mine;
+  };
+
+  Packing& packing(const GradBucket& bucket, int world) {
+    auto it = packings_.find(bucket.index);
+    if (it != packings_.end() && it->second.at.size() == bucket.params.size()) return it->second;
+    Packing p;
+    std::vector<int64_t> fill(static_cast<size_t>(world), 0);
+    for (size_t j = 0; j < bucket.params.size(); ++j)
+      fill[static_cast<size_t>(owners_.at(static_cast<size_t>(bucket.params[j])))] +=
+          bucket.gradients[j].numel();
+    const int64_t chunk = std::max<int64_t>(1, *std::max_element(fill.begin(), fill.end()));
+    std::fill(fill.begin(), fill.end(), 0);
+    const int me = rank_;
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      const int owner = owners_.at(static_cast<size_t>(bucket.params[j]));
+      const int64_t n = bucket.gradients[j].numel();
+      p.at.push_back(owner * chunk + fill[static_cast<size_t>(owner)]);
+      if (owner == me) p.mine.emplace_back(bucket.offsets[j], fill[static_cast<size_t>(owner)], n);
+      fill[static_cast<size_t>(owner)] += n;
+    }
+    p.input = at::zeros({chunk * world}, bucket.buffer.options());
+    p.output = at::empty({chunk}, bucket.buffer.options());
+    return packings_[bucket.index] = std::move(p);
+  }
+  std::vector<int> owners_;
+  int rank_;
+  std::map<size_t, Packing> packings_;
+};
+
+}  // namespace
+
+std::shared_ptr<CommHook> zero_grad_hook(std::vector<int> owners, int rank) {
+  return std::make_shared<ZeroGradHook>(std::move(owners), rank);
+}
+
+}  // namespace lockstep
