@@ -1,4 +1,5 @@
-// `lockstep bench allreduce`: nccl-tests-style all-reduce figures for each
+// `lockstep bench allreduce`: nccl-tests-style all-reduce (and with --ops
+// reduce-scatter and all-gather) figures for each
 // backend named by --backends (default: gloo and shm on one host), side by
 // side, and for the ring all-reduce built from Gloo's send/recv
 // (distributed/ring_allreduce.h), with a correctness check of every size.
@@ -55,7 +56,7 @@ double memcpy_gbps(int64_t bytes) {
   return static_cast<double>(bytes) / s / 1e9;
 }
 
-std::vector<std::string> split_list(const std::string& text) {
+std::vector<std::string> split_list(const std::string& text, const char* flag = "--backends") {
   std::vector<std::string> out;
   std::size_t start = 0;
   while (start <= text.size()) {
@@ -66,8 +67,124 @@ std::vector<std::string> split_list(const std::string& text) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (out.empty()) throw ConfigError("--backends: name at least one backend");
+  if (out.empty()) throw ConfigError(std::string(flag) + ": name at least one");
   return out;
+}
+
+enum class Op { kAllreduce, kReduceScatter, kAllGather };
+
+Op op_parse(const std::string& name) {
+  if (name == "allreduce") return Op::kAllreduce;
+  if (name == "reduce_scatter") return Op::kReduceScatter;
+  if (name == "all_gather") return Op::kAllGather;
+  throw ConfigError("--ops: unknown '" + name +
+                    "' (valid: allreduce, reduce_scatter, all_gather, all)");
+}
+
+const char* op_title(Op op) {
+  return op == Op::kAllreduce        ? "all-reduce SUM"
+         : op == Op::kReduceScatter ? "reduce-scatter SUM (bytes: the whole input)"
+                                     : "all-gather (bytes: the whole output)";
+}
+
+// One table: every size on every contender (alternating the order per
+// size), then a check of each against the closed form. Returns the number
+// of sizes that failed it.
+int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGroup>>& groups,
+            const std::shared_ptr<ProcessGroup>& gloo_group, at::ScalarType dtype,
+            int64_t min_bytes, int64_t max_bytes, int warmup, int iters,
+            const std::string& dtype_name) {
+  const int n = pg.size();
+  // nccl-tests: all-reduce moves 2(n-1)/n of the buffer per rank, the
+  // reduce-scatter and the all-gather (n-1)/n of the whole.
+  const double bus_factor = n == 1 ? 1.0 : op == Op::kAllreduce ? 2.0 * (n - 1) / n
+                                                                : 1.0 * (n - 1) / n;
+  const std::shared_ptr<ProcessGroup> gloo = op == Op::kAllreduce ? gloo_group : nullptr;
+  const int64_t element = at::elementSize(dtype);
+  const std::size_t contenders = groups.size() + (gloo ? 1 : 0);
+  if (pg.rank() == 0) {
+    std::printf("%s, %s, %d ranks; time in us (slowest rank), bus bandwidth in GB/s%s\n",
+                op_title(op), dtype_name.c_str(), n, gloo ? "; ring: from Gloo's send/recv" : "");
+    std::printf("%12s %11s", "bytes", "elements");
+    for (const auto& g : groups) {
+      const bool fallback = op == Op::kReduceScatter && !g->reduce_scatter_native();
+      std::printf(" | %9s%s us %8s", backend_kind_name(g->kind()), fallback ? "*" : "", "busbw");
+    }
+    if (gloo) std::printf(" | %9s us %8s", "ring", "busbw");
+    std::printf(" | check\n");
+  }
+  const auto on = at::TensorOptions(dtype).device(pg.device());
+  int failures = 0;
+  int round = 0;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2, ++round) {
+    // The whole buffer: a multiple of n elements, so the chunks are equal.
+    int64_t numel = std::max<int64_t>(1, bytes / element);
+    if (op != Op::kAllreduce) numel = std::max<int64_t>(n, numel / n * n);
+    const int64_t real_bytes = numel * element;
+    const int64_t chunk = numel / n;
+    const int it = real_bytes >= (16 << 20) ? std::max(3, iters / 4) : iters;
+    auto whole = at::zeros({numel}, on);
+    auto part = at::zeros({op == Op::kAllreduce ? 1 : chunk}, on);
+    std::vector<double> us(contenders, 0);
+    for (std::size_t k = 0; k < contenders; ++k) {
+      const std::size_t c = round % 2 == 0 ? k : contenders - 1 - k;
+      if (c < groups.size()) {
+        ProcessGroup& g = *groups[c];
+        us[c] = time_us(g, warmup, it, [&] {
+          if (op == Op::kAllreduce) g.allreduce(whole, ReduceKind::kSum);
+          if (op == Op::kReduceScatter) g.reduce_scatter(part, whole);
+          if (op == Op::kAllGather) g.all_gather_into(whole, part);
+        });
+      } else {
+        us[c] = time_us(*gloo, warmup, it, [&] { ring_allreduce(*gloo, whole); });
+      }
+    }
+    // Correctness: small integers, exact in every dtype, against the closed form.
+    const auto i = at::arange(numel, at::TensorOptions(at::kLong).device(pg.device())).remainder(7);
+    bool all_ok = true;
+    for (std::size_t c = 0; c < contenders; ++c) {
+      auto a = ((pg.rank() + 1) + i).to(dtype);
+      if (op == Op::kAllreduce) {
+        const auto want = (static_cast<int64_t>(n) * (n + 1) / 2 + n * i).to(dtype);
+        if (c < groups.size()) {
+          groups[c]->allreduce(a, ReduceKind::kSum);
+        } else {
+          ring_allreduce(*gloo, a);
+        }
+        all_ok = all_ok && at::equal(a, want);
+      } else if (op == Op::kReduceScatter) {
+        auto out = at::empty({chunk}, on);
+        groups[c]->reduce_scatter(out, a);
+        const auto want = (static_cast<int64_t>(n) * (n + 1) / 2 + n * i).to(dtype);
+        all_ok = all_ok && at::equal(out, want.narrow(0, pg.rank() * chunk, chunk));
+      } else {
+        auto out = at::empty({numel}, on);
+        groups[c]->all_gather_into(out, a.narrow(0, 0, chunk));
+        const auto k = at::arange(numel, at::TensorOptions(at::kLong).device(pg.device()));
+        const auto want = (k.div(chunk, "floor") + 1 + k.remainder(chunk).remainder(7)).to(dtype);
+        all_ok = all_ok && at::equal(out, want);
+      }
+    }
+    const bool passed = min_over_ranks(pg, all_ok ? 1 : 0) == 1;
+    failures += passed ? 0 : 1;
+    if (pg.rank() == 0) {
+      std::printf("%12lld %11lld", static_cast<long long>(real_bytes),
+                  static_cast<long long>(numel));
+      for (std::size_t c = 0; c < contenders; ++c)
+        std::printf(" | %12.1f %8.3f", us[c], real_bytes / us[c] / 1e3 * bus_factor);
+      std::printf(" | %s\n", passed ? "ok" : "FAIL");
+      std::fflush(stdout);
+    }
+  }
+  if (op == Op::kReduceScatter && pg.rank() == 0) {
+    for (const auto& g : groups) {
+      if (!g->reduce_scatter_native()) {
+        std::printf("* %s has no reduce-scatter here: an all-reduce of the whole input, then the "
+                    "slice\n", backend_kind_name(g->kind()));
+      }
+    }
+  }
+  return failures;
 }
 
 }  // namespace
@@ -81,6 +198,10 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
   if (min_bytes < 1 || max_bytes < min_bytes) {
     throw ConfigError("--min-bytes and --max-bytes must satisfy 1 <= min <= max");
   }
+  std::string ops_text = args["ops"].as<std::string>();
+  if (ops_text == "all") ops_text = "allreduce,reduce_scatter,all_gather";
+  std::vector<Op> ops;
+  for (const auto& name : split_list(ops_text, "--ops")) ops.push_back(op_parse(name));
   auto dist = dist_setup(args);
   // The contenders, each a process group of its own on the job's store;
   // every size is timed on each in turn (alternating the order per size).
@@ -98,60 +219,10 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
     if (groups.back()->kind() == BackendKind::kGloo) gloo = groups.back();
   }
   ProcessGroup& pg = *dist.pg;
-  const int n = pg.size();
-  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
-  const int64_t element = at::elementSize(dtype);
-  if (dist.world.rank == 0) {
-    std::printf(
-        "all-reduce SUM, %s, %d ranks; time in us (slowest rank), bus bandwidth in GB/s%s\n",
-        args["dtype"].as<std::string>().c_str(), n, gloo ? "; ring: from Gloo's send/recv" : "");
-    std::printf("%12s %11s", "bytes", "elements");
-    for (const auto& g : groups)
-      std::printf(" | %9s us %8s", backend_kind_name(g->kind()), "busbw");
-    if (gloo) std::printf(" | %9s us %8s", "ring", "busbw");
-    std::printf(" | check\n");
-  }
   int failures = 0;
-  int round = 0;
-  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2, ++round) {
-    const int64_t numel = std::max<int64_t>(1, bytes / element);
-    const int64_t real_bytes = numel * element;
-    // Big messages take long: fewer iterations, same warm-up rule.
-    const int it = real_bytes >= (16 << 20) ? std::max(3, iters / 4) : iters;
-    auto zeros = at::zeros({numel}, at::TensorOptions(dtype).device(pg.device()));
-    std::vector<double> us(groups.size() + 1, 0);
-    for (std::size_t k = 0; k < groups.size() + (gloo ? 1 : 0); ++k) {
-      const std::size_t c = round % 2 == 0 ? k : groups.size() + (gloo ? 1 : 0) - 1 - k;
-      if (c < groups.size()) {
-        ProcessGroup& g = *groups[c];
-        us[c] = time_us(g, warmup, it, [&] { g.allreduce(zeros, ReduceKind::kSum); });
-      } else {
-        us[c] = time_us(*gloo, warmup, it, [&] { ring_allreduce(*gloo, zeros); });
-      }
-    }
-    // Correctness: small integers, exact in every dtype, against the closed form.
-    const auto i = at::arange(numel, at::TensorOptions(at::kLong).device(pg.device())).remainder(7);
-    const auto want = (static_cast<int64_t>(n) * (n + 1) / 2 + n * i).to(dtype);
-    bool all_ok = true;
-    for (std::size_t c = 0; c < groups.size() + (gloo ? 1 : 0); ++c) {
-      auto a = ((pg.rank() + 1) + i).to(dtype);
-      if (c < groups.size()) {
-        groups[c]->allreduce(a, ReduceKind::kSum);
-      } else {
-        ring_allreduce(*gloo, a);
-      }
-      all_ok = all_ok && at::equal(a, want);
-    }
-    const bool passed = min_over_ranks(pg, all_ok ? 1 : 0) == 1;
-    failures += passed ? 0 : 1;
-    if (dist.world.rank == 0) {
-      std::printf("%12lld %11lld", static_cast<long long>(real_bytes),
-                  static_cast<long long>(numel));
-      for (std::size_t c = 0; c < groups.size() + (gloo ? 1 : 0); ++c)
-        std::printf(" | %12.1f %8.3f", us[c], real_bytes / us[c] / 1e3 * bus_factor);
-      std::printf(" | %s\n", passed ? "ok" : "FAIL");
-      std::fflush(stdout);
-    }
+  for (const Op op : ops) {
+    failures += time_op(op, pg, groups, gloo, dtype, min_bytes, max_bytes, warmup, iters,
+                        args["dtype"].as<std::string>());
   }
   if (dist.world.rank == 0) {
     std::printf("memory copy bandwidth of this machine (one %lld-byte tensor copy): %.2f GB/s\n",

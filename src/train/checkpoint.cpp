@@ -140,7 +140,10 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
        << YAML::Value << state.epoch << YAML::Key << "batch_in_epoch" << YAML::Value
        << state.batch_in_epoch << YAML::Key << "epoch_offset" << YAML::Value
        << state.epoch_offset << YAML::Key << "world_size" << YAML::Value << state.world_size
-       << YAML::Key << "zero" << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value << state.model;
+       << YAML::Key << "batch_size" << YAML::Value << state.batch_size << YAML::Key
+       << "accumulation_steps" << YAML::Value << state.accumulation_steps << YAML::Key
+       << "total_steps" << YAML::Value << state.total_steps << YAML::Key << "zero"
+       << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value << state.model;
   if (!state.scaler.empty()) {
     yaml << YAML::Key << "scaler" << YAML::Value << YAML::BeginMap;
     for (const auto& [key, value] : state.scaler) {
@@ -271,13 +274,18 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
     // Written since ZeRO and elastic resume; absent in older checkpoints.
     if (state["epoch_offset"]) loaded.state.epoch_offset = state["epoch_offset"].as<int64_t>();
     if (state["zero"]) loaded.state.zero = state["zero"].as<int64_t>();
+    if (state["batch_size"]) loaded.state.batch_size = state["batch_size"].as<int64_t>();
+    if (state["accumulation_steps"])
+      loaded.state.accumulation_steps = state["accumulation_steps"].as<int64_t>();
+    if (state["total_steps"]) loaded.state.total_steps = state["total_steps"].as<int64_t>();
     loaded.state.model = state["model"].as<std::string>();
     const auto& st = loaded.state;
     if (st.step < 0 || st.epoch < 0 || st.batch_in_epoch < 0 || st.epoch_offset < 0 ||
-        st.world_size < 1 || st.zero < 0 || st.zero > 2) {
+        st.world_size < 1 || st.zero < 0 || st.zero > 2 || st.batch_size < 0 ||
+        st.accumulation_steps < 0 || st.total_steps < 0) {
       throw YAML::Exception(state.Mark(),
-                            "a negative step, epoch, batch_in_epoch or epoch_offset, a "
-                            "world_size below 1, or a zero outside 0..2");
+                            "a negative step, epoch, batch_in_epoch, epoch_offset, "
+                            "batch_size, accumulation_steps or total_steps, a world_size below 1, or a zero outside 0..2");
     }
     const auto watch = [&](const char* key, MetricWatch& w) {
       if (const YAML::Node node = state[key]) {
@@ -301,7 +309,7 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
   } catch (const YAML::Exception& e) {
     throw DataError(
         folder + "/state.yaml: " + e.what() +
-        " (keys step, epoch, batch_in_epoch, epoch_offset, world_size, zero: integers; model: text; scaler: a "
+        " (keys step, epoch, batch_in_epoch, epoch_offset, world_size, batch_size, accumulation_steps, total_steps, zero: integers; model: text; scaler: a "
         "mapping of numbers)");
   }
   loaded.model = state_dict_load_file(folder + "/model.pt");

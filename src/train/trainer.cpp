@@ -191,9 +191,11 @@ struct Trainer::Impl {
   // whole optimizer steps only, as step_plan() counts them.
   int64_t micro_in_epoch(const DistributedSampler& s, int64_t offset) const {
     if (offset == 0 && &s == sampler.get()) return plan.micro_per_epoch;
-    const int64_t per_rank = s.num_samples_from(offset), bs = config.data.batch_size;
+    return micro_of(s, offset, config.data.batch_size, config.train.accumulation_steps);
+  }
+  int64_t micro_of(const DistributedSampler& s, int64_t offset, int64_t bs, int64_t acc) const {
+    const int64_t per_rank = s.num_samples_from(offset);
     const int64_t micro = config.data.drop_last ? per_rank / bs : (per_rank + bs - 1) / bs;
-    const int64_t acc = config.train.accumulation_steps;
     return micro / acc * acc;
   }
 
@@ -222,15 +224,18 @@ struct Trainer::Impl {
     o.drop_last = config.data.drop_last;
     DistributedSampler old(data.train->size(), o);
     old.set_epoch(state.epoch);
-    const int64_t old_micro = micro_in_epoch(old, state.epoch_offset);
+    // The writer's batch size and accumulation (this run's may differ).
+    const int64_t bs = state.batch_size > 0 ? state.batch_size : config.data.batch_size;
+    const int64_t acc =
+        state.accumulation_steps > 0 ? state.accumulation_steps : config.train.accumulation_steps;
+    const int64_t old_micro = micro_of(old, state.epoch_offset, bs, acc);
     if (state.batch_in_epoch >= old_micro) {  // the epoch was complete
       ++state.epoch;
       state.epoch_offset = 0;
       state.batch_in_epoch = 0;
       return;
     }
-    const int64_t consumed =
-        state.epoch_offset + state.batch_in_epoch * config.data.batch_size * old_world;
+    const int64_t consumed = state.epoch_offset + state.batch_in_epoch * bs * old_world;
     state.epoch_offset = std::min(consumed, data.train->size());
     state.batch_in_epoch = 0;
   }
@@ -296,9 +301,16 @@ struct Trainer::Impl {
     loaded.state.comm_hook.clear();
     state = loaded.state;
     last_checkpoint = folder;
+    const std::string where = "at step " + std::to_string(state.step) + " (epoch " +
+                              std::to_string(state.epoch + 1) + ", after micro-batch " +
+                              std::to_string(state.batch_in_epoch) + ")";
     std::string changed;
     if (old_world != world.world_size) {
       const int64_t before_epoch = state.epoch;
+      const int64_t old_batch =
+          (state.batch_size > 0 ? state.batch_size : config.data.batch_size) * old_world *
+          (state.accumulation_steps > 0 ? state.accumulation_steps
+                                        : config.train.accumulation_steps);
       remap_epoch(old_world);
       changed += "; written by " + std::to_string(old_world) + " rank(s), now " +
                  std::to_string(world.world_size) + ": ";
@@ -311,25 +323,21 @@ struct Trainer::Impl {
                    " samples from position " + std::to_string(state.epoch_offset) +
                    " of its order) is dealt to the new ranks";
       }
-      changed += "; global batch " +
-                 std::to_string(config.data.batch_size * old_world *
-                                config.train.accumulation_steps) +
-                 " -> " +
-                 std::to_string(config.data.batch_size * world.world_size *
-                                config.train.accumulation_steps);
+      const int64_t new_batch =
+          config.data.batch_size * world.world_size * config.train.accumulation_steps;
+      changed += "; global batch " + std::to_string(old_batch) + " -> " +
+                 std::to_string(new_batch);
     }
     if (state.zero != config.optim.zero) {
       changed += "; optim.zero " + std::to_string(state.zero) + " -> " +
                  std::to_string(config.optim.zero);
     }
-    const int64_t before = plan.total_steps;
     plan.total_steps = state.step + steps_left();
-    if (plan.total_steps != before && old_world != world.world_size) {
-      changed += "; schedule length " + std::to_string(before) + " -> " +
+    if (state.total_steps > 0 && plan.total_steps != state.total_steps) {
+      changed += "; schedule length " + std::to_string(state.total_steps) + " -> " +
                  std::to_string(plan.total_steps) + " steps";
     }
-    spdlog::info("resumed from {} at step {} (epoch {}, after micro-batch {}){}", folder,
-                 state.step, state.epoch + 1, state.batch_in_epoch, changed);
+    spdlog::info("resumed from {} {}{}", folder, where, changed);
   }
 
   // ------------------------------------------------------------ the loop
@@ -350,6 +358,9 @@ struct Trainer::Impl {
     step->finish_checks();
     state.world_size = world.world_size;
     state.zero = config.optim.zero;
+    state.batch_size = config.data.batch_size;
+    state.accumulation_steps = config.train.accumulation_steps;
+    state.total_steps = plan.total_steps;
     state.model = config.model.name;
     state.scaler = precision->state_dict();
     if (comm_hook) state.comm_hook = hook_state_gather(*pg, *comm_hook, *ddp);

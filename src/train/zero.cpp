@@ -13,6 +13,8 @@
 #include "lockstep/train/optim.h"
 #include "lockstep/util/error.h"
 
+#include <spdlog/spdlog.h>
+
 // Note [ZeRO]
 // ~~~~~~~~~~~
 // The partition is by whole parameter (PyTorch's ZeroRedundancyOptimizer,
@@ -30,7 +32,11 @@
 // into one equal-sized chunk per owner (the largest owner's share, zero
 // padded), so the owner receives the sum of its gradients and no rank
 // receives the others'. The reduce-scatter sums in rank order on shm, as its
-// all-reduce does: the same bits. After backward the other ranks' gradients
+// all-reduce does: the same bits. Where the backend has no reduce-scatter
+// (LibTorch 1's Gloo, hierarchical) the bucket is all-reduced as it is: the
+// same bits too, at stage 0's traffic. A native reduce-scatter of another
+// backend (NCCL, MPI, LibTorch 2's Gloo) sums in its own order: with 3 or
+// more ranks the last bits may differ from its all-reduce's. After backward the other ranks' gradients
 // of a parameter are released (.grad undefined).
 // Clipping and the reported norm: each owner computes its gradients' norms,
 // an all-reduce of [norms, present] (exact: one non-zero term per entry)
@@ -245,6 +251,19 @@ class ZeroGradHook : public CommHook {
   std::string name() const override { return "zero2 reduce-scatter"; }
 
   HookWork run_bucket(ProcessGroup& pg, GradBucket& bucket) override {
+    if (!pg.reduce_scatter_native()) {
+      // No reduce-scatter here (LibTorch 1's Gloo, the hierarchical
+      // backend): the all-reduce of the bucket as it is, the exchange of
+      // optim.zero 0 bit for bit; the owners keep their part.
+      if (!said_) {
+        said_ = true;
+        spdlog::info("optim.zero: 2: the {} backend has no reduce-scatter here: each bucket is "
+                     "all-reduced (the traffic of optim.zero 0), the gradients still sharded",
+                     pg.backend().getBackendName());
+      }
+      return {pg.allreduce_async(bucket.buffer, ReduceKind::kSum), nullptr, nullptr,
+              static_cast<int64_t>(bucket.buffer.nbytes())};
+    }
     const int world = pg.size();
     Packing& pack = packing(bucket, world);
     at::NoGradGuard no_grad;
@@ -302,6 +321,7 @@ class ZeroGradHook : public CommHook {
   }
   std::vector<int> owners_;
   int rank_;
+  bool said_ = false;
   std::map<size_t, Packing> packings_;
 };
 

@@ -57,6 +57,11 @@ struct TrainerState {
   int64_t epoch_offset = 0;
   int64_t world_size = 1;
   int64_t zero = 0;  // optim.zero of the run that wrote it
+  // The writer's data.batch_size, train.accumulation_steps and schedule
+  // length (0: unknown, an older checkpoint: the resuming run's are used).
+  int64_t batch_size = 0;
+  int64_t accumulation_steps = 0;
+  int64_t total_steps = 0;
   std::string model;
   std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
   MetricWatch keep_best, early_stop;
