@@ -82,9 +82,9 @@ Op op_parse(const std::string& name) {
 }
 
 const char* op_title(Op op) {
-  return op == Op::kAllreduce        ? "all-reduce SUM"
+  return op == Op::kAllreduce       ? "all-reduce SUM"
          : op == Op::kReduceScatter ? "reduce-scatter SUM (bytes: the whole input)"
-                                     : "all-gather (bytes: the whole output)";
+                                    : "all-gather (bytes: the whole output)";
 }
 
 // One table: every size on every contender (alternating the order per
@@ -97,8 +97,9 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
   const int n = pg.size();
   // nccl-tests: all-reduce moves 2(n-1)/n of the buffer per rank, the
   // reduce-scatter and the all-gather (n-1)/n of the whole.
-  const double bus_factor = n == 1 ? 1.0 : op == Op::kAllreduce ? 2.0 * (n - 1) / n
-                                                                : 1.0 * (n - 1) / n;
+  const double bus_factor = n == 1                 ? 1.0
+                            : op == Op::kAllreduce ? 2.0 * (n - 1) / n
+                                                   : 1.0 * (n - 1) / n;
   const std::shared_ptr<ProcessGroup> gloo = op == Op::kAllreduce ? gloo_group : nullptr;
   const int64_t element = at::elementSize(dtype);
   const std::size_t contenders = groups.size() + (gloo ? 1 : 0);
@@ -179,8 +180,10 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
   if (op == Op::kReduceScatter && pg.rank() == 0) {
     for (const auto& g : groups) {
       if (!g->reduce_scatter_native()) {
-        std::printf("* %s has no reduce-scatter here: an all-reduce of the whole input, then the "
-                    "slice\n", backend_kind_name(g->kind()));
+        std::printf(
+            "* %s has no reduce-scatter here: an all-reduce of the whole input, then the "
+            "slice\n",
+            backend_kind_name(g->kind()));
       }
     }
   }

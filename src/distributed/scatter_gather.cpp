@@ -39,8 +39,8 @@ ProcessGroup::Scattering ProcessGroup::reduce_scatter_async(at::Tensor& output,
   const std::string what = "reduce_scatter #" + std::to_string(s.sequence);
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type() ||
       !output.is_contiguous()) {
-    throw UsageError(describe(what) + ": the input " + shape_text(input) +
-                     " must hold " + std::to_string(size_) + " chunks of the contiguous output " +
+    throw UsageError(describe(what) + ": the input " + shape_text(input) + " must hold " +
+                     std::to_string(size_) + " chunks of the contiguous output " +
                      shape_text(output));
   }
   at::Tensor flat = input.contiguous().view({-1});
@@ -53,9 +53,10 @@ ProcessGroup::Scattering ProcessGroup::reduce_scatter_async(at::Tensor& output,
     if (!reduce_scatter_native()) {
       static std::atomic<bool> said{false};
       if (!said.exchange(true)) {
-        spdlog::info("{} has no reduce-scatter: an all-reduce of the whole bucket, then this "
-                     "rank's slice (twice the traffic of a reduce-scatter)",
-                     backend_->getBackendName());
+        spdlog::info(
+            "{} has no reduce-scatter: an all-reduce of the whole bucket, then this "
+            "rank's slice (twice the traffic of a reduce-scatter)",
+            backend_->getBackendName());
       }
       s.staged = flat.clone();
       std::vector<at::Tensor> tensors{s.staged};

@@ -128,7 +128,8 @@ class ShmBackend : public SerialBackend {
     check_tensor(input, "reduce-scatter");
     check_tensor(output, "reduce-scatter");
     if (input.numel() != output.numel() * world_ || input.scalar_type() != output.scalar_type())
-      throw CommError("shm backend: reduce-scatter input must hold one output-sized chunk per rank");
+      throw CommError(
+          "shm backend: reduce-scatter input must hold one output-sized chunk per rank");
     const ShmOp op = shm_op(options.reduceOp);
     if (output.numel() > 0 && segment_.chunk() / output.element_size() / world_ == 0)
       throw CommError("shm backend: dist.shm_chunk_mb too small for a reduce-scatter of " +

@@ -138,12 +138,12 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
   YAML::Emitter yaml;
   yaml << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key << "epoch"
        << YAML::Value << state.epoch << YAML::Key << "batch_in_epoch" << YAML::Value
-       << state.batch_in_epoch << YAML::Key << "epoch_offset" << YAML::Value
-       << state.epoch_offset << YAML::Key << "world_size" << YAML::Value << state.world_size
-       << YAML::Key << "batch_size" << YAML::Value << state.batch_size << YAML::Key
-       << "accumulation_steps" << YAML::Value << state.accumulation_steps << YAML::Key
-       << "total_steps" << YAML::Value << state.total_steps << YAML::Key << "zero"
-       << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value << state.model;
+       << state.batch_in_epoch << YAML::Key << "epoch_offset" << YAML::Value << state.epoch_offset
+       << YAML::Key << "world_size" << YAML::Value << state.world_size << YAML::Key << "batch_size"
+       << YAML::Value << state.batch_size << YAML::Key << "accumulation_steps" << YAML::Value
+       << state.accumulation_steps << YAML::Key << "total_steps" << YAML::Value << state.total_steps
+       << YAML::Key << "zero" << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value
+       << state.model;
   if (!state.scaler.empty()) {
     yaml << YAML::Key << "scaler" << YAML::Value << YAML::BeginMap;
     for (const auto& [key, value] : state.scaler) {
@@ -285,7 +285,8 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
         st.accumulation_steps < 0 || st.total_steps < 0) {
       throw YAML::Exception(state.Mark(),
                             "a negative step, epoch, batch_in_epoch, epoch_offset, "
-                            "batch_size, accumulation_steps or total_steps, a world_size below 1, or a zero outside 0..2");
+                            "batch_size, accumulation_steps or total_steps, a world_size below 1, "
+                            "or a zero outside 0..2");
     }
     const auto watch = [&](const char* key, MetricWatch& w) {
       if (const YAML::Node node = state[key]) {
@@ -307,10 +308,10 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
         loaded.state.scaler[entry.first.as<std::string>()] = entry.second.as<double>();
     }
   } catch (const YAML::Exception& e) {
-    throw DataError(
-        folder + "/state.yaml: " + e.what() +
-        " (keys step, epoch, batch_in_epoch, epoch_offset, world_size, batch_size, accumulation_steps, total_steps, zero: integers; model: text; scaler: a "
-        "mapping of numbers)");
+    throw DataError(folder + "/state.yaml: " + e.what() +
+                    " (keys step, epoch, batch_in_epoch, epoch_offset, world_size, batch_size, "
+                    "accumulation_steps, total_steps, zero: integers; model: text; scaler: a "
+                    "mapping of numbers)");
   }
   loaded.model = state_dict_load_file(folder + "/model.pt");
   loaded.rng_states = tensor_from_bytes(read_regular_file(folder + "/rng.pt"), folder + "/rng.pt");

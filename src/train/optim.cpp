@@ -106,7 +106,7 @@ NamedTensors optimizer_state_dict(const torch::optim::Optimizer& optimizer,
   for (auto& t : optimizer_state_tensors(optimizer, named_params)) {
     at::Tensor value = t.tensor.detach();
     if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".step") == 0)
-      value = value.reshape({});  // a 0-dim int64, as Python's state dicts hold it
+      value = value.reshape({});                // a 0-dim int64, as Python's state dicts hold it
     out.emplace_back(t.name.substr(6), value);  // less "optim "
   }
   return out;
@@ -150,8 +150,8 @@ void optimizer_load_state_dict(torch::optim::Optimizer& optimizer, const NamedTe
     if (!here && other.count(name) == 0)
       throw DataError(source + ": '" + key + "' names no parameter of this model");
     if (!field_of(family, field)) {
-      throw DataError(source + ": '" + key + "' is not state of optim.name " +
-                      family_name(family) + " (state of another optimizer?)");
+      throw DataError(source + ": '" + key + "' is not state of optim.name " + family_name(family) +
+                      " (state of another optimizer?)");
     }
     if (!value.defined() || !value.device().is_cpu() || value.is_sparse())
       throw DataError(source + ": '" + key + "' is not a dense CPU tensor");

@@ -54,7 +54,7 @@ struct Trainer::Impl {
   int64_t resumed_world_size = 0;
   std::string resumed_from;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  ZeroOptimizer* zero = nullptr;  // `optimizer`, when optim.zero is 1 or 2
+  ZeroOptimizer* zero = nullptr;              // `optimizer`, when optim.zero is 1 or 2
   std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
   std::unique_ptr<Checkpointer> checkpointer;
   TrainerState state;
@@ -161,8 +161,8 @@ struct Trainer::Impl {
 
   void build_optimizer() {
     if (config.optim.zero > 0) {
-      auto sharded = std::make_unique<ZeroOptimizer>(pg, config.optim, module_tensors(*model, false),
-                                                     static_cast<int>(config.optim.zero));
+      auto sharded = std::make_unique<ZeroOptimizer>(
+          pg, config.optim, module_tensors(*model, false), static_cast<int>(config.optim.zero));
       zero = sharded.get();
       const auto elements = zero->owned_elements();
       int64_t all = 0, owned = 0;
@@ -184,8 +184,7 @@ struct Trainer::Impl {
   // This epoch's share of samples for this rank: the sampler's, or the rest
   // of the epoch from state.epoch_offset (Note [Elastic resume]).
   std::vector<int64_t> epoch_indices() const {
-    return state.epoch_offset > 0 ? sampler->indices_from(state.epoch_offset)
-                                  : sampler->indices();
+    return state.epoch_offset > 0 ? sampler->indices_from(state.epoch_offset) : sampler->indices();
   }
   // Micro-batches this rank trains in the current epoch (from its offset):
   // whole optimizer steps only, as step_plan() counts them.
@@ -243,9 +242,8 @@ struct Trainer::Impl {
   // The steps left from the current position, at this world size.
   int64_t steps_left() const {
     sampler->set_epoch(state.epoch);
-    const int64_t in_epoch =
-        (micro_in_epoch(*sampler, state.epoch_offset) - state.batch_in_epoch) /
-        config.train.accumulation_steps;
+    const int64_t in_epoch = (micro_in_epoch(*sampler, state.epoch_offset) - state.batch_in_epoch) /
+                             config.train.accumulation_steps;
     const int64_t later = std::max<int64_t>(0, config.train.epochs - state.epoch - 1);
     return std::max<int64_t>(0, in_epoch) + later * plan.steps_per_epoch;
   }
@@ -267,9 +265,10 @@ struct Trainer::Impl {
     });
     const int64_t old_world = loaded.state.world_size;
     if (loaded.legacy_optimizer && old_world != world.world_size) {
-      throw ConfigError("checkpoint '" + folder + "' holds an optimizer archive of an older "
-                        "lockstep, which resumes only on the " + std::to_string(old_world) +
-                        " rank(s) that wrote it (this run has " +
+      throw ConfigError("checkpoint '" + folder +
+                        "' holds an optimizer archive of an older "
+                        "lockstep, which resumes only on the " +
+                        std::to_string(old_world) + " rank(s) that wrote it (this run has " +
                         std::to_string(world.world_size) + ")");
     }
     if (loaded.state.model != config.model.name) {
@@ -307,10 +306,10 @@ struct Trainer::Impl {
     std::string changed;
     if (old_world != world.world_size) {
       const int64_t before_epoch = state.epoch;
-      const int64_t old_batch =
-          (state.batch_size > 0 ? state.batch_size : config.data.batch_size) * old_world *
-          (state.accumulation_steps > 0 ? state.accumulation_steps
-                                        : config.train.accumulation_steps);
+      const int64_t old_batch = (state.batch_size > 0 ? state.batch_size : config.data.batch_size) *
+                                old_world *
+                                (state.accumulation_steps > 0 ? state.accumulation_steps
+                                                              : config.train.accumulation_steps);
       remap_epoch(old_world);
       changed += "; written by " + std::to_string(old_world) + " rank(s), now " +
                  std::to_string(world.world_size) + ": ";
@@ -325,12 +324,11 @@ struct Trainer::Impl {
       }
       const int64_t new_batch =
           config.data.batch_size * world.world_size * config.train.accumulation_steps;
-      changed += "; global batch " + std::to_string(old_batch) + " -> " +
-                 std::to_string(new_batch);
+      changed += "; global batch " + std::to_string(old_batch) + " -> " + std::to_string(new_batch);
     }
     if (state.zero != config.optim.zero) {
-      changed += "; optim.zero " + std::to_string(state.zero) + " -> " +
-                 std::to_string(config.optim.zero);
+      changed +=
+          "; optim.zero " + std::to_string(state.zero) + " -> " + std::to_string(config.optim.zero);
     }
     plan.total_steps = state.step + steps_left();
     if (state.total_steps > 0 && plan.total_steps != state.total_steps) {
@@ -373,7 +371,7 @@ struct Trainer::Impl {
     const auto states = pg->allgather(generator_state().to(pg->device()));
     // Whole on rank 0 (gathered from the owners under ZeRO), whatever the stage.
     const StateDict optimizer_state =
-        zero != nullptr ? zero->consolidated_state_dict()
+        zero != nullptr   ? zero->consolidated_state_dict()
         : world.rank == 0 ? optimizer_state_dict(*optimizer, module_tensors(*model, false))
                           : StateDict{};
     const std::string problem = rank0_outcome(*pg, [&] {

@@ -36,13 +36,11 @@
 // (LibTorch 1's Gloo, hierarchical) the bucket is all-reduced as it is: the
 // same bits too, at stage 0's traffic. A native reduce-scatter of another
 // backend (NCCL, MPI, LibTorch 2's Gloo) sums in its own order: with 3 or
-// more ranks the last bits may differ from its all-reduce's. After backward the other ranks' gradients
-// of a parameter are released (.grad undefined).
-// Clipping and the reported norm: each owner computes its gradients' norms,
-// an all-reduce of [norms, present] (exact: one non-zero term per entry)
-// gives every rank all of them, and the total is the 2-norm of that vector
-// in parameter order, as torch::nn::utils::clip_grad_norm_ computes it:
-// the same bits as without sharding.
+// more ranks the last bits may differ from its all-reduce's. After backward the other ranks'
+// gradients of a parameter are released (.grad undefined). Clipping and the reported norm: each
+// owner computes its gradients' norms, an all-reduce of [norms, present] (exact: one non-zero term
+// per entry) gives every rank all of them, and the total is the 2-norm of that vector in parameter
+// order, as torch::nn::utils::clip_grad_norm_ computes it: the same bits as without sharding.
 // Checkpoints: the owners' state is gathered on rank 0 (one broadcast per
 // state tensor from its owner; checkpoint time only) into the state dict
 // optimizer_state_dict() writes for an unsharded optimizer, in parameter
@@ -69,8 +67,7 @@ std::vector<int> zero_partition(const std::vector<at::Tensor>& params, int world
 
 namespace {
 
-std::vector<torch::optim::OptimizerParamGroup> all_of(
-    const ZeroOptimizer::NamedTensors& named) {
+std::vector<torch::optim::OptimizerParamGroup> all_of(const ZeroOptimizer::NamedTensors& named) {
   std::vector<at::Tensor> params;
   for (const auto& [name, p] : named) params.push_back(p);
   return {torch::optim::OptimizerParamGroup(params)};
@@ -218,9 +215,8 @@ ZeroOptimizer::NamedTensors ZeroOptimizer::consolidated_state_dict() {
       const std::string key = name + "." + kFields[field];
       if (field == kStepField) {
         if (pg_->rank() == 0)
-          gathered.push_back({static_cast<size_t>(p), {key, at::scalar_tensor(
-                                                                m[3 * e + 2].item<int64_t>(),
-                                                                at::kLong)}});
+          gathered.push_back({static_cast<size_t>(p),
+                              {key, at::scalar_tensor(m[3 * e + 2].item<int64_t>(), at::kLong)}});
         continue;
       }
       at::Tensor t = r == pg_->rank() ? mine[static_cast<size_t>(e)].second.contiguous().clone()
@@ -257,9 +253,10 @@ class ZeroGradHook : public CommHook {
       // optim.zero 0 bit for bit; the owners keep their part.
       if (!said_) {
         said_ = true;
-        spdlog::info("optim.zero: 2: the {} backend has no reduce-scatter here: each bucket is "
-                     "all-reduced (the traffic of optim.zero 0), the gradients still sharded",
-                     pg.backend().getBackendName());
+        spdlog::info(
+            "optim.zero: 2: the {} backend has no reduce-scatter here: each bucket is "
+            "all-reduced (the traffic of optim.zero 0), the gradients still sharded",
+            pg.backend().getBackendName());
       }
       return {pg.allreduce_async(bucket.buffer, ReduceKind::kSum), nullptr, nullptr,
               static_cast<int64_t>(bucket.buffer.nbytes())};

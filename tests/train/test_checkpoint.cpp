@@ -11,8 +11,8 @@
 
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/optim.h"
-#include "lockstep/util/module_tensors.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/module_tensors.h"
 #include "lockstep/util/sha256.h"
 
 using namespace lockstep;

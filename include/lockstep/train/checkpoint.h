@@ -79,9 +79,9 @@ class Checkpointer {
   // `best`: into checkpoints/best instead (not rotated; the previous best
   // replaced by rename), with best.yaml (metric, value, step) in its
   // MANIFEST.
-  std::string save(const TrainerState& state, const StateDict& model,
-                   const StateDict& optimizer, const at::Tensor& rng_states,
-                   const std::string& config_yaml, const std::string& best_yaml = "");
+  std::string save(const TrainerState& state, const StateDict& model, const StateDict& optimizer,
+                   const at::Tensor& rng_states, const std::string& config_yaml,
+                   const std::string& best_yaml = "");
 
   // The newest checkpoint folder, whether or not it verifies.
   std::optional<std::string> newest() const;
@@ -89,7 +89,7 @@ class Checkpointer {
   struct Loaded {
     TrainerState state;
     StateDict model;
-    StateDict optimizer;        // empty when `legacy_optimizer`
+    StateDict optimizer;            // empty when `legacy_optimizer`
     bool legacy_optimizer = false;  // an archive, loaded into the optimizer given
     at::Tensor rng_states;
     std::string folder;
