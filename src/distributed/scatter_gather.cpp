@@ -19,6 +19,7 @@ std::string shape_text(const at::Tensor& t) {
 }  // namespace
 
 bool ProcessGroup::reduce_scatter_native() const {
+  if (reduce_scatter_refused_) return false;
   switch (kind_) {
     case BackendKind::kShm:
     case BackendKind::kNccl:
@@ -68,7 +69,20 @@ ProcessGroup::Scattering ProcessGroup::reduce_scatter_async(at::Tensor& output,
       std::vector<std::vector<at::Tensor>> inputs{flat.view({size_, -1}).unbind(0)};
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
-      s.work = backend_->reduce_scatter(outputs, inputs, options);
+      try {
+        s.work = backend_->reduce_scatter(outputs, inputs, options);
+      } catch (const std::exception& e) {
+        // Older ProcessGroupMPI refuses at the call, on every rank alike.
+        if (what_of(e).find("does not support") == std::string::npos) throw;
+        reduce_scatter_refused_ = true;
+        spdlog::info("mpi refused the reduce-scatter ({}): all-reduce and slice from now on",
+                     what_of(e).substr(0, 80));
+        s.staged = flat.clone();
+        std::vector<at::Tensor> tensors{s.staged};
+        c10d::AllreduceOptions all;
+        all.reduceOp = c10d::ReduceOp::SUM;
+        s.work = backend_->allreduce(tensors, all);
+      }
     } else {
       at::Tensor out = output;
       c10d::ReduceScatterOptions options;

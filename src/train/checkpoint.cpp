@@ -280,13 +280,17 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
     if (state["total_steps"]) loaded.state.total_steps = state["total_steps"].as<int64_t>();
     loaded.state.model = state["model"].as<std::string>();
     const auto& st = loaded.state;
-    if (st.step < 0 || st.epoch < 0 || st.batch_in_epoch < 0 || st.epoch_offset < 0 ||
-        st.world_size < 1 || st.zero < 0 || st.zero > 2 || st.batch_size < 0 ||
-        st.accumulation_steps < 0 || st.total_steps < 0) {
+    const int64_t kBig = int64_t{1} << 53, kCount = int64_t{1} << 31;
+    const auto within = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+    if (!within(st.step, 0, kBig) || !within(st.epoch, 0, kBig) ||
+        !within(st.batch_in_epoch, 0, kBig) || !within(st.epoch_offset, 0, kBig) ||
+        !within(st.total_steps, 0, kBig) || !within(st.world_size, 1, 1 << 20) ||
+        !within(st.zero, 0, 2) || !within(st.batch_size, 0, kCount) ||
+        !within(st.accumulation_steps, 0, kCount)) {
       throw YAML::Exception(state.Mark(),
-                            "a negative step, epoch, batch_in_epoch, epoch_offset, "
-                            "batch_size, accumulation_steps or total_steps, a world_size below 1, "
-                            "or a zero outside 0..2");
+                            "a value out of range: step, epoch, batch_in_epoch, epoch_offset and "
+                            "total_steps in [0, 2^53], world_size in [1, 2^20], zero in [0, 2], "
+                            "batch_size and accumulation_steps in [0, 2^31]");
     }
     const auto watch = [&](const char* key, MetricWatch& w) {
       if (const YAML::Node node = state[key]) {

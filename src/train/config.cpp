@@ -592,15 +592,18 @@ void config_validate(const Config& c, int world_size) {
   if (world_size < 1) throw ConfigError("world size must be >= 1");
   if (c.ddp.comm_hook == "powersgd") powersgd_validate(powersgd_options_from_config(c.ddp));
   if (c.optim.zero == 2 && c.ddp.comm_hook != "allreduce") {
-    throw ConfigError("optim.zero: 2 exchanges the gradients by reduce-scatter, so it takes no "
-                      "ddp.comm_hook (it is '" + c.ddp.comm_hook +
-                      "'); use optim.zero: 1 with a comm hook");
+    throw ConfigError(
+        "optim.zero: 2 exchanges the gradients by reduce-scatter, so it takes no "
+        "ddp.comm_hook (it is '" +
+        c.ddp.comm_hook + "'); use optim.zero: 1 with a comm hook");
   }
   if (c.optim.zero > 0 && c.check.optimizer_state) {
-    throw ConfigError("check.optimizer_state compares the optimizer state across ranks, but "
-                      "with optim.zero: " + std::to_string(c.optim.zero) +
-                      " each rank holds a different share of it; turn one of them off (the "
-                      "weights are still checked)");
+    throw ConfigError(
+        "check.optimizer_state compares the optimizer state across ranks, but "
+        "with optim.zero: " +
+        std::to_string(c.optim.zero) +
+        " each rank holds a different share of it; turn one of them off (the "
+        "weights are still checked)");
   }
   // The per-epoch step count needs the dataset: the trainer checks it
   // (global batch = data.batch_size x world x train.accumulation_steps).

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
+#include <sys/resource.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -161,8 +163,8 @@ struct Trainer::Impl {
 
   void build_optimizer() {
     if (config.optim.zero > 0) {
-      auto sharded = std::make_unique<ZeroOptimizer>(
-          pg, config.optim, module_tensors(*model, false), static_cast<int>(config.optim.zero));
+      auto sharded = std::make_unique<ZeroOptimizer>(pg, config.optim, trainable_parameters(*model),
+                                                     static_cast<int>(config.optim.zero));
       zero = sharded.get();
       const auto elements = zero->owned_elements();
       int64_t all = 0, owned = 0;
@@ -228,6 +230,7 @@ struct Trainer::Impl {
     const int64_t acc =
         state.accumulation_steps > 0 ? state.accumulation_steps : config.train.accumulation_steps;
     const int64_t old_micro = micro_of(old, state.epoch_offset, bs, acc);
+    // batch_in_epoch < old_micro <= (dataset / bs + 1): no overflow below.
     if (state.batch_in_epoch >= old_micro) {  // the epoch was complete
       ++state.epoch;
       state.epoch_offset = 0;
@@ -282,7 +285,7 @@ struct Trainer::Impl {
         if (zero != nullptr) {
           zero->load_state_dict(loaded.optimizer, source);
         } else {
-          optimizer_load_state_dict(*optimizer, module_tensors(*model, false), loaded.optimizer, {},
+          optimizer_load_state_dict(*optimizer, trainable_parameters(*model), loaded.optimizer, {},
                                     source);
         }
         return 0;
@@ -304,15 +307,23 @@ struct Trainer::Impl {
                               std::to_string(state.epoch + 1) + ", after micro-batch " +
                               std::to_string(state.batch_in_epoch) + ")";
     std::string changed;
-    if (old_world != world.world_size) {
+    const int64_t old_bs = state.batch_size > 0 ? state.batch_size : config.data.batch_size;
+    const int64_t old_acc =
+        state.accumulation_steps > 0 ? state.accumulation_steps : config.train.accumulation_steps;
+    // Another world size, batch size or accumulation: the rest of the epoch
+    // is dealt anew (Note [Elastic resume]).
+    if (old_world != world.world_size || old_bs != config.data.batch_size ||
+        old_acc != config.train.accumulation_steps) {
       const int64_t before_epoch = state.epoch;
-      const int64_t old_batch = (state.batch_size > 0 ? state.batch_size : config.data.batch_size) *
-                                old_world *
-                                (state.accumulation_steps > 0 ? state.accumulation_steps
-                                                              : config.train.accumulation_steps);
+      // In double: a hostile state.yaml must not overflow a message.
+      const double old_batch = static_cast<double>(old_bs) * static_cast<double>(old_world) *
+                               static_cast<double>(old_acc);
       remap_epoch(old_world);
-      changed += "; written by " + std::to_string(old_world) + " rank(s), now " +
-                 std::to_string(world.world_size) + ": ";
+      changed += "; written by " + std::to_string(old_world) + " rank(s) x data.batch_size " +
+                 std::to_string(old_bs) + " x train.accumulation_steps " + std::to_string(old_acc) +
+                 ", now " + std::to_string(world.world_size) + " x " +
+                 std::to_string(config.data.batch_size) + " x " +
+                 std::to_string(config.train.accumulation_steps) + ": ";
       if (state.epoch != before_epoch) {
         changed += "its epoch was complete, epoch " + std::to_string(state.epoch + 1) +
                    " starts on the new ranks";
@@ -324,7 +335,7 @@ struct Trainer::Impl {
       }
       const int64_t new_batch =
           config.data.batch_size * world.world_size * config.train.accumulation_steps;
-      changed += "; global batch " + std::to_string(old_batch) + " -> " + std::to_string(new_batch);
+      changed += "; global batch " + number_text(old_batch) + " -> " + std::to_string(new_batch);
     }
     if (state.zero != config.optim.zero) {
       changed +=
@@ -372,7 +383,7 @@ struct Trainer::Impl {
     // Whole on rank 0 (gathered from the owners under ZeRO), whatever the stage.
     const StateDict optimizer_state =
         zero != nullptr   ? zero->consolidated_state_dict()
-        : world.rank == 0 ? optimizer_state_dict(*optimizer, module_tensors(*model, false))
+        : world.rank == 0 ? optimizer_state_dict(*optimizer, trainable_parameters(*model))
                           : StateDict{};
     const std::string problem = rank0_outcome(*pg, [&] {
       std::vector<at::Tensor> rows;
@@ -682,6 +693,23 @@ TrainResult Trainer::run() {
     const std::string path = s.run_dir + "/trace_rank" + std::to_string(s.world.rank) + ".json";
     s.tracer->write(path);
     spdlog::info("trace: {}", path);
+  }
+  {
+    // What ZeRO saves, per rank (docs/zero.md's table reads these lines).
+    int64_t state_bytes = 0;
+    if (s.zero != nullptr) {
+      state_bytes = s.zero->state_bytes();
+    } else {
+      for (const auto& t : optimizer_state_tensors(*s.optimizer, trainable_parameters(*s.model)))
+        state_bytes += static_cast<int64_t>(t.tensor.nbytes());
+    }
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    spdlog::info(
+        "memory: optimizer state {:.1f} MiB on this rank (optim.zero {}); peak resident "
+        "{:.1f} MiB",
+        static_cast<double>(state_bytes) / (1 << 20), s.config.optim.zero,
+        static_cast<double>(usage.ru_maxrss) / 1024.0);
   }
   result.steps = s.state.step;
   result.fingerprint =

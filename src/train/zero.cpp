@@ -152,12 +152,14 @@ at::Tensor ZeroOptimizer::grad_norms() {
   at::Tensor norms;  // this rank's, in the gradients' dtype
   std::vector<at::Tensor> parts(static_cast<size_t>(n));
   std::vector<float> present(static_cast<size_t>(n), 0.0f);
-  at::ScalarType dtype = at::kFloat;
+  // The norms' dtype, the same on every rank: the parameters' (promoted),
+  // as torch::stack would make it of all the norms.
+  at::ScalarType dtype = named_.empty() ? at::kFloat : named_.front().second.scalar_type();
+  for (const auto& [name, p] : named_) dtype = at::promoteTypes(dtype, p.scalar_type());
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor& g = named_[static_cast<size_t>(i)].second.grad();
     if (owns(static_cast<size_t>(i)) && g.defined()) {
       parts[static_cast<size_t>(i)] = g.detach().norm(2);
-      dtype = g.scalar_type();
       present[static_cast<size_t>(i)] = 1.0f;
     }
   }
@@ -289,15 +291,22 @@ class ZeroGradHook : public CommHook {
 
  private:
   struct Packing {
+    std::vector<int64_t> params, offsets;  // the bucket it was made for
     at::Tensor input, output;
     std::vector<int64_t> at;  // each gradient's place in `input`
     std::vector<std::tuple<int64_t, int64_t, int64_t>> mine;
   };
 
   Packing& packing(const GradBucket& bucket, int world) {
+    // DDP rebuilds its buckets once, in the order gradients arrived: a
+    // bucket of the same index may then hold other parameters.
     auto it = packings_.find(bucket.index);
-    if (it != packings_.end() && it->second.at.size() == bucket.params.size()) return it->second;
+    if (it != packings_.end() && it->second.params == bucket.params &&
+        it->second.offsets == bucket.offsets)
+      return it->second;
     Packing p;
+    p.params = bucket.params;
+    p.offsets = bucket.offsets;
     std::vector<int64_t> fill(static_cast<size_t>(world), 0);
     for (size_t j = 0; j < bucket.params.size(); ++j)
       fill[static_cast<size_t>(owners_.at(static_cast<size_t>(bucket.params[j])))] +=

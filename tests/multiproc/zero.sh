@@ -83,12 +83,12 @@ train el 3 "${common[@]}" --set data.batch_size=32 --set train.max_steps=25 --se
   --set checkpoint.resume=auto --set optim.zero=2
 rc=$?
 expect_eq "$rc" 0 "a 2-rank checkpoint resumes on 3 ranks (optim.zero 2)"
-expect_grep "$WORK/el.out" "resumed from .*step_00000020 at step 20 .*written by 2 rank\(s\), now 3: the rest of epoch 2 \(958 samples from position 480 of its order\).*global batch 96 -> 96; optim.zero 0 -> 2" \
+expect_grep "$WORK/el.out" "resumed from .*step_00000020 at step 20 .*written by 2 rank\(s\) x data.batch_size 48 x train.accumulation_steps 1, now 3 x 32 x 1: the rest of epoch 2 \(958 samples from position 480 of its order\).*global batch 96 -> 96; optim.zero 0 -> 2" \
   "the resume message says what changed (ranks, the epoch's remaining samples, the stage)"
 train el 1 "${common[@]}" --set data.batch_size=96 --set train.max_steps=29 \
   --set checkpoint.resume=auto --set optim.zero=1
 expect_eq "$?" 0 "the 3-rank checkpoint resumes on 1 rank"
-expect_grep "$WORK/el.out" "written by 3 rank\(s\), now 1: the rest of epoch 2 \(478 samples from position 960" \
+expect_grep "$WORK/el.out" "written by 3 rank\(s\) x data.batch_size 32 x train.accumulation_steps 1, now 1 x 96 x 1: the rest of epoch 2 \(478 samples from position 960" \
   "3 -> 1: the position carries over (480 + 5 steps x 96)"
 diff=$($PY - "$runs/whole/checkpoints/step_00000029/model.pt" "$runs/el/checkpoints/step_00000029/model.pt" <<'PY'
 import sys, torch
@@ -98,6 +98,12 @@ print(max((a[k] - b[k]).abs().max().item() for k in a))
 PY
 )
 expect_lt "$diff" 1e-6 "2 -> 3 -> 1 ranks inside an epoch: the weights within 1e-6 of the uninterrupted run"
+# The same ranks, another batch size: re-mapped as well (not skipped by
+# counting the new size's batches).
+train bs 2 "${common[@]}" --set data.batch_size=48 --set train.max_steps=20 --set checkpoint.every=20
+train bs 2 "${common[@]}" --set data.batch_size=24 --set train.max_steps=22 --set checkpoint.resume=auto
+expect_grep "$WORK/bs.out" "now 2 x 24 x 1: the rest of epoch 2 \(958 samples from position 480" \
+  "the same world with another data.batch_size: the epoch is re-mapped from position 480"
 # The same steps on another sample order (unshuffled) are far: the bound is not loose.
 train other 2 "${common[@]}" --set data.batch_size=48 --set train.max_steps=29 --set data.shuffle=false
 far=$($PY - "$runs/whole/checkpoints/step_00000029/model.pt" "$runs/other/checkpoints/step_00000029/model.pt" <<'PY'

@@ -11,6 +11,7 @@
 #include <torch/optim/adam.h>
 #include "support/catch.h"
 
+#include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/train/zero.h"
 #include "support/thread_world.h"
@@ -191,7 +192,7 @@ ZeroRun zero_run(ProcessGroup& pg, const ZeroOptimizer::NamedTensors& start,
 }  // namespace
 
 TEST_CASE(
-    "ZeroOptimizer: steps, state and norms equal one unsharded Adam's; resumes on "
+    "ZeroOptimizer: steps, state and norms equal one unsharded Adam's, and resume on "
     "another world size",
     "[zero]") {
   const auto start = model_params();
@@ -284,4 +285,54 @@ TEST_CASE(
   for (const auto& o : refused)
     CHECK_THAT(o.result,
                lockstep::testing::Contains("forged.pt: 'nope.exp_avg' names no parameter"));
+}
+
+TEST_CASE("zero stage 2 hook: each owner gets its sums, also after DDP rebuilds a bucket",
+          "[zero]") {
+  // Parameter 0 has 5 elements, parameter 1 has 3: on 2 ranks 0 is rank 0's,
+  // 1 is rank 1's. The bucket of index 0 first holds [0, 1], then (as after
+  // DDP's rebuild in arrival order) [1, 0].
+  const std::vector<int> owners{0, 1};
+  const std::vector<int64_t> sizes{5, 3};
+  std::vector<at::Tensor> grads;  // rank r's gradient of parameter p: grads[2 r + p]
+  for (int r = 0; r < 2; ++r)
+    for (int64_t n : sizes) grads.push_back(at::randn({n}));
+  auto outcomes = run_ranks<std::vector<at::Tensor>>(
+      2,
+      [&](ProcessGroup& pg) {
+        auto hook = zero_grad_hook(owners, pg.rank());
+        std::vector<at::Tensor> out;
+        for (const std::vector<int64_t>& order :
+             {std::vector<int64_t>{0, 1}, std::vector<int64_t>{1, 0}, std::vector<int64_t>{0, 1}}) {
+          GradBucket b;
+          b.index = 0;
+          b.count = 1;
+          b.buffer = at::empty({8});
+          int64_t at_ = 0;
+          for (int64_t p : order) {
+            const auto& g = grads[static_cast<size_t>(2 * pg.rank() + p)];
+            b.buffer.narrow(0, at_, g.numel()).copy_(g);
+            b.gradients.push_back(b.buffer.narrow(0, at_, g.numel()));
+            b.offsets.push_back(at_);
+            b.params.push_back(p);
+            at_ += g.numel();
+          }
+          auto work = hook->run_bucket(pg, b);
+          pg.wait(work.work, "bucket");
+          if (work.finish) work.finish();
+          // This rank's own parameter, wherever the bucket put it.
+          const int64_t mine = pg.rank();
+          const size_t slot = order[0] == mine ? 0 : 1;
+          out.push_back(
+              b.buffer.narrow(0, b.offsets[slot], sizes[static_cast<size_t>(mine)]).clone());
+        }
+        return out;
+      },
+      kTimeout, BackendKind::kShm);
+  require_ok(outcomes);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    const auto want = grads[static_cast<size_t>(r)] + grads[static_cast<size_t>(2 + r)];
+    for (const auto& got : outcomes[static_cast<size_t>(r)].result) CHECK(at::equal(got, want));
+  }
 }

@@ -146,6 +146,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::string roll_call_answer_;
   Ptr<C10dStore> check_store_;
   std::chrono::milliseconds check_timeout_{0};
+  // A backend that refused a reduce-scatter at run time (MPI before
+  // PyTorch implemented it): the fallback from then on.
+  bool reduce_scatter_refused_ = false;
 };
 
 // Implemented by process_group_nccl.cpp (CUDA LibTorch) or

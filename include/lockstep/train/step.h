@@ -4,10 +4,10 @@
 //   for each of train.accumulation_steps micro-batches (no_sync but the last):
 //     hooks.around_forward( forward through DDP, loss )     autocast
 //     backward of hooks.scale_loss(loss) / accumulation     loss scaling
+//   hooks.after_backward                                     ZeRO-2's release
 //   verdicts of earlier checks (StepChecks::before_update), before the
 //     weights change
 //   hooks.before_clip                                        unscale_
-//   hooks.after_backward                                     ZeRO-2's release
 //   learning rate of the schedule; the gradient norm; clip by value, by norm
 //   hooks.optimizer_step, or optimizer.step()               skip, sharded step
 //   the per-step check started (check.every)

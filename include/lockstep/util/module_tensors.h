@@ -22,4 +22,10 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 NamedTensors module_tensors(const torch::nn::Module& module, bool buffers,
                             const std::string& buffer_prefix = "");
 
+// The parameters DDP reduces, in its order: each once (a tied parameter
+// under the first name it was registered with), only those that require a
+// gradient. ZeRO partitions these (train/zero.h), so that its indices are
+// the Reducer's.
+NamedTensors trainable_parameters(const torch::nn::Module& module);
+
 }  // namespace lockstep
