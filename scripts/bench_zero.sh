@@ -3,7 +3,8 @@
 # an MLP of ~54M parameters (784, four hidden layers of 4096, 10) trained
 # with Adam on synthetic data by NPROC ranks, optim.zero 0, 1 and 2
 # alternated over ROUNDS rounds. Per stage and rank: the optimizer state it
-# holds and its peak resident memory (the trainer's closing "memory:" line),
+# holds and its peak resident memory while training, before the run's last
+# checkpoint (the trainer's closing "memory:" line),
 # and the mean step time (metrics.jsonl: forward + backward + comm_wait +
 # optimizer) over the steps after the first two.
 #   scripts/bench_zero.sh [BUILD_DIR]
@@ -38,7 +39,7 @@ done
 /usr/bin/python3 - "$work" "$ROUNDS" "$NPROC" <<'PY'
 import glob, json, re, statistics, sys
 work, rounds, nproc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-mem = re.compile(r"\[rank(\d+)\].*memory: optimizer state ([0-9.]+) MiB .*peak resident ([0-9.]+) MiB")
+mem = re.compile(r"\[rank(\d+)\].*memory: optimizer state ([0-9.]+) MiB .*peak resident ([0-9.]+) MiB while training")
 params = re.compile(r"model: mlp with (\d+) parameters")
 print(f"{'optim.zero':>10} | {'state MiB/rank':>22} | {'peak RSS MiB/rank':>22} | {'step ms':>8} | {'vs zero 0':>9}")
 base = None

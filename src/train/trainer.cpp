@@ -65,6 +65,7 @@ struct Trainer::Impl {
   std::shared_ptr<Tracer> tracer;  // log.trace
   std::optional<Fault> fault;      // LOCKSTEP_FAULT, read once the world is known
   std::string last_checkpoint;
+  long training_peak_kib = 0;  // peak resident memory after the last step
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;  // register_callback
 
   // ------------------------------------------------------------ lifecycle
@@ -547,6 +548,9 @@ struct Trainer::Impl {
     }
     in.add(stats);
     ++state.step;
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    training_peak_kib = usage.ru_maxrss;  // before this step's checkpoint, if any
     return stats;
   }
 };
@@ -707,8 +711,9 @@ TrainResult Trainer::run() {
     getrusage(RUSAGE_SELF, &usage);
     spdlog::info(
         "memory: optimizer state {:.1f} MiB on this rank (optim.zero {}); peak resident "
-        "{:.1f} MiB",
+        "{:.1f} MiB while training, {:.1f} MiB in all (checkpoints included)",
         static_cast<double>(state_bytes) / (1 << 20), s.config.optim.zero,
+        static_cast<double>(s.training_peak_kib) / 1024.0,
         static_cast<double>(usage.ru_maxrss) / 1024.0);
   }
   result.steps = s.state.step;

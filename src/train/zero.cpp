@@ -31,7 +31,10 @@
 // Stage 2: each bucket is reduce-scattered instead (ZeroGradHook): packed
 // into one equal-sized chunk per owner (the largest owner's share, zero
 // padded), so the owner receives the sum of its gradients and no rank
-// receives the others'. The reduce-scatter sums in rank order on shm, as its
+// receives the others'. A bucket whose padded input would exceed its size
+// by more than a quarter (one owner holds most of it, e.g. a large
+// parameter alone in its bucket) is all-reduced instead: about the same
+// traffic, and no packing buffer. The reduce-scatter sums in rank order on shm, as its
 // all-reduce does: the same bits. Where the backend has no reduce-scatter
 // (LibTorch 1's Gloo, hierarchical) the bucket is all-reduced as it is: the
 // same bits too, at stage 0's traffic. A native reduce-scatter of another
@@ -265,6 +268,12 @@ class ZeroGradHook : public CommHook {
     }
     const int world = pg.size();
     Packing& pack = packing(bucket, world);
+    if (!pack.scatter) {
+      // One owner holds most of the bucket (a large parameter alone in
+      // it): the padded reduce-scatter would move more than the all-reduce.
+      return {pg.allreduce_async(bucket.buffer, ReduceKind::kSum), nullptr, nullptr,
+              static_cast<int64_t>(bucket.buffer.nbytes())};
+    }
     at::NoGradGuard no_grad;
     pack.input.zero_();
     for (size_t j = 0; j < bucket.params.size(); ++j) {
@@ -292,6 +301,7 @@ class ZeroGradHook : public CommHook {
  private:
   struct Packing {
     std::vector<int64_t> params, offsets;  // the bucket it was made for
+    bool scatter = true;                   // false: the bucket is all-reduced
     at::Tensor input, output;
     std::vector<int64_t> at;  // each gradient's place in `input`
     std::vector<std::tuple<int64_t, int64_t, int64_t>> mine;
@@ -321,8 +331,15 @@ class ZeroGradHook : public CommHook {
       if (owner == me) p.mine.emplace_back(bucket.offsets[j], fill[static_cast<size_t>(owner)], n);
       fill[static_cast<size_t>(owner)] += n;
     }
-    p.input = at::zeros({chunk * world}, bucket.buffer.options());
-    p.output = at::empty({chunk}, bucket.buffer.options());
+    // A reduce-scatter moves (world - 1) / world of its padded input per
+    // rank, an all-reduce 2 (world - 1) / world of the bucket, and the
+    // packed input is one more buffer of that size: scatter only when the
+    // padding adds at most a quarter (the owners' shares nearly even).
+    p.scatter = chunk * world * 4 <= bucket.buffer.numel() * 5;
+    if (p.scatter) {
+      p.input = at::zeros({chunk * world}, bucket.buffer.options());
+      p.output = at::empty({chunk}, bucket.buffer.options());
+    }
     return packings_[bucket.index] = std::move(p);
   }
   std::vector<int> owners_;
