@@ -3,7 +3,8 @@
 # 1. the digits on 2 and 3 ranks with SGD (momentum), Adam and AdamW, with
 #    gradient clipping: optim.zero 1 and 2 end with final weights
 #    bit-identical to optim.zero 0 (the fingerprint "final weights"); so
-#    does the benchmark MLP (784-1024-1024-10 on synthetic data), 2 ranks;
+#    does the benchmark MLP (784-1024-1024-10 on synthetic data), 2 ranks,
+#    and a bf16 run with gradient accumulation;
 # 2. the checkpointed optimizer state is the same file whatever the stage
 #    (optimizer.pt of zero 0, 1 and 2 byte-identical), torch.load reads it,
 #    and it holds every parameter's state;
@@ -54,6 +55,14 @@ for z in 0 1 2; do
 done
 expect_eq "$(weights mlp-1)" "$(weights mlp-0)" "the benchmark MLP (1.9M parameters, Adam): optim.zero 1 = 0"
 expect_eq "$(weights mlp-2)" "$(weights mlp-0)" "the benchmark MLP: optim.zero 2 = 0"
+
+# bf16 autocast with gradient accumulation (no_sync) and clipping.
+for z in 0 1 2; do
+  train "bf16-$z" 2 --set optim.zero=$z --set train.precision=bf16 --set train.accumulation_steps=2 \
+    --set train.clip_grad_norm=1 --set train.max_steps=30
+done
+expect_eq "$(weights bf16-1)" "$(weights bf16-0)" "bf16, accumulation 2, clipping: optim.zero 1 = 0"
+expect_eq "$(weights bf16-2)" "$(weights bf16-0)" "bf16, accumulation 2, clipping: optim.zero 2 = 0"
 
 # 2. One optimizer.pt whatever the stage.
 ck() { echo "$runs/$1/checkpoints/step_00000040/optimizer.pt"; }
