@@ -32,15 +32,16 @@ class ZeroOptimizer : public torch::optim::Optimizer {
  public:
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-  // `named_params`: the model's parameters in DDP's order, with their state
-  // dict names. `stage` 1 or 2. Every rank constructs it alike.
+  // `named_params`: trainable_parameters(model) (util/module_tensors.h):
+  // DDP's parameters in its order, with their state dict names. `stage` 1 or 2. Every rank constructs it alike.
   ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig& config,
                 NamedTensors named_params, int stage);
   ~ZeroOptimizer() override;
 
   // The owner's step of its parameters (the learning rate of this object's
   // param group), then every parameter from its owner to all ranks.
-  // Collective.
+  // Collective: every rank calls it for every step. Not for uneven inputs
+  // (DdpCore::Join): a joined rank would not take part in the broadcasts.
   at::Tensor step(LossClosure closure = nullptr) override;
 
   int stage() const { return stage_; }
