@@ -133,6 +133,17 @@ bool field_of(Family f, const std::string& field) {
          field == "step";
 }
 
+// Adam's and AdamW's states have the same fields.
+template <typename State, typename Need, typename Optional>
+std::unique_ptr<State> adam_state(const Need& need, const Optional& optional) {
+  auto s = std::make_unique<State>();
+  s->step(need("step").template item<int64_t>());
+  s->exp_avg(need("exp_avg"));
+  s->exp_avg_sq(need("exp_avg_sq"));
+  s->max_exp_avg_sq(optional("max_exp_avg_sq"));
+  return s;
+}
+
 }  // namespace
 
 void optimizer_load_state_dict(torch::optim::Optimizer& optimizer, const NamedTensors& named_params,
@@ -187,19 +198,9 @@ void optimizer_load_state_dict(torch::optim::Optimizer& optimizer, const NamedTe
       s->momentum_buffer(need("momentum_buffer"));
       states[key] = std::move(s);
     } else if (family == Family::kAdam) {
-      auto s = std::make_unique<torch::optim::AdamParamState>();
-      s->step(need("step").item<int64_t>());
-      s->exp_avg(need("exp_avg"));
-      s->exp_avg_sq(need("exp_avg_sq"));
-      s->max_exp_avg_sq(optional("max_exp_avg_sq"));
-      states[key] = std::move(s);
+      states[key] = adam_state<torch::optim::AdamParamState>(need, optional);
     } else {
-      auto s = std::make_unique<torch::optim::AdamWParamState>();
-      s->step(need("step").item<int64_t>());
-      s->exp_avg(need("exp_avg"));
-      s->exp_avg_sq(need("exp_avg_sq"));
-      s->max_exp_avg_sq(optional("max_exp_avg_sq"));
-      states[key] = std::move(s);
+      states[key] = adam_state<torch::optim::AdamWParamState>(need, optional);
     }
   }
 }

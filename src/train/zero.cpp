@@ -152,38 +152,32 @@ void ZeroOptimizer::release_unowned_grads() {
 
 at::Tensor ZeroOptimizer::grad_norms() {
   const int64_t n = static_cast<int64_t>(named_.size());
-  at::Tensor norms;  // this rank's, in the gradients' dtype
-  std::vector<at::Tensor> parts(static_cast<size_t>(n));
-  std::vector<float> present(static_cast<size_t>(n), 0.0f);
   // The norms' dtype, the same on every rank: the parameters' (promoted),
   // as torch::stack would make it of all the norms.
   at::ScalarType dtype = named_.empty() ? at::kFloat : named_.front().second.scalar_type();
   for (const auto& [name, p] : named_) dtype = at::promoteTypes(dtype, p.scalar_type());
+  std::vector<int64_t> mine;  // this rank's parameters with a gradient
+  std::vector<at::Tensor> norms;
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor& g = named_[static_cast<size_t>(i)].second.grad();
     if (owns(static_cast<size_t>(i)) && g.defined()) {
-      parts[static_cast<size_t>(i)] = g.detach().norm(2);
-      present[static_cast<size_t>(i)] = 1.0f;
+      mine.push_back(i);
+      norms.push_back(g.detach().norm(2).to(at::kDouble));
     }
   }
   const auto device = pg_->device();
+  // [norms, present]: doubles carry a float's or a bfloat16's norm exactly,
+  // and each entry has one non-zero term, so the sum is exact too.
   at::Tensor packed = at::zeros({2 * n}, at::TensorOptions().dtype(at::kDouble).device(device));
-  // Doubles carry a float's or a bfloat16's norm exactly; one non-zero
-  // term per entry, so the sum is exact too.
-  for (int64_t i = 0; i < n; ++i) {
-    if (parts[static_cast<size_t>(i)].defined()) {
-      packed[i].copy_(parts[static_cast<size_t>(i)].to(at::kDouble));
-      packed[n + i].fill_(1.0);
-    }
+  if (!mine.empty()) {
+    const auto at_ = at::tensor(mine, at::kLong).to(device);
+    packed.index_copy_(0, at_, at::stack(norms));
+    packed.index_fill_(0, at_ + n, 1.0);
   }
   pg_->allreduce(packed, ReduceKind::kSum);
-  std::vector<int64_t> keep;
-  const auto flags = packed.narrow(0, n, n).cpu();
-  for (int64_t i = 0; i < n; ++i)
-    if (flags[i].item<double>() != 0) keep.push_back(i);
-  if (keep.empty()) return at::Tensor();
-  norms = packed.index_select(0, at::tensor(keep, at::kLong).to(device)).to(dtype);
-  return norms;
+  const auto keep = packed.narrow(0, n, n).nonzero().view({-1});
+  if (keep.numel() == 0) return at::Tensor();
+  return packed.index_select(0, keep).to(dtype);
 }
 
 ZeroOptimizer::NamedTensors ZeroOptimizer::consolidated_state_dict() {

@@ -33,7 +33,8 @@ class ZeroOptimizer : public torch::optim::Optimizer {
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
   // `named_params`: trainable_parameters(model) (util/module_tensors.h):
-  // DDP's parameters in its order, with their state dict names. `stage` 1 or 2. Every rank constructs it alike.
+  // DDP's parameters in its order, with their state dict names. `stage` 1 or 2. Every rank
+  // constructs it alike.
   ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig& config,
                 NamedTensors named_params, int stage);
   ~ZeroOptimizer() override;
