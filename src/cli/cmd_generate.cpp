@@ -3,6 +3,7 @@
 // (data.name: text) read the prompt as UTF-8 bytes and print text; models
 // trained on token ids (data.name: tokens) take and print ids, since
 // lockstep has no tokenizer.
+#include <cerrno>
 #include <cstdio>
 #include <sstream>
 
@@ -19,9 +20,11 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   std::stringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     char* end = nullptr;
+    errno = 0;
     const long long value = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < 0)
-      throw ConfigError("--prompt-tokens: '" + item + "' is not a token id (in '" + text + "')");
+    if (item.empty() || *end != '\0' || value < 0 || errno == ERANGE)
+      throw ConfigError("--prompt-tokens: '" + item.substr(0, 40) +
+                        "' is not a token id (a whole number from 0 to the vocabulary's size)");
     ids.push_back(value);
   }
   return ids;
@@ -39,7 +42,7 @@ int cmd_generate(int argc, char** argv) {
         ("prompt", "text to continue (data.name: text models)", cxxopts::value<std::string>())
         ("prompt-tokens", "token ids to continue, comma-separated (data.name: tokens models)", cxxopts::value<std::string>())
         ("max-new-tokens", "tokens to draw", cxxopts::value<int64_t>()->default_value("256"))
-        ("temperature", "divides the logits; 0: greedy", cxxopts::value<double>()->default_value("0.8"))
+        ("temperature", "divides the logits; 0 (or below 1e-5): greedy", cxxopts::value<double>()->default_value("0.8"))
         ("top-k", "draw among the k likeliest tokens only (0: all)", cxxopts::value<int64_t>()->default_value("0"))
         ("seed", "the same seed, the same text", cxxopts::value<uint64_t>()->default_value("0"))
         ("h,help", "this help");
@@ -73,6 +76,7 @@ int cmd_generate(int argc, char** argv) {
     sample.temperature = args["temperature"].as<double>();
     sample.top_k = args["top-k"].as<int64_t>();
     sample.seed = args["seed"].as<uint64_t>();
+    gpt_sample_check(*loaded.model, prompt, sample);  // before any output
     Utf8Stream text([](const std::string& s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);

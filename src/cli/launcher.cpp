@@ -119,7 +119,25 @@ struct Worker {
   Stream streams[2];
   std::deque<std::string> tail;
   int log_fd = -1;
+  // Its first error line (lockstep's "[time] [error] ..."): the worker's own
+  // timestamp, and when it arrived here (Note [Root cause]).
+  std::string first_error_stamp;
+  double first_error_s = -1;
 };
+
+// Note [Root cause]
+// ~~~~~~~~~~~~~~~~~
+// The summary names one failure as the root cause, the others being its
+// echoes. The first worker to exit is not always the first to fail: exiting
+// takes LibTorch's teardown, and a consequence can exit sooner than its
+// cause (two jobs on one port: job B's rank 0 cannot bind and reports
+// "Address already in use", while its rank 1, connected to job A's store,
+// fails the handshake and exits first). So among the failed workers the
+// root cause is the one whose first error line is earliest: by the
+// timestamp lockstep's log lines carry (one host, one clock, millisecond
+// resolution; a tie goes to the lower rank, rank 0 hosting what the others
+// need), else by when the line arrived; a worker that printed no error line
+// (killed by a signal) falls back to the order of exits.
 
 class Attempt {
  public:
@@ -191,6 +209,36 @@ class Attempt {
     }
     w.tail.push_back(line);
     if (static_cast<int>(w.tail.size()) > options_.tail_lines) w.tail.pop_front();
+    if (w.first_error_s < 0 && (line.find("] [error] ") != std::string::npos ||
+                                line.find("] [critical] ") != std::string::npos)) {
+      w.first_error_s = elapsed_s();
+      // "[2026-12-02 05:23:52.123] [error] ...": the stamp sorts as text.
+      if (line.size() > 25 && line[0] == '[' && line[24] == ']')
+        w.first_error_stamp = line.substr(1, 23);
+    }
+  }
+
+  // Note [Root cause]: the failed worker whose first error came first.
+  int root_cause() const {
+    int root = first_failed_;
+    const auto failed = [](const Worker& w) {
+      return !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
+    };
+    const auto earlier = [](const Worker& a, const Worker& b) {
+      if (!a.first_error_stamp.empty() && !b.first_error_stamp.empty()) {
+        if (a.first_error_stamp != b.first_error_stamp)
+          return a.first_error_stamp < b.first_error_stamp;
+        return a.rank < b.rank;
+      }
+      return a.first_error_s < b.first_error_s;
+    };
+    if (root < 0 || workers_[static_cast<size_t>(root)].first_error_s < 0) return root;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const Worker& w = workers_[i];
+      if (w.first_error_s < 0 || !failed(w)) continue;
+      if (earlier(w, workers_[static_cast<size_t>(root)])) root = static_cast<int>(i);
+    }
+    return root;
   }
 
   // Reads what is available; relays complete lines. Closes the stream at EOF.
@@ -371,7 +419,7 @@ class Attempt {
       }
       return 0;
     }
-    const Worker& first = workers_[first_failed_];
+    const Worker& first = workers_[static_cast<size_t>(root_cause())];
     std::string text = "FAILED (attempt " + std::to_string(attempt_ + 1) + " of " +
                        std::to_string(options_.max_restarts + 1) + "): root cause: rank " +
                        std::to_string(first.rank) + " (local rank " +

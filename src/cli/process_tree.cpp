@@ -240,7 +240,16 @@ void Guardian::release() {
   send(0);
   close(fd_);
   fd_ = -1;
-  if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  if (pid_ <= 0) return;
+  // It leaves at once on the 0; one that does not within 5 s (stopped,
+  // stuck) is killed rather than waited for: the launcher never hangs here.
+  for (int waited_ms = 0; waited_ms < 5000; waited_ms += 10) {
+    const pid_t done = waitpid(pid_, nullptr, WNOHANG);
+    if (done == pid_ || (done < 0 && errno != EINTR)) return;
+    usleep(10 * 1000);
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);  // SIGKILL ends even a stopped process
 }
 
 void Guardian::send(int32_t value) {

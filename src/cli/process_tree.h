@@ -113,7 +113,8 @@ class Guardian {
   pid_t pid() const { return pid_; }
   // The guardian process ended on its own and the launcher reaped it.
   void lost() { pid_ = -1; }
-  // A normal end: the guardian exits without killing anything.
+  // A normal end: the guardian exits without killing anything. Waits at
+  // most 5 s for it, then kills it (a stopped or stuck guardian).
   void release();
 
  private:

@@ -2,37 +2,73 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "lockstep/util/error.h"
 
 // Note [Token files]
 // ~~~~~~~~~~~~~~~~~~
-// A token file is mapped read-only and read window by window, so a 10 GB
-// file costs what the windows in flight touch, not its size: the kernel
-// pages in what is read and may drop it again (MADV_RANDOM: no read-ahead
-// beyond the window). Nothing is scanned at open: the vocabulary is checked
-// on each window as it is read, naming the position of a token outside it.
-// llm.c's header is checked against the file size before anything is read.
-// What cannot be guarded against is the file shrinking while it is mapped
-// (another process truncating it): reads past its new end fault (SIGBUS),
-// as they would for any mmap reader; do not rewrite a dataset under a run.
+// A token file is read window by window with pread(), so a 10 GB file costs
+// what the windows in flight hold, not its size; the page cache does the
+// rest. Nothing is scanned at open: the vocabulary is checked on each
+// window as it is read, naming the position of a token outside it. llm.c's
+// header is checked against the file size before anything is read.
+//
+// A dataset rewritten under a running job (a user regenerating train.bin)
+// is an error naming the file on every rank, never a signal: a memory map
+// of a file that shrinks faults with SIGBUS (exit 135, no file named), so
+// the file is read with pread(), whose short read is an error, and once
+// per batch (check_unchanged) its size and modification time (fstat of the
+// open descriptor) and its identity (stat of the path: another file
+// renamed over it) are compared with those at open. Every rank reads the
+// same file, so every rank stops at its next batch.
+//
+// llm.c's headers: 256 little-endian int32, [magic, version, token count,
+// 0...]. 20240520 with version 1 or 2 holds uint16 tokens (GPT-2's
+// tokenizer), 20240801 with version 7 uint32 (Llama 3's). A header is
+// recognised by a positive magic and version and its zero tail (entries
+// 3..255), which no token stream holds by chance (506 zero uint16 tokens
+// in a row after non-zero ones); one with another magic
+// or version is refused, listing the known ones, rather than read as
+// nanoGPT's uint16 (header and half-tokens trained on).
 
 namespace lockstep {
 namespace {
 
-constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcMagic = 20240520;    // uint16 tokens, versions 1 and 2
+constexpr int32_t kLlmc32Magic = 20240801;  // uint32 tokens, version 7
 constexpr std::size_t kLlmcHeader = 256 * sizeof(int32_t);
+constexpr const char* kKnownHeaders =
+    "known: llm.c's magic 20240520 version 1 or 2 (uint16 tokens) and magic 20240801 version 7 "
+    "(uint32 tokens); nanoGPT's .bin has no header";
 
 int32_t int32_at(const unsigned char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
   return static_cast<int32_t>(v);
+}
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// pread until `n` bytes or the end; returns the bytes read, -1 on error.
+ssize_t read_at(int fd, unsigned char* out, std::size_t n, int64_t offset) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t got =
+        ::pread(fd, out + done, n - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -1;
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  return static_cast<ssize_t>(done);
 }
 
 }  // namespace
@@ -43,69 +79,118 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenF
   };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw fail(std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw fail("not a regular file");
-  }
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    throw fail("empty: no tokens");
-  }
-  void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (base == MAP_FAILED) throw fail(std::string("cannot map it: ") + std::strerror(err));
-  madvise(base, size, MADV_RANDOM);
-
-  std::shared_ptr<TokenFile> file(new TokenFile());
+  std::shared_ptr<TokenFile> file(new TokenFile());  // closes fd from here on
+  file->fd_ = fd;
   file->path_ = path;
-  file->base_ = static_cast<const unsigned char*>(base);
-  file->mapped_ = size;
-  file->tokens_ = file->base_;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw fail("not a regular file");
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (size == 0) throw fail("empty: no tokens");
+  file->bytes_ = static_cast<int64_t>(size);
+  file->mtime_ns_ = mtime_ns(st);
+  file->dev_ = static_cast<uint64_t>(st.st_dev);
+  file->ino_ = static_cast<uint64_t>(st.st_ino);
   file->format_ = format;
   if (format == TokenFormat::kBytes) {
     file->count_ = static_cast<int64_t>(size);
     return file;
   }
-  const bool llmc = size >= kLlmcHeader && int32_at(file->base_) == kLlmcMagic;
-  if (format == TokenFormat::kLlmc && !llmc)
-    throw fail("no llm.c header (magic " + std::to_string(kLlmcMagic) + ")");
-  if (llmc) {
-    const int32_t version = int32_at(file->base_ + 4);
-    const int64_t count = int32_at(file->base_ + 8);
-    if (version != 1 && version != 2)
-      throw fail("llm.c header version " + std::to_string(version) + " (expected 1 or 2)");
-    if (count < 0 || kLlmcHeader + 2 * static_cast<std::size_t>(count) > size)
+  std::vector<unsigned char> head;
+  if (size >= kLlmcHeader) {
+    head.resize(kLlmcHeader);
+    if (read_at(fd, head.data(), kLlmcHeader, 0) != static_cast<ssize_t>(kLlmcHeader))
+      throw fail(std::string("cannot read its first 1024 bytes: ") + std::strerror(errno));
+  }
+  // A magic and a version (both positive), then a count, then zeros.
+  bool header = !head.empty() && int32_at(head.data()) > 0 && int32_at(head.data() + 4) > 0;
+  for (std::size_t i = 3; header && i < 256; ++i) header = int32_at(head.data() + 4 * i) == 0;
+  if ((format == TokenFormat::kLlmc || format == TokenFormat::kLlmc32) && !header)
+    throw fail(std::string("no llm.c header (256 int32: magic, version, count, then zeros); ") +
+               kKnownHeaders);
+  if (header) {
+    const int32_t magic = int32_at(head.data()), version = int32_at(head.data() + 4);
+    const int64_t count = int32_at(head.data() + 8);
+    if (magic == kLlmcMagic && (version == 1 || version == 2)) {
+      file->format_ = TokenFormat::kLlmc;
+      file->width_ = 2;
+    } else if (magic == kLlmc32Magic && version == 7) {
+      file->format_ = TokenFormat::kLlmc32;
+      file->width_ = 4;
+    } else {
+      throw fail("an llm.c-style header with magic " + std::to_string(magic) + " and version " +
+                 std::to_string(version) + ", which lockstep does not know (" + kKnownHeaders +
+                 ")");
+    }
+    const auto width = static_cast<std::size_t>(file->width_);
+    if (count < 0 || kLlmcHeader + width * static_cast<std::size_t>(count) > size)
       throw fail("the llm.c header announces " + std::to_string(count) + " tokens but the file " +
-                 "holds " + std::to_string((size - kLlmcHeader) / 2) + " (truncated?)");
-    file->format_ = TokenFormat::kLlmc;
-    file->tokens_ = file->base_ + kLlmcHeader;
+                 "holds " + std::to_string((size - kLlmcHeader) / width) + " (truncated?)");
+    file->offset_ = static_cast<int64_t>(kLlmcHeader);
     file->count_ = count;
     return file;
   }
   if (size % 2 != 0)
     throw fail("an odd size (" + std::to_string(size) +
                " bytes) for uint16 tokens: not a nanoGPT .bin (for text use data.name: text)");
+  file->width_ = 2;
   file->count_ = static_cast<int64_t>(size / 2);
   return file;
 }
 
 TokenFile::~TokenFile() {
-  if (base_ != nullptr) munmap(const_cast<unsigned char*>(base_), mapped_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TokenFile::check_unchanged() const {
+  struct stat now {};
+  std::string what;
+  if (fstat(fd_, &now) != 0) {
+    what = std::string("cannot stat it: ") + std::strerror(errno);
+  } else if (static_cast<int64_t>(now.st_size) != bytes_) {
+    what = "its size changed from " + std::to_string(bytes_) + " to " +
+           std::to_string(static_cast<int64_t>(now.st_size)) + " bytes";
+  } else if (mtime_ns(now) != mtime_ns_) {
+    what = "it was modified";
+  } else {
+    struct stat named {};
+    if (::stat(path_.c_str(), &named) != 0)
+      what = std::string("it was removed (") + std::strerror(errno) + ")";
+    else if (static_cast<uint64_t>(named.st_dev) != dev_ ||
+             static_cast<uint64_t>(named.st_ino) != ino_)
+      what = "another file was put in its place";
+  }
+  if (!what.empty())
+    throw DataError("token file '" + path_ + "' changed under the running job: " + what +
+                    ". Do not rewrite a dataset a job reads; restart the job on the new data "
+                    "(checkpoint.resume with checkpoint.allow_data_change: true to continue "
+                    "from a checkpoint)");
 }
 
 void TokenFile::read(int64_t begin, int64_t n, int64_t* out) const {
   if (begin < 0 || n < 0 || begin > count_ - n)
     throw InternalError("token file '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
                         std::to_string(begin + n) + ") outside its " + std::to_string(count_));
-  if (format_ == TokenFormat::kBytes) {
-    for (int64_t i = 0; i < n; ++i) out[i] = tokens_[begin + i];
-    return;
+  const auto bytes = static_cast<std::size_t>(n) * static_cast<std::size_t>(width_);
+  std::vector<unsigned char> buf(bytes);
+  const ssize_t got = read_at(fd_, buf.data(), bytes, offset_ + begin * width_);
+  if (got != static_cast<ssize_t>(bytes)) {
+    check_unchanged();  // the usual reason: it shrank
+    throw DataError("token file '" + path_ + "': cannot read tokens [" + std::to_string(begin) +
+                    ", " + std::to_string(begin + n) +
+                    "): " + (got < 0 ? std::strerror(errno) : "the file ends early"));
   }
-  const unsigned char* p = tokens_ + 2 * begin;
-  for (int64_t i = 0; i < n; ++i) out[i] = p[2 * i] | (p[2 * i + 1] << 8);
+  const unsigned char* p = buf.data();
+  switch (width_) {
+    case 1:
+      for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+      break;
+    case 2:
+      for (int64_t i = 0; i < n; ++i) out[i] = p[2 * i] | (p[2 * i + 1] << 8);
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<int64_t>(static_cast<uint32_t>(int32_at(p + 4 * i)));
+  }
 }
 
 TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> file, int64_t begin, int64_t end,
@@ -140,6 +225,7 @@ void TokenWindows::fill(int64_t index, int64_t* window) const {
 }
 
 Example TokenWindows::get(int64_t index) const {
+  file_->check_unchanged();
   auto window = at::empty({block_size_ + 1}, at::kLong);
   fill(index, window.data_ptr<int64_t>());
   return {window.narrow(0, 0, block_size_).clone(), window.narrow(0, 1, block_size_).clone()};
@@ -147,6 +233,7 @@ Example TokenWindows::get(int64_t index) const {
 
 Batch TokenWindows::get_batch(const std::vector<int64_t>& indices) const {
   const auto n = static_cast<int64_t>(indices.size());
+  file_->check_unchanged();
   auto windows = at::empty({n, block_size_ + 1}, at::kLong);
   int64_t* data = windows.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) fill(indices[i], data + i * (block_size_ + 1));

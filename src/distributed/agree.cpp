@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <exception>
+#include <tuple>
 
 #include "lockstep/util/error.h"
 
@@ -24,6 +26,88 @@ int64_t reduce(ProcessGroup& pg, int64_t value, ReduceKind op) {
 
 constexpr std::size_t kMaxDigest = 64;
 constexpr std::size_t kMaxMessage = 4096;
+
+// An error's class as one byte, and back (agree_on_failure, rank0_outcome).
+enum class ErrorKind : uint8_t {
+  kNone,
+  kConfig,
+  kData,
+  kStorage,
+  kEnv,
+  kUsage,
+  kTraining,
+  kConsistency,
+  kComm,
+  kTimeout,
+  kSystem,
+  kInternal  // InternalError, and anything that is not a lockstep::Error
+};
+
+ErrorKind kind_of(const std::exception& e) {
+  if (dynamic_cast<const ConfigError*>(&e)) return ErrorKind::kConfig;
+  if (dynamic_cast<const StorageError*>(&e)) return ErrorKind::kStorage;
+  if (dynamic_cast<const DataError*>(&e)) return ErrorKind::kData;
+  if (dynamic_cast<const EnvError*>(&e)) return ErrorKind::kEnv;
+  if (dynamic_cast<const UsageError*>(&e)) return ErrorKind::kUsage;
+  if (dynamic_cast<const TrainingError*>(&e)) return ErrorKind::kTraining;
+  if (dynamic_cast<const ConsistencyError*>(&e)) return ErrorKind::kConsistency;
+  if (dynamic_cast<const TimeoutError*>(&e)) return ErrorKind::kTimeout;
+  if (dynamic_cast<const CommError*>(&e)) return ErrorKind::kComm;
+  if (dynamic_cast<const SystemError*>(&e)) return ErrorKind::kSystem;
+  return ErrorKind::kInternal;
+}
+
+[[noreturn]] void throw_as(ErrorKind kind, const std::string& what) {
+  switch (kind) {
+    case ErrorKind::kConfig:
+      throw ConfigError(what);
+    case ErrorKind::kData:
+      throw DataError(what);
+    case ErrorKind::kStorage:
+      throw StorageError(what);
+    case ErrorKind::kEnv:
+      throw EnvError(what);
+    case ErrorKind::kUsage:
+      throw UsageError(what);
+    case ErrorKind::kTraining:
+      throw TrainingError(what);
+    case ErrorKind::kConsistency:
+      throw ConsistencyError(what);
+    case ErrorKind::kTimeout:
+      throw TimeoutError(what);
+    case ErrorKind::kComm:
+      throw CommError(what);
+    case ErrorKind::kSystem:
+      throw SystemError(what);
+    case ErrorKind::kNone:
+    case ErrorKind::kInternal:
+      break;
+  }
+  throw InternalError(what);
+}
+
+// Broadcasts (kind, message) from `root`; every rank returns root's.
+std::pair<ErrorKind, std::string> share_error(ProcessGroup& pg, int root, ErrorKind kind,
+                                              const std::string& problem) {
+  auto message = at::zeros({static_cast<int64_t>(kMaxMessage + 9)}, at::kByte);
+  if (pg.rank() == root) {
+    const int64_t length = static_cast<int64_t>(std::min(problem.size(), kMaxMessage));
+    std::memcpy(message.data_ptr<uint8_t>(), &length, sizeof(length));
+    message.data_ptr<uint8_t>()[8] = static_cast<uint8_t>(kind);
+    std::memcpy(message.data_ptr<uint8_t>() + 9, problem.data(), static_cast<size_t>(length));
+  }
+  message = message.to(pg.device());
+  pg.broadcast(message, root);
+  message = message.cpu();
+  int64_t got = 0;
+  std::memcpy(&got, message.data_ptr<uint8_t>(), sizeof(got));
+  got = std::max<int64_t>(0, std::min<int64_t>(got, kMaxMessage));
+  const uint8_t k = message.data_ptr<uint8_t>()[8];
+  return {k <= static_cast<uint8_t>(ErrorKind::kInternal) ? static_cast<ErrorKind>(k)
+                                                          : ErrorKind::kInternal,
+          std::string(reinterpret_cast<const char*>(message.data_ptr<uint8_t>()) + 9,
+                      static_cast<std::size_t>(got))};
+}
 
 }  // namespace
 
@@ -60,27 +144,47 @@ std::vector<int> ranks_differing_from_rank0(ProcessGroup& pg, const std::string&
 
 std::string rank0_outcome(ProcessGroup& pg, const std::function<void()>& body) {
   std::string problem;
+  ErrorKind kind = ErrorKind::kNone;
+  std::exception_ptr failure;  // not a verdict: rethrown on rank 0 after the others learn it
   if (pg.rank() == 0) {
     try {
       body();
     } catch (const Error& e) {
       problem = std::string(e.what()).substr(0, kMaxMessage);
       if (problem.empty()) problem = "rank 0 failed without a message";
+      kind = ErrorKind::kConfig;  // a verdict, whatever its class
+    } catch (const std::exception& e) {
+      problem = "rank 0: " + what_of(e);
+      kind = ErrorKind::kInternal;
+      failure = std::current_exception();
     }
   }
-  if (pg.size() == 1) return problem;
-  auto message = at::zeros({static_cast<int64_t>(kMaxMessage + 8)}, at::kByte);
-  const int64_t length = static_cast<int64_t>(problem.size());
-  std::memcpy(message.data_ptr<uint8_t>(), &length, sizeof(length));
-  std::memcpy(message.data_ptr<uint8_t>() + 8, problem.data(), problem.size());
-  message = message.to(pg.device());
-  pg.broadcast(message, 0);
-  message = message.cpu();
-  int64_t got = 0;
-  std::memcpy(&got, message.data_ptr<uint8_t>(), sizeof(got));
-  got = std::max<int64_t>(0, std::min<int64_t>(got, kMaxMessage));
-  return std::string(reinterpret_cast<const char*>(message.data_ptr<uint8_t>()) + 8,
-                     static_cast<std::size_t>(got));
+  if (pg.size() > 1) std::tie(kind, problem) = share_error(pg, 0, kind, problem);
+  if (failure) std::rethrow_exception(failure);
+  if (kind == ErrorKind::kInternal) throw InternalError(problem);
+  return problem;
+}
+
+void agree_on_failure(ProcessGroup& pg, const std::function<void()>& body) {
+  std::exception_ptr failure;
+  ErrorKind kind = ErrorKind::kNone;
+  std::string problem;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    kind = kind_of(e);
+    problem = what_of(e);
+  }
+  if (pg.size() == 1) {
+    if (failure) std::rethrow_exception(failure);
+    return;
+  }
+  const int64_t first = min_over_ranks(pg, failure ? int64_t{pg.rank()} : int64_t{pg.size()});
+  if (first >= pg.size()) return;
+  const auto [k, words] = share_error(pg, static_cast<int>(first), kind, problem);
+  if (first == pg.rank()) std::rethrow_exception(failure);
+  throw_as(k, "rank " + std::to_string(first) + ": " + words);
 }
 
 }  // namespace lockstep

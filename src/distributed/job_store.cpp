@@ -161,7 +161,7 @@ void JobStore::connect() {
                          std::to_string(waited).substr(0, 5) + " s: " + error);
     }
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+    pause = std::min(pause * 2, std::chrono::milliseconds(250));
   }
 }
 
@@ -210,7 +210,7 @@ bool JobStore::handshake(Clock::time_point deadline, std::string& error) {
     throw ConfigError("store at " + where() +
                       " could not prove it holds this process's LOCKSTEP_STORE_SECRET: the "
                       "secret differs from rank 0's, or the process on that port is not this "
-                      "job's store");
+                      "job's store (is another job using MASTER_PORT?)");
   if (!send_exact(fd_, wire::client_proof(options_.secret, client_nonce, server_nonce), limit)) {
     error = "could not send the proof: " + std::string(std::strerror(errno));
     return false;

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -72,18 +73,31 @@
 //
 // Note [Store admission]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// At most max_unauthenticated connections may be in their handshake. A
-// newcomer that finds them all taken evicts the one that has progressed
-// least, the longest-waiting first: one that has sent nothing, then one with
-// part of a hello, then one whose whole hello was answered more than
-// kAdmissionGrace ago. Two kinds are never evicted: a connection taken in
-// this round of accepts (its bytes have not been read once yet), and one
-// whose hello was answered within the grace (it is mid-handshake). When
-// only those are left, the newcomer is turned away. Either way the loser is
-// told kHelloBusy, and JobStore retries with back-off until its deadline. A
-// rank sends its whole hello at once, is answered in the next round and
-// proves itself a round trip later, all inside the grace: once taken, no
-// flood can push it out, and a flood can only make its connect try again.
+// Before its hello a rank looks like any stray socket, so the first defence
+// is room: up to max_unauthenticated connections (1024 by default, at most
+// half of this process's descriptor limit: admission_capacity) may be in
+// their handshake at once, each costing a descriptor and a few hundred bytes
+// until hello_timeout. A flood smaller than that evicts nobody, so a rank
+// that connects and is then descheduled for seconds before its hello (both
+// cores busy) is still admitted. (With room for 64 and 300 strays that
+// reconnect as soon as they are closed, every connection lived ~64
+// accepts, a few milliseconds: a rank preempted between connect() and its
+// hello was evicted, and retried into the same churn until its deadline.)
+//
+// A flood larger than that evicts, and the newcomer's first bytes are read
+// before a victim is chosen: one that has progressed least goes, the
+// longest-waiting first: one that has sent nothing, then one with part of a
+// hello, then one whose whole hello was answered more than kAdmissionGrace
+// ago. Two kinds are never evicted: a connection taken in this round of
+// accepts, and one whose hello was answered within the grace (it is
+// mid-handshake). When only those are left, the newcomer is turned away.
+// Either way the loser is told kHelloBusy, and JobStore retries with
+// back-off (at most 250 ms apart) until its deadline. A rank sends its whole
+// hello right after connect(), so it is usually past "silent" by the time it
+// is accepted, and once answered no flood can push it out.
+//
+// Out of descriptors (EMFILE), the server evicts by the same rule to make
+// room, rather than leave the listening socket readable and spin.
 
 namespace lockstep {
 namespace {
@@ -149,7 +163,9 @@ struct StoreServer::Impl {
   void run();
   void accept_clients();
   int eviction_victim(Clock::time_point now) const;
-  std::uint64_t accept_round = 0;  // Note [Store admission]
+  bool evict_one(Clock::time_point now);  // false: nobody may be evicted
+  std::uint64_t accept_round = 0;         // Note [Store admission]
+  int capacity = 0;                       // admission_capacity(options)
   void turn_away(int fd);
   void read_from(int fd, Conn& c);
   void handle_hello(int fd, Conn& c);
@@ -203,8 +219,14 @@ void StoreServer::Impl::bind_and_listen() {
     const int err = errno;
     ::close(listen_fd);
     std::string why = errno_text(err);
-    if (err == EADDRINUSE) why += "; is another job using MASTER_PORT?";
-    if (err == EADDRNOTAVAIL) why += "; is MASTER_ADDR an address of rank 0's host?";
+    // A port in use or an address not of this host: the job's settings
+    // (MASTER_PORT, MASTER_ADDR), bad input rather than a network failure.
+    if (err == EADDRINUSE)
+      throw ConfigError("store: cannot listen on " + where + ": " + why +
+                        "; is another job using MASTER_PORT?");
+    if (err == EADDRNOTAVAIL)
+      throw ConfigError("store: cannot listen on " + where + ": " + why +
+                        "; is MASTER_ADDR an address of rank 0's host?");
     throw CommError("store: cannot listen on " + where + ": " + why);
   }
   if (::listen(listen_fd, 1024) != 0) {
@@ -225,22 +247,21 @@ void StoreServer::Impl::accept_clients() {
   ++accept_round;
   for (;;) {
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a client that left before we took it
+    if (fd < 0) {
+      // Out of descriptors: make room by eviction and take the newcomer next
+      // round; otherwise EAGAIN, or a client that left before we took it.
+      if ((errno == EMFILE || errno == ENFILE) && evict_one(Clock::now())) continue;
+      return;
+    }
     if (static_cast<int>(conns.size()) >= options.max_clients) {
       turn_away(fd);
       continue;
     }
     int pending = 0;
     for (const auto& [_, c] : conns) pending += !c.authed() && !c.close_after_flush ? 1 : 0;
-    if (pending >= options.max_unauthenticated) {
-      const int victim = eviction_victim(Clock::now());
-      if (victim < 0) {
-        turn_away(fd);
-        continue;
-      }
-      conns.erase(victim);
-      core->forget(victim);
-      turn_away(victim);
+    if (pending >= capacity && !evict_one(Clock::now())) {
+      turn_away(fd);
+      continue;
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -248,8 +269,20 @@ void StoreServer::Impl::accept_clients() {
     c.progressed_at = Clock::now();
     c.round = accept_round;
     c.hello_deadline = c.progressed_at + options.hello_timeout;
-    conns.emplace(fd, std::move(c));
+    Conn& taken = conns.emplace(fd, std::move(c)).first->second;
+    // A rank's hello is usually here already: read it now, so that the next
+    // eviction sees the newcomer's progress, not silence.
+    read_from(fd, taken);
   }
+}
+
+bool StoreServer::Impl::evict_one(Clock::time_point now) {
+  const int victim = eviction_victim(now);
+  if (victim < 0) return false;
+  conns.erase(victim);
+  core->forget(victim);
+  turn_away(victim);
+  return true;
 }
 
 int StoreServer::Impl::eviction_victim(Clock::time_point now) const {
@@ -270,6 +303,15 @@ int StoreServer::Impl::eviction_victim(Clock::time_point now) const {
     if (p < pv || (p == pv && c.progressed_at < v.progressed_at)) victim = fd;
   }
   return victim;
+}
+
+int admission_capacity(const StoreServerOptions& options) {
+  rlimit files{};
+  long long half = options.max_unauthenticated;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+    half = static_cast<long long>(files.rlim_cur / 2);
+  return static_cast<int>(
+      std::max<long long>(1, std::min<long long>(options.max_unauthenticated, half)));
 }
 
 // Closes a connection still in its handshake, telling it to try again.
@@ -575,6 +617,7 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
                       " bytes");
   impl_->options = std::move(options);
   impl_->core = std::make_unique<StoreCore>(impl_->options.max_total_bytes);
+  impl_->capacity = admission_capacity(impl_->options);
   impl_->bind_and_listen();
   if (::pipe2(impl_->wake, O_CLOEXEC) != 0) {
     ::close(impl_->listen_fd);

@@ -90,7 +90,8 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
                        LoaderOptions{config.data.batch_size, config.data.drop_last, false});
     for (int64_t used = 0; used < plan.micro_per_epoch && done < steps;
          used += config.train.accumulation_steps) {
-      const StepStats stats = step.run([&] { return loader.next(); }, done++);
+      const int64_t window = std::min(config.train.accumulation_steps, plan.micro_per_epoch - used);
+      const StepStats stats = step.run([&] { return loader.next(); }, done++, window);
       if (!stats.skipped && phase.first_stepped < 0) phase.first_stepped = done;
     }
   }

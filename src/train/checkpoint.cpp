@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -79,23 +81,62 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
+// Whether `name` is a name folder_name() gives (a one-element list), for repair().
+std::vector<std::pair<int64_t, std::string>> list_checkpoints_named(const std::string& name) {
+  const std::string digits = name.size() > 5 ? name.substr(5) : "";
+  if (name.rfind("step_", 0) == 0 && digits.size() >= 8 && digits.size() <= 18 &&
+      digits.find_first_not_of("0123456789") == std::string::npos)
+    return {{std::atoll(digits.c_str()), name}};
+  return {};
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
     : dir_(std::move(run_dir) + "/checkpoints"), keep_(keep) {}
 
+// Note [Replacing a checkpoint folder]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// checkpoints/best (and a step folder saved twice) is replaced, not
+// written in place. The new set is written whole into .tmp-<name>-<pid> and
+// fsynced first; then, where the filesystem has it, renameat2's
+// RENAME_EXCHANGE swaps the two folders in one step, so some <name>/
+// always exists, and the old set (now under the temporary name) is
+// removed. Elsewhere the old folder is moved aside to .old-<name>-<pid>
+// and the new one renamed in: a kill between the two renames leaves no
+// <name>/, and repair() (rank 0, at every start) puts it back: the
+// .tmp-<name> whose MANIFEST verifies (complete: it was written whole
+// before either rename), else the .old-<name>. repair() also removes the
+// .tmp-* and .old-* folders of writers that are gone (their pid not alive
+// on this host).
+
 std::string Checkpointer::save(const TrainerState& state, const StateDict& model,
                                const StateDict& optimizer, const at::Tensor& rng_states,
                                const std::string& config_yaml, const std::string& best_yaml) {
-  if (mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw DataError("cannot create '" + dir_ + "': " + std::strerror(errno));
-  }
   const bool best = !best_yaml.empty();
   const std::string name = best ? "best" : folder_name(state.step);
+  // What a failure leaves, said truthfully (Note [Failed checkpoint]).
+  const auto kept = [&] {
+    std::optional<std::string> previous = newest();
+    if (best) previous = path_exists(dir_ + "/best/MANIFEST") ? dir_ + "/best" : std::string();
+    return previous && !previous->empty() ? "the previous one, " + *previous + ", is intact"
+                                          : std::string("no earlier checkpoint exists");
+  };
+  const auto failed = [&](const std::string& why, bool storage) {
+    const std::string what = std::string(best ? "best checkpoint" : "checkpoint") + " of step " +
+                             std::to_string(state.step) + " not written (" + kept() + "): " + why;
+    if (storage) throw StorageError(what);
+    throw DataError(what);
+  };
+  if (mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    const int err = errno;
+    failed("cannot create '" + dir_ + "': " + std::strerror(err), true);
+  }
   const std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(getpid());
   remove_tree(tmp);
   if (mkdir(tmp.c_str(), 0755) != 0) {
-    throw DataError("cannot create '" + tmp + "': " + std::strerror(errno));
+    const int err = errno;
+    failed("cannot create '" + tmp + "': " + std::strerror(err), true);
   }
   try {
     write_folder(tmp, state, model, optimizer, rng_states, config_yaml, best_yaml);
@@ -103,26 +144,93 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
     // Note [Failed checkpoint]: nothing half-written stays behind, and the
     // previous checkpoint was never touched.
     remove_tree(tmp);
-    throw DataError("checkpoint of step " + std::to_string(state.step) +
-                    " not written (the previous one is intact): " + what_of(e));
+    failed(what_of(e), dynamic_cast<const StorageError*>(&e) != nullptr);
   }
 
   const std::string final_path = dir_ + "/" + name;
-  // The previous folder of that name is moved aside first and removed last:
-  // a crash in between leaves it as .old-*, never half of either.
-  const std::string old = dir_ + "/.old-" + name + "-" + std::to_string(getpid());
-  remove_tree(old);
-  const bool had_old = rename(final_path.c_str(), old.c_str()) == 0;
-  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
-    const int err = errno;
-    remove_tree(tmp);
-    if (had_old) (void)rename(old.c_str(), final_path.c_str());
-    throw DataError("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(err));
+  // Note [Replacing a checkpoint folder].
+  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_path(dir_, true);
+    remove_tree(tmp);  // the old set, under the temporary name now
+  } else {
+    const std::string old = dir_ + "/.old-" + name + "-" + std::to_string(getpid());
+    remove_tree(old);
+    const bool had_old = rename(final_path.c_str(), old.c_str()) == 0;
+    if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+      const int err = errno;
+      remove_tree(tmp);
+      if (had_old) (void)rename(old.c_str(), final_path.c_str());
+      failed("cannot rename '" + tmp + "' to '" + final_path + "': " + std::strerror(err), false);
+    }
+    fsync_path(dir_, true);
+    if (had_old) remove_tree(old);
   }
-  fsync_path(dir_, true);
-  if (had_old) remove_tree(old);
-  if (!best) rotate();
+  if (!best) rotate(final_path);
   return final_path;
+}
+
+namespace {
+
+// ".tmp-<name>-<pid>" or ".old-<name>-<pid>": the name and the pid.
+bool parse_aside(const std::string& entry, std::string& kind, std::string& name, long& pid) {
+  if (entry.rfind(".tmp-", 0) != 0 && entry.rfind(".old-", 0) != 0) return false;
+  kind = entry.substr(1, 3);
+  const auto dash = entry.rfind('-');
+  if (dash <= 5 || dash + 1 >= entry.size()) return false;
+  const std::string digits = entry.substr(dash + 1);
+  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  name = entry.substr(5, dash - 5);
+  pid = std::atol(digits.c_str());
+  return true;
+}
+
+bool alive(long pid) {
+  return pid == static_cast<long>(getpid())
+             ? false
+             : (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
+std::vector<std::string> Checkpointer::repair() {
+  std::vector<std::string> done;
+  DIR* d = opendir(dir_.c_str());
+  if (d == nullptr) return done;
+  struct Aside {
+    std::string kind, name, path;
+  };
+  std::vector<Aside> stale;
+  while (dirent* e = readdir(d)) {
+    std::string kind, name;
+    long pid = 0;
+    if (parse_aside(e->d_name, kind, name, pid) && !alive(pid))
+      stale.push_back({kind, name, dir_ + "/" + e->d_name});
+  }
+  closedir(d);
+  // A folder lost between the two renames: the complete new set, else the old one.
+  for (const char* prefer : {"tmp", "old"}) {
+    for (auto& a : stale) {
+      if (a.kind != prefer || path_exists(dir_ + "/" + a.name)) continue;
+      if (a.name != "best" && list_checkpoints_named(a.name).empty()) continue;
+      try {
+        verify(a.path);
+      } catch (const DataError&) {
+        continue;  // incomplete: not a checkpoint to restore
+      }
+      if (rename(a.path.c_str(), (dir_ + "/" + a.name).c_str()) == 0) {
+        done.push_back("restored " + dir_ + "/" + a.name + " from " + a.path);
+        a.path.clear();
+      }
+    }
+  }
+  for (const auto& a : stale) {
+    if (a.path.empty()) continue;
+    remove_tree(a.path);
+    done.push_back("removed " + a.path + " (left by a writer that is gone)");
+  }
+  if (!done.empty()) fsync_path(dir_, true);
+  return done;
 }
 
 void Checkpointer::write_folder(const std::string& tmp, const TrainerState& state,
@@ -144,6 +252,10 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
        << state.accumulation_steps << YAML::Key << "total_steps" << YAML::Value << state.total_steps
        << YAML::Key << "zero" << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value
        << state.model;
+  if (state.data_size > 0) {
+    yaml << YAML::Key << "data_size" << YAML::Value << state.data_size << YAML::Key << "data_id"
+         << YAML::Value << state.data_id;
+  }
   if (!state.scaler.empty()) {
     yaml << YAML::Key << "scaler" << YAML::Value << YAML::BeginMap;
     for (const auto& [key, value] : state.scaler) {
@@ -186,10 +298,13 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
   fsync_path(tmp, true);
 }
 
-void Checkpointer::rotate() {
-  // Rotation removes only what is ours: our folder names, with our MANIFEST.
+void Checkpointer::rotate(const std::string& just_written) {
+  // Rotation removes only what is ours: our folder names, with our MANIFEST;
+  // never the checkpoint just written, even when older-numbered folders of
+  // another run sort after it.
   auto all = list_checkpoints(dir_);
   for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) {
+    if (all[i].second == just_written) continue;
     struct stat manifest {};
     if (stat((all[i].second + "/MANIFEST").c_str(), &manifest) == 0 && S_ISREG(manifest.st_mode)) {
       remove_tree(all[i].second);
@@ -279,6 +394,10 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
       loaded.state.accumulation_steps = state["accumulation_steps"].as<int64_t>();
     if (state["total_steps"]) loaded.state.total_steps = state["total_steps"].as<int64_t>();
     loaded.state.model = state["model"].as<std::string>();
+    if (state["data_size"]) loaded.state.data_size = state["data_size"].as<int64_t>();
+    if (state["data_id"]) loaded.state.data_id = state["data_id"].as<std::string>();
+    if (loaded.state.data_id.size() > 64)
+      throw YAML::Exception(state["data_id"].Mark(), "data_id: over 64 characters");
     const auto& st = loaded.state;
     const int64_t kBig = int64_t{1} << 53, kCount = int64_t{1} << 31;
     const auto within = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
@@ -286,11 +405,12 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
         !within(st.batch_in_epoch, 0, kBig) || !within(st.epoch_offset, 0, kBig) ||
         !within(st.total_steps, 0, kBig) || !within(st.world_size, 1, 1 << 20) ||
         !within(st.zero, 0, 2) || !within(st.batch_size, 0, kCount) ||
-        !within(st.accumulation_steps, 0, kCount)) {
-      throw YAML::Exception(state.Mark(),
-                            "a value out of range: step, epoch, batch_in_epoch, epoch_offset and "
-                            "total_steps in [0, 2^53], world_size in [1, 2^20], zero in [0, 2], "
-                            "batch_size and accumulation_steps in [0, 2^31]");
+        !within(st.data_size, 0, kBig) || !within(st.accumulation_steps, 0, kCount)) {
+      throw YAML::Exception(
+          state.Mark(),
+          "a value out of range: step, epoch, batch_in_epoch, epoch_offset, "
+          "data_size and total_steps in [0, 2^53], world_size in [1, 2^20], zero in [0, 2], "
+          "batch_size and accumulation_steps in [0, 2^31]");
     }
     const auto watch = [&](const char* key, MetricWatch& w) {
       if (const YAML::Node node = state[key]) {

@@ -153,6 +153,10 @@ const std::vector<Field>& fields() {
                  "parent of run directories"),
       make_field("run", "seed", &C::run, &RunConfig::seed, Type::kInt,
                  "seed of model init, shuffling, split and dropout", 0, 1e15),
+      make_field("run", "overwrite", &C::run, &RunConfig::overwrite, Type::kBool,
+                 "a fresh run into a run directory holding another run's checkpoints or "
+                 "metrics: false refuses (exit 2), true moves them into "
+                 "<run dir>/overwritten-<time>/ first"),
       make_choice("dist", "backend", &C::dist, &DistConfig::backend, kBackendKindNames,
                   "process group backend (auto: shm when every rank is on one host, hierarchical "
                   "when several hosts hold as many ranks each, else gloo)"),
@@ -223,8 +227,9 @@ const std::vector<Field>& fields() {
       make_field("data", "synthetic_classes", &C::data, &DataConfig::synthetic_classes, Type::kInt,
                  "synthetic: classes", 2, 1 << 20),
       make_field("data", "vocab_size", &C::data, &DataConfig::vocab_size, Type::kInt,
-                 "tokens: the vocabulary (0: 50257, GPT-2's, for llm.c files; nanoGPT's "
-                 "meta.pkl vocab_size otherwise); text is bytes: 256",
+                 "tokens: the vocabulary (0: llm.c files' own, 50257 for magic 20240520, "
+                 "128256 for 20240801; a nanoGPT .bin needs it set, e.g. to its meta.pkl's "
+                 "vocab_size, which lockstep does not read); text is bytes: 256",
                  0, 1 << 24),
       make_field("train", "epochs", &C::train, &TrainConfig::epochs, Type::kInt, "epochs to train",
                  1, 1e9),
@@ -259,6 +264,10 @@ const std::vector<Field>& fields() {
                  Type::kInt, "evaluations without improvement before early stopping", 1, 1e9),
       make_field("train", "early_stop.min_delta", &C::train, &TrainConfig::early_stop_min_delta,
                  Type::kDouble, "the least change that counts as an improvement", 0, 1e30),
+      make_field("train", "stop_on_nonfinite", &C::train, &TrainConfig::stop_on_nonfinite,
+                 Type::kBool,
+                 "fp32/bf16: stop every rank (exit 1, no checkpoint of that state) at the first "
+                 "non-finite loss or gradient norm (fp16: the GradScaler skips such steps)"),
       make_choice("train", "precision", &C::train, &TrainConfig::precision, kPrecisionNames,
                   "the forward's arithmetic: fp32, or autocast to bf16 (no loss scaling) or fp16 "
                   "(with the GradScaler); weights and optimizer state stay fp32"),
@@ -358,6 +367,10 @@ const std::vector<Field>& fields() {
                   "metric and step in best.yaml), apart from the rolling ones (none: off)"),
       make_choice("checkpoint", "mode", &C::checkpoint, &CheckpointConfig::mode, kMetricModeNames,
                   "keep_best: min (lower is better) or max; auto: max for val_accuracy, else min"),
+      make_field("checkpoint", "allow_data_change", &C::checkpoint,
+                 &CheckpointConfig::allow_data_change, Type::kBool,
+                 "resume although the training data's size or identity differs from the "
+                 "checkpoint's (a warning, the epoch re-mapped); false: exit 2"),
       make_field("log", "level", &C::log, &LogConfig::level, Type::kString, "log level", -kInf,
                  kInf, {"trace", "debug", "info", "warn", "error"}),
       make_field("log", "every", &C::log, &LogConfig::every, Type::kInt,

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <limits>
+#include <map>
+
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/state_dict.h"
 #include "lockstep/util/error.h"
@@ -32,21 +35,49 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
                       " model: lockstep generate samples from model.name: gpt");
   loaded.bytes = loaded.config.data.name == DatasetKind::kText;
   const StateDict state = state_dict_load_file(folder + "/model.pt");
-  // The vocabulary is the token embedding's first dimension.
+  // Note [Untrusted model shapes]: the config comes from the checkpoint
+  // folder like the weights, and a model built from it allocates what it
+  // says (n_embd 4096 x block_size 131072: 3 GB from a 304 KiB file). So
+  // before anything is built, every parameter the config implies must be in
+  // model.pt with exactly its shape: the model then costs what the file
+  // holds. The vocabulary is the token embedding's first dimension.
   int64_t vocab = 0;
   for (const auto& [name, tensor] : state)
     if (name == "transformer.wte.weight" && tensor.dim() == 2) vocab = tensor.size(0);
   if (vocab == 0)
-    throw DataError("checkpoint '" + folder + "': model.pt has no transformer.wte.weight");
-  loaded.model = std::make_shared<Gpt>(gpt_options(m, vocab));
+    throw DataError("checkpoint '" + folder + "': model.pt has no 2-D transformer.wte.weight");
+  if (vocab > (int64_t{1} << 24))
+    throw DataError("checkpoint '" + folder + "': model.pt's transformer.wte.weight has " +
+                    std::to_string(vocab) + " rows, over the 2^24 tokens data.vocab_size allows");
+  const GptOptions options = gpt_options(m, vocab);
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  const auto shape_text = [](at::IntArrayRef shape) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(shape[i]);
+    return out + "]";
+  };
+  for (const auto& [name, shape] : gpt_parameter_shapes(options)) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw DataError("checkpoint '" + folder + "': model.pt has no '" + name +
+                      "', which its config.yaml's model (n_layer " + std::to_string(m.n_layer) +
+                      ", n_embd " + std::to_string(m.n_embd) + ", bias " +
+                      (m.bias ? "true" : "false") + ") needs");
+    if (it->second.sizes() != at::IntArrayRef(shape))
+      throw DataError("checkpoint '" + folder + "': model.pt's '" + name + "' is " +
+                      shape_text(it->second.sizes()) + ", its config.yaml's model (block_size " +
+                      std::to_string(m.block_size) + ", n_embd " + std::to_string(m.n_embd) +
+                      ") needs " + shape_text(shape));
+  }
+  loaded.model = std::make_shared<Gpt>(options);
   state_dict_load(*loaded.model, state, folder + "/model.pt");
   loaded.model->eval();
   return loaded;
 }
 
-std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
-                                const SampleOptions& options,
-                                const std::function<void(int64_t)>& emit) {
+void gpt_sample_check(const Gpt& model, const std::vector<int64_t>& prompt,
+                      const SampleOptions& options) {
   const auto& o = model.options();
   if (prompt.empty()) throw ConfigError("the prompt is empty: give at least one token");
   if (static_cast<int64_t>(prompt.size()) > o.block_size)
@@ -61,7 +92,16 @@ std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
     throw ConfigError("--temperature must be in [0, 100] (0: greedy)");
   if (options.top_k < 0) throw ConfigError("--top-k must be >= 0 (0: every token)");
   if (options.max_new_tokens < 0) throw ConfigError("--max-new-tokens must be >= 0");
+}
 
+std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
+                                const SampleOptions& options,
+                                const std::function<void(int64_t)>& emit) {
+  const auto& o = model.options();
+  gpt_sample_check(model, prompt, options);
+  // Below this a temperature only sharpens the distribution onto its
+  // maximum, and dividing by it overflows: greedy, as 0 is.
+  const bool greedy = options.temperature < kGreedyBelow;
   at::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   std::vector<int64_t> context = prompt, drawn;
@@ -73,17 +113,21 @@ std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
     const auto idx = at::tensor(window, at::kLong).unsqueeze(0);
     auto logits = model.forward(idx).select(1, idx.size(1) - 1).squeeze(0).to(at::kFloat);
     int64_t next = 0;
-    if (options.temperature == 0) {
+    if (greedy) {
       next = logits.argmax().item<int64_t>();
     } else {
-      logits = logits / options.temperature;
+      // In double, from the maximum down: no inf - inf, whatever the scale.
+      logits = logits.to(at::kDouble);
+      logits = (logits - logits.max()) / options.temperature;
       if (options.top_k > 0 && options.top_k < logits.size(0)) {
         const auto kth = std::get<0>(logits.topk(options.top_k)).min();
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
       }
       next = at::multinomial(at::softmax(logits, 0), 1, false, generator).item<int64_t>();
     }
     context.push_back(next);
+    if (context.size() > static_cast<std::size_t>(2 * o.block_size))  // only the last block is read
+      context.erase(context.begin(), context.end() - o.block_size);
     drawn.push_back(next);
     if (emit) emit(next);
   }

@@ -124,6 +124,36 @@ GptOptions gpt_options(const ModelConfig& c, int64_t vocab_size) {
   return o;
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> gpt_parameter_shapes(
+    const GptOptions& o) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  const auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    shapes.emplace_back(name, std::move(shape));
+  };
+  const int64_t e = o.n_embd;
+  const auto norm = [&](const std::string& at) {
+    add(at + ".weight", {e});
+    if (o.bias) add(at + ".bias", {e});
+  };
+  const auto linear = [&](const std::string& at, int64_t in, int64_t out) {
+    add(at + ".weight", {out, in});
+    if (o.bias) add(at + ".bias", {out});
+  };
+  add("transformer.wte.weight", {o.vocab_size, e});
+  add("transformer.wpe.weight", {o.block_size, e});
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    const std::string b = "transformer.h." + std::to_string(i);
+    norm(b + ".ln_1");
+    linear(b + ".attn.c_attn", e, 3 * e);
+    linear(b + ".attn.c_proj", e, e);
+    norm(b + ".ln_2");
+    linear(b + ".mlp.c_fc", e, 4 * e);
+    linear(b + ".mlp.c_proj", 4 * e, e);
+  }
+  norm("transformer.ln_f");
+  return shapes;
+}
+
 Gpt::Gpt(const GptOptions& options) : options_(options) {
   body_ = register_module("transformer", std::make_shared<Body>(options));
   // GPT-2's initialisation (nanoGPT's _init_weights and the c_proj rule).

@@ -110,8 +110,14 @@ void hook_state_restore(CommHook* hook, DdpCore& ddp, const StateDict& saved, in
         throw DataError(source + ": rank " + std::to_string(r) + " has '" + key.substr(0, 64) +
                         "', rank 0 has not; it must be the same on every rank");
       }
-      if (!fresh && !(it->second.sizes() == t.sizes() &&
-                      it->second.scalar_type() == t.scalar_type() && it->second.equal(t))) {
+      // Compared bit for bit: a NaN equal on every rank is the same value
+      // here (and refused for what it is by Checkpointer::check_values).
+      const auto bits = [](const at::Tensor& x) {
+        return x.contiguous().reshape({-1}).view(at::kByte);
+      };
+      if (!fresh &&
+          !(it->second.sizes() == t.sizes() && it->second.scalar_type() == t.scalar_type() &&
+            bits(it->second).equal(bits(t)))) {
         throw DataError(source + ": '" + key.substr(0, 64) + "' differs between rank 0 and rank " +
                         std::to_string(r) + "; it must be the same on every rank");
       }
@@ -130,8 +136,12 @@ void hook_state_restore(CommHook* hook, DdpCore& ddp, const StateDict& saved, in
   hook->load_state_dict(per_rank[static_cast<size_t>(rank)], source);
   if (order.defined()) {
     const auto o = order.contiguous();
-    ddp.restore_bucket_order(
-        std::vector<int64_t>(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel()));
+    try {
+      ddp.restore_bucket_order(
+          std::vector<int64_t>(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel()));
+    } catch (const DataError& e) {
+      throw DataError(source + ": 'ddp.bucket_order': " + e.what());
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include "lockstep/train/state_dict.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/sha256.h"
 
 namespace lockstep {
 
@@ -85,7 +86,8 @@ TrainData language_data(const Config& config) {
                       ": data.name: text reads bytes, whose vocabulary is 256 (leave it 0)");
   if (!text) {
     vocab = d.vocab_size;
-    if (vocab == 0 && train->format() == TokenFormat::kLlmc) vocab = 50257;  // GPT-2's tokenizer
+    if (vocab == 0 && train->format() == TokenFormat::kLlmc) vocab = 50257;     // GPT-2's tokenizer
+    if (vocab == 0 && train->format() == TokenFormat::kLlmc32) vocab = 128256;  // Llama 3's
     if (vocab == 0)
       throw ConfigError("data.vocab_size must be set for '" + train_path +
                         "' (nanoGPT's meta.pkl holds it as vocab_size; 50257 for GPT-2's "
@@ -181,22 +183,45 @@ DistributedSampler sampler_from_config(const Config& config, const WorldInfo& wo
                            static_cast<uint64_t>(config.run.seed), config.data.drop_last});
 }
 
+std::string data_identity(const Dataset& train) {
+  const int64_t n = train.size();
+  std::string bytes = std::to_string(n);
+  const auto append = [&](const at::Tensor& t) {
+    const auto c = t.contiguous().cpu();
+    bytes += std::string(c.scalar_type() == at::kFloat ? "f" : "x") + std::to_string(c.numel());
+    bytes.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  };
+  for (const int64_t i : {int64_t{0}, n / 2, n - 1}) {
+    if (i < 0 || i >= n) continue;
+    const Example e = train.get(i);
+    append(e.x);
+    append(e.y);
+  }
+  return sha256_hex(bytes).substr(0, 16);
+}
+
+int64_t micro_batches_used(int64_t per_rank, int64_t batch_size, int64_t accumulation,
+                           bool drop_last) {
+  if (drop_last) return per_rank / batch_size / accumulation * accumulation;
+  return (per_rank + batch_size - 1) / batch_size;
+}
+
 StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int64_t train_size) {
   const auto& d = config.data;
   const int64_t per_rank = sampler.num_samples();
-  const int64_t micro =
-      d.drop_last ? per_rank / d.batch_size : (per_rank + d.batch_size - 1) / d.batch_size;
   const int64_t acc = config.train.accumulation_steps;
   StepPlan plan;
-  plan.steps_per_epoch = micro / acc;
-  plan.micro_per_epoch = plan.steps_per_epoch * acc;
+  plan.micro_per_epoch = micro_batches_used(per_rank, d.batch_size, acc, d.drop_last);
+  plan.steps_per_epoch = steps_over(plan.micro_per_epoch, acc);
   if (plan.steps_per_epoch == 0) {
+    const int64_t micro = per_rank / d.batch_size;
     throw ConfigError(
         "the train split (" + std::to_string(train_size) + " examples) over " +
         std::to_string(sampler.num_replicas()) + " rank(s) gives " + std::to_string(micro) +
-        " micro-batch(es) of data.batch_size=" + std::to_string(d.batch_size) +
-        " per rank per epoch, fewer than train.accumulation_steps=" + std::to_string(acc) +
-        ": no optimizer step would run");
+        " whole micro-batch(es) of data.batch_size=" + std::to_string(d.batch_size) +
+        " per rank per epoch" +
+        (micro > 0 ? ", fewer than train.accumulation_steps=" + std::to_string(acc) : "") +
+        ", and data.drop_last drops the rest: no optimizer step would run");
   }
   plan.total_steps = plan.steps_per_epoch * config.train.epochs;
   return plan;

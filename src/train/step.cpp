@@ -8,10 +8,12 @@
 #include <chrono>
 
 #include "lockstep/check/step_checks.h"
+#include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/coalesced.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/module_tensors.h"
+#include "lockstep/util/text.h"
 #include "lockstep/util/trace.h"
 
 namespace lockstep {
@@ -39,6 +41,8 @@ StepOptions step_options_from_config(const Config& config, int64_t total_steps) 
   options.total_steps = total_steps;
   options.check = config.check;
   options.broadcast_buffers = config.ddp.broadcast_buffers;
+  options.stop_on_nonfinite =
+      config.train.stop_on_nonfinite && config.train.precision != Precision::kFp16;
   return options;
 }
 
@@ -109,9 +113,54 @@ void TrainStep::finish_checks() {
   if (checks_) handle(checks_->drain());
 }
 
-StepStats TrainStep::run(const BatchSource& next, int64_t step) {
+// Note [Diverged training]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A NaN or inf loss trains on silently in fp32 and bf16: every later step
+// reads nan, every checkpoint holds NaN weights and checkpoint.keep pushes
+// the good ones out. So each step, before the optimizer, every rank looks
+// at its own loss and at the global gradient norm (synchronised: the same
+// on every rank), and one small MAX all-reduce makes the verdict the same
+// everywhere: every rank throws TrainingError at the same step, before the
+// weights change, and no checkpoint of that state is written. The norm is
+// the one clipping uses; computing it every step is a pass over the
+// gradients, a few per cent of a step for the models here. fp16 is exempt:
+// its GradScaler skips such steps and lowers the scale instead.
+void TrainStep::stop_if_diverged(const at::Tensor& loss_sum, const at::Tensor& grad_norm,
+                                 int64_t step) {
+  const bool loss_bad = loss_sum.defined() && !loss_sum.isfinite().item<bool>();
+  const bool norm_bad = grad_norm.defined() && !grad_norm.isfinite().item<bool>();
+  const int world = pg_.size();
+  // [any rank's loss, the norm, world - (lowest rank with a bad loss)]
+  std::vector<double> flags{loss_bad ? 1.0 : 0.0, norm_bad ? 1.0 : 0.0,
+                            loss_bad ? static_cast<double>(world - pg_.rank()) : 0.0};
+  if (world > 1) flags = max_over_ranks(pg_, flags);
+  if (flags[0] == 0 && flags[1] == 0) return;
+  std::string what;
+  if (flags[0] != 0) {
+    const int first = world - static_cast<int>(flags[2]);
+    what =
+        "the loss is " +
+        (first == pg_.rank() ? number_text(loss_sum.item<double>()) : std::string("not finite")) +
+        " on rank " + std::to_string(first);
+  }
+  if (flags[1] != 0) {
+    what +=
+        std::string(what.empty() ? "" : " and ") + "the gradient norm is " +
+        (grad_norm.defined() ? number_text(grad_norm.item<double>()) : std::string("not finite"));
+  }
+  throw TrainingError("training diverged at step " + std::to_string(step) + ": " + what +
+                      "; stopped before the optimizer step, and no checkpoint of this state is "
+                      "written (lower optim.lr, clip gradients with train.clip_grad_norm, or "
+                      "resume from the last checkpoint; train.stop_on_nonfinite: false trains on)");
+}
+
+StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_batches) {
   StepStats stats;
-  const int64_t acc = options_.accumulation_steps;
+  if (micro_batches < 0 || micro_batches > options_.accumulation_steps)
+    throw InternalError("TrainStep::run: " + std::to_string(micro_batches) +
+                        " micro-batches, outside [0, " +
+                        std::to_string(options_.accumulation_steps) + "]");
+  const int64_t acc = micro_batches > 0 ? micro_batches : options_.accumulation_steps;
   optimizer_.zero_grad();
   for (int64_t m = 0; m < acc; ++m) {
     auto batch = next();
@@ -190,6 +239,10 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step) {
   if (report_norm || (options_.clip_grad_norm > 0 && options_.clip_value <= 0)) {
     norms = norms_now();
     if (report_norm && norms.defined()) stats.grad_norm = total_of(norms).to(at::kFloat);
+  }
+  if (options_.stop_on_nonfinite) {
+    if (!norms.defined()) norms = norms_now();
+    stop_if_diverged(stats.loss_sum, norms.defined() ? total_of(norms) : at::Tensor(), step + 1);
   }
   if (options_.clip_value > 0) {
     for (const auto& p : model_.parameters()) {

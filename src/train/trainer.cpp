@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -36,6 +37,7 @@
 #include "lockstep/util/text.h"
 #include "lockstep/util/trace.h"
 #include "metrics.h"
+#include "run_dir.h"
 #include "stop_signals.h"
 
 namespace lockstep {
@@ -46,7 +48,8 @@ struct Trainer::Impl {
   std::string run_dir;
   std::string config_yaml;
 
-  TrainData data;  // train and validation, and what the model needs of them
+  TrainData data;       // train and validation, and what the model needs of them
+  std::string data_id;  // data_identity(train split), for state.yaml
   std::unique_ptr<DistributedSampler> sampler;
   std::shared_ptr<Classifier> model;
   at::Device device{at::kCPU};  // train.device, resolved
@@ -90,6 +93,14 @@ struct Trainer::Impl {
       } catch (const DataError& e) {
         throw ConfigError(std::string("run directory: ") + e.what());
       }
+      // Note [Run directories]: a fresh run never mixes into another's.
+      if (config.checkpoint.resume.empty()) {
+        const std::string moved = run_dir_claim(run_dir, config.run.overwrite);
+        if (!moved.empty()) spdlog::warn("{}", moved);
+      }
+      // Note [Replacing a checkpoint folder]: what a killed writer left.
+      for (const auto& line : Checkpointer(run_dir, config.checkpoint.keep).repair())
+        spdlog::warn("checkpoints: {}", line);
       const std::string probe = run_dir + "/.write-test";
       std::ofstream out(probe);
       out << "ok";
@@ -112,6 +123,7 @@ struct Trainer::Impl {
     const auto& d = config.data;
     data = data_from_config(config);
     const int64_t train_size = data.train->size(), val_size = data.validation->size();
+    data_id = data_identity(*data.train);
     sampler = std::make_unique<DistributedSampler>(sampler_from_config(config, world, train_size));
     plan = step_plan(config, *sampler, train_size);
     const int64_t acc = config.train.accumulation_steps;
@@ -196,9 +208,7 @@ struct Trainer::Impl {
     return micro_of(s, offset, config.data.batch_size, config.train.accumulation_steps);
   }
   int64_t micro_of(const DistributedSampler& s, int64_t offset, int64_t bs, int64_t acc) const {
-    const int64_t per_rank = s.num_samples_from(offset);
-    const int64_t micro = config.data.drop_last ? per_rank / bs : (per_rank + bs - 1) / bs;
-    return micro / acc * acc;
+    return micro_batches_used(s.num_samples_from(offset), bs, acc, config.data.drop_last);
   }
 
   // Note [Elastic resume]
@@ -246,10 +256,37 @@ struct Trainer::Impl {
   // The steps left from the current position, at this world size.
   int64_t steps_left() const {
     sampler->set_epoch(state.epoch);
-    const int64_t in_epoch = (micro_in_epoch(*sampler, state.epoch_offset) - state.batch_in_epoch) /
-                             config.train.accumulation_steps;
+    const int64_t in_epoch = steps_over(
+        std::max<int64_t>(0, micro_in_epoch(*sampler, state.epoch_offset) - state.batch_in_epoch),
+        config.train.accumulation_steps);
     const int64_t later = std::max<int64_t>(0, config.train.epochs - state.epoch - 1);
     return std::max<int64_t>(0, in_epoch) + later * plan.steps_per_epoch;
+  }
+
+  // A checkpoint's position in the epoch means the samples of the data it
+  // was trained on. Returns true when the data differ and the user allowed
+  // it (checkpoint.allow_data_change); throws ConfigError when not allowed.
+  bool check_data_unchanged(const TrainerState& saved, const std::string& folder) const {
+    if (saved.data_size == 0) return false;  // written before lockstep recorded it
+    const int64_t size = data.train->size();
+    if (saved.data_size == size && saved.data_id == data_id) return false;
+    const std::string what = "checkpoint '" + folder + "' was trained on " +
+                             std::to_string(saved.data_size) + " training examples (data_id " +
+                             saved.data_id + "), data.path now gives " + std::to_string(size) +
+                             " (data_id " + data_id + ")" +
+                             (saved.data_size == size ? ": the same count, other contents" : "");
+    if (!config.checkpoint.allow_data_change) {
+      throw ConfigError(what +
+                        "; its position in the epoch would not mean the same samples. Set "
+                        "checkpoint.allow_data_change: true to continue on the new data (the rest "
+                        "of the epoch re-mapped onto it), or start a fresh run");
+    }
+    if (world.rank == 0)
+      spdlog::warn(
+          "{}; checkpoint.allow_data_change: the rest of the epoch is re-mapped onto the "
+          "new data",
+          what);
+    return true;
   }
 
   void maybe_resume() {
@@ -279,6 +316,12 @@ struct Trainer::Impl {
       throw ConfigError("checkpoint '" + folder + "' holds a '" + loaded.state.model +
                         "' model, the config asks for '" + config.model.name + "'");
     }
+    {
+      std::set<std::string> parameters;
+      for (const auto& [name, _] : trainable_parameters(*model)) parameters.insert(name);
+      Checkpointer::check_values(loaded, parameters, generator_state().numel());
+    }
+    const bool data_changed = check_data_unchanged(loaded.state, folder);
     state_dict_load(*model, loaded.model, folder + "/model.pt");
     if (!loaded.legacy_optimizer) {
       reading_key("checkpoint.resume", [&] {
@@ -294,7 +337,12 @@ struct Trainer::Impl {
     }
     precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");
     if (world.rank < loaded.rng_states.size(0)) {
-      generator_restore(loaded.rng_states[world.rank]);
+      try {
+        generator_restore(loaded.rng_states[world.rank]);
+      } catch (const c10::Error& e) {
+        throw DataError(folder + "/rng.pt: row " + std::to_string(world.rank) +
+                        " is not a CPU generator state: " + what_of(e).substr(0, 200));
+      }
     } else {
       seed_rank_generator(config, world.rank);
     }
@@ -314,7 +362,7 @@ struct Trainer::Impl {
     // Another world size, batch size or accumulation: the rest of the epoch
     // is dealt anew (Note [Elastic resume]).
     if (old_world != world.world_size || old_bs != config.data.batch_size ||
-        old_acc != config.train.accumulation_steps) {
+        old_acc != config.train.accumulation_steps || data_changed) {
       const int64_t before_epoch = state.epoch;
       // In double: a hostile state.yaml must not overflow a message.
       const double old_batch = static_cast<double>(old_bs) * static_cast<double>(old_world) *
@@ -361,7 +409,9 @@ struct Trainer::Impl {
     fingerprint_enforce(*pg, report, policy, tensors);
   }
 
-  std::string last_best;  // checkpoints/best, once written
+  std::string last_best;                // checkpoints/best, once written
+  int64_t saves = 0, failed_saves = 0;  // this run's checkpoints (not best/)
+  std::string last_save_problem;        // checkpoint.on_error: warn
 
   // `best_yaml` non-empty: the best checkpoint (checkpoint.keep_best).
   void save_checkpoint(const std::string& best_yaml = "") {
@@ -372,6 +422,8 @@ struct Trainer::Impl {
     state.accumulation_steps = config.train.accumulation_steps;
     state.total_steps = plan.total_steps;
     state.model = config.model.name;
+    state.data_size = data.train->size();
+    state.data_id = data_id;
     state.scaler = precision->state_dict();
     if (comm_hook) state.comm_hook = hook_state_gather(*pg, *comm_hook, *ddp);
     struct ClearOnExit {
@@ -400,10 +452,21 @@ struct Trainer::Impl {
       }
     });
     if (!problem.empty()) {
-      if (config.checkpoint.on_error == OnCheckpointError::kFail) throw DataError(problem);
+      const bool disk = problem.find("ENOSPC") != std::string::npos ||
+                        problem.find("cannot write") != std::string::npos ||
+                        problem.find("cannot create") != std::string::npos;
+      if (config.checkpoint.on_error == OnCheckpointError::kFail) {
+        if (disk) throw StorageError(problem);
+        throw DataError(problem);
+      }
       spdlog::warn("{}; training goes on (checkpoint.on_error: warn)", problem);
+      if (best_yaml.empty()) {
+        ++failed_saves;
+        last_save_problem = problem;
+      }
       return;
     }
+    if (best_yaml.empty()) ++saves;
     char name[32];
     std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(state.step));
     const std::string folder =
@@ -531,7 +594,10 @@ struct Trainer::Impl {
     return true;
   }
 
-  StepStats train_step(BatchLoader& loader, Interval& in) {
+  // `micro_left`: micro-batches of the epoch not trained yet (the last
+  // step of an epoch may take fewer than train.accumulation_steps: Note
+  // [Epoch tail]).
+  StepStats train_step(BatchLoader& loader, Interval& in, int64_t micro_left) {
     StepStats stats;
     try {
       stats = step->run(
@@ -540,7 +606,7 @@ struct Trainer::Impl {
             if (batch) ++state.batch_in_epoch;
             return batch;
           },
-          state.step);
+          state.step, std::min(micro_left, config.train.accumulation_steps));
     } catch (const InternalError& e) {  // where in the epoch: the clue for a resume mismatch
       throw InternalError(std::string(e.what()) + " (epoch " + std::to_string(state.epoch + 1) +
                           ", micro-batch " + std::to_string(state.batch_in_epoch) + " of " +
@@ -568,7 +634,9 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   within_memory("the dataset (section data)", [&] { s.load_data(); });
   within_memory("the model (section model)", [&] { s.build_model(); });
   s.build_optimizer();
-  s.maybe_resume();
+  // Under ZeRO a bad optimizer.pt entry fails only its owner's load: every
+  // rank learns the verdict and leaves with the same error (exit 2 alike).
+  agree_on_failure(*s.pg, [&] { s.maybe_resume(); });
   DdpOptions ddp = ddp_options_from_config(s.config.ddp);
   s.comm_hook = ddp.comm_hook;
   if (s.zero != nullptr && s.zero->stage() == 2)
@@ -641,7 +709,7 @@ TrainResult Trainer::run() {
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
     while (s.state.batch_in_epoch < micro && s.state.step < stop) {
       fault_maybe_fire(s.fault, s.world, s.state.step);
-      const StepStats stats = s.train_step(loader, interval);
+      const StepStats stats = s.train_step(loader, interval, micro - s.state.batch_in_epoch);
       for (auto& c : s.callbacks) c->on_step_end(s.state, stats);
       const bool end = s.state.step == stop;
       if (s.state.step % s.config.log.every == 0 || end) s.end_interval(interval, result);
@@ -693,6 +761,21 @@ TrainResult Trainer::run() {
     s.state.epoch_offset = 0;
   }
   s.step->finish_checks();
+  if (result.val_examples == 0 && s.data.validation->size() > 0) {
+    // Nothing was trained (a resumed run that had finished): still report
+    // the validation of the weights it holds.
+    if (s.world.rank == 0 && s.state.step >= stop)
+      spdlog::info("nothing left to train: step {} of {} was done when it was saved", s.state.step,
+                   stop);
+    s.evaluate(result, EvalAt::kStop);
+  }
+  if (s.saves == 0 && s.failed_saves > 0) {
+    // checkpoint.on_error: warn trained on, but nothing of this run is on disk.
+    throw StorageError("training ended, but none of this run's " + std::to_string(s.failed_saves) +
+                       " checkpoint(s) could be written (checkpoint.on_error: warn), so its "
+                       "weights exist nowhere on disk; the last error: " +
+                       s.last_save_problem);
+  }
   if (s.tracer) {
     const std::string path = s.run_dir + "/trace_rank" + std::to_string(s.world.rank) + ".json";
     s.tracer->write(path);

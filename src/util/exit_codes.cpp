@@ -28,6 +28,9 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const Interrupted& e) {
     report("", e.what());
     return 128 + e.signal;
+  } catch (const StorageError& e) {
+    report("cannot write: ", e.what());
+    return kExitBadInput;
   } catch (const DataError& e) {
     report("bad data: ", e.what());
     return kExitBadInput;

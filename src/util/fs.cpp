@@ -46,9 +46,19 @@ std::string read_regular_file(const std::string& path) {
   return bytes;
 }
 
+namespace {
+// "ENOSPC: No space left on device (the disk holding it is full)": the
+// errno's name too, so a full disk is plain whatever the locale.
+std::string write_errno_text(int err) {
+  if (err == ENOSPC) return "ENOSPC: no space left on device (the disk holding it is full)";
+  if (err == EDQUOT) return "EDQUOT: disk quota exceeded";
+  return std::strerror(err);
+}
+}  // namespace
+
 void write_file(const std::string& path, const std::string& bytes) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw DataError("cannot create '" + path + "': " + std::strerror(errno));
+  if (fd < 0) throw StorageError("cannot create '" + path + "': " + write_errno_text(errno));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -56,15 +66,15 @@ void write_file(const std::string& path, const std::string& bytes) {
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
       close(fd);
-      throw DataError("cannot write '" + path + "': " + std::strerror(err));
+      throw StorageError("cannot write '" + path + "': " + write_errno_text(err));
     }
     done += static_cast<size_t>(n);
   }
   const int synced = fsync(fd);
   const int sync_err = errno;
   if (close(fd) != 0 || synced != 0) {
-    throw DataError("cannot write '" + path +
-                    "': " + std::strerror(synced != 0 ? sync_err : errno));
+    throw StorageError("cannot write '" + path +
+                       "': " + write_errno_text(synced != 0 ? sync_err : errno));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/util/error.h"
 #include "support/thread_world.h"
@@ -128,4 +129,79 @@ TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of 
                lockstep::testing::Contains("rank(s) 1 did not issue it within 1.000 s"));
     CHECK_FALSE(outcomes[1].error);
   }
+}
+
+TEST_CASE(
+    "agree_on_failure: a failure on one rank is every rank's, same class and words; none, "
+    "nobody throws",
+    "[collectives]") {
+  // 3 ranks; rank `bad` (or none: -1) throws a DataError, rank 2 a
+  // c10::Error-like std::runtime_error when `also_internal`.
+  struct Seen {
+    std::string kind, what;
+  };
+  const auto run = [](int bad, bool also_internal) {
+    return run_ranks<Seen>(3, [=](ProcessGroup& pg) {
+      Seen seen;
+      try {
+        agree_on_failure(pg, [&] {
+          if (pg.rank() == bad) throw DataError("optimizer.pt: entry 'w.exp_avg' is not finite");
+          if (also_internal && pg.rank() == 2) throw std::runtime_error("bad_alloc-ish");
+        });
+        seen.kind = "none";
+      } catch (const DataError& e) {
+        seen = {"data", e.what()};
+      } catch (const InternalError& e) {
+        seen = {"internal", e.what()};
+      } catch (const std::runtime_error& e) {
+        seen = {"runtime", e.what()};
+      }
+      return seen;
+    });
+  };
+  for (const auto& o : run(-1, false)) CHECK(o.result.kind == "none");
+  const auto one = run(1, false);
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(error_text(one[r].error) == "");
+    CHECK(one[r].result.kind == "data");
+  }
+  CHECK(one[1].result.what == "optimizer.pt: entry 'w.exp_avg' is not finite");
+  CHECK(one[0].result.what == "rank 1: optimizer.pt: entry 'w.exp_avg' is not finite");
+  CHECK(one[2].result.what == one[0].result.what);
+  // Two ranks fail: the lowest one's error is everyone's (rank 2 keeps its own).
+  const auto two = run(1, true);
+  CHECK(two[0].result.what == "rank 1: optimizer.pt: entry 'w.exp_avg' is not finite");
+  CHECK(two[2].result.kind == "data");
+  // Not a lockstep::Error: InternalError on the others, the original on its rank.
+  const auto internal = run(-1, true);
+  CHECK(internal[0].result.kind == "internal");
+  CHECK(internal[0].result.what == "rank 2: bad_alloc-ish");
+  CHECK(internal[2].result.kind == "runtime");
+}
+
+TEST_CASE(
+    "rank0_outcome: an exception that is not a lockstep::Error on rank 0 reaches every rank at "
+    "once",
+    "[collectives]") {
+  const auto start = std::chrono::steady_clock::now();
+  const auto outcomes = run_ranks<std::string>(
+      2,
+      [](ProcessGroup& pg) {
+        try {
+          rank0_outcome(pg, [] { throw std::bad_alloc(); });
+        } catch (const InternalError& e) {
+          return std::string("internal: ") + e.what();
+        } catch (const std::bad_alloc&) {
+          return std::string("bad_alloc");
+        }
+        return std::string("returned");
+      },
+      std::chrono::seconds(20));
+  CHECK(outcomes[0].result == "bad_alloc");
+  CHECK(outcomes[1].result == "internal: rank 0: std::bad_alloc");
+  // Before, rank 1 waited for the collective timeout (20 s here).
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  const auto verdict = run_ranks<std::string>(
+      2, [](ProcessGroup& pg) { return rank0_outcome(pg, [] { throw ConfigError("no room"); }); });
+  CHECK(verdict[1].result == "no room");
 }

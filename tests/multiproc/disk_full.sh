@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A full disk during training, on a small tmpfs: the checkpoint that does not
-# fit ends the run with exit 2 naming the file and "No space left on device";
+# fit ends the run with exit 2 naming the file and ENOSPC, and saying what
+# checkpoint is kept;
 # no temporary folder is left; the previous checkpoint still verifies and
 # resumes; metrics.jsonl holds only complete records. Needs root to mount
 # the tmpfs; exits 77 (skipped) where it cannot be mounted.
@@ -28,8 +29,9 @@ head -c $((avail - 40960)) /dev/zero >"$disk/filler" 2>/dev/null
 train --set train.max_steps=20 --set checkpoint.resume=auto
 rc=$?
 expect_eq "$rc" 2 "the run whose next checkpoint does not fit exits 2 (not an abort)"
-expect_grep "$WORK/out" "checkpoint of step 20 not written \(the previous one is intact\): cannot write '.*/\.tmp-step_00000020-[0-9]+/.*': No space left on device" \
-  "the error names the step, the file and ENOSPC"
+expect_grep "$WORK/out" "cannot write: checkpoint of step 20 not written \(the previous one, .*/step_00000010, is intact\): cannot write '.*/\.tmp-step_00000020-[0-9]+/.*': ENOSPC: no space left on device" \
+  "the error names the step, the checkpoint kept, the file and ENOSPC"
+if grep -q "bad data:" "$WORK/out"; then fail "a full disk is reported as 'bad data:'"; else pass "not as 'bad data:'"; fi
 expect_eq "$(ls -a "$disk/full/checkpoints" | grep -c '^\.tmp-')" 0 "no temporary folder is left"
 (cd "$ckpt" && sha256sum -c --quiet MANIFEST) && pass "the previous checkpoint still verifies" ||
   fail "the previous checkpoint is damaged"
@@ -43,12 +45,20 @@ print(bad)")
 expect_eq "$bad" 0 "metrics.jsonl holds only complete JSON records"
 # checkpoint.on_error: warn trains on past the failed checkpoint, says so on
 # every rank, and still leaves no temporary folder.
+# A run none of whose checkpoints could be written does not end 0.
 train --set train.max_steps=20 --set checkpoint.resume=auto --set checkpoint.on_error=warn
-expect_eq "$?" 0 "with on_error: warn the run finishes (exit 0)"
-expect_grep "$WORK/out" "\[rank0\]: .*checkpoint of step 20 not written .*No space left on device; training goes on \(checkpoint.on_error: warn\)" \
-  "rank 0 warns with the cause"
-expect_grep "$WORK/out" "\[rank1\]: .*checkpoint of step 20 not written .*No space left on device; training goes on" "rank 1 warns too, with rank 0's cause"
+expect_eq "$?" 2 "with on_error: warn the run trains to the end, then exits 2: none of its checkpoints exists"
+expect_grep "$WORK/out" "\[rank0\]: .*checkpoint of step 20 not written \(the previous one, .*step_00000010, is intact\).*ENOSPC.*; training goes on \(checkpoint.on_error: warn\)" \
+  "rank 0 warns with the cause and what is kept"
+expect_grep "$WORK/out" "\[rank1\]: .*checkpoint of step 20 not written .*ENOSPC.*; training goes on" "rank 1 warns too, with rank 0's cause"
+expect_grep "$WORK/out" "training ended, but none of this run's 1 checkpoint\(s\) could be written \(checkpoint.on_error: warn\), so its weights exist nowhere on disk" "and says so at the end"
 expect_eq "$(ls -a "$disk/full/checkpoints" | grep -c '^\.tmp-')" 0 "no temporary folder is left"
+# A fresh run on the full disk: the warning says no checkpoint exists.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
+  --set run.dir="$disk" --set run.name=fresh --set checkpoint.every=10 --set train.max_steps=10 \
+  --set checkpoint.on_error=warn >"$WORK/fresh.out" 2>&1
+expect_eq "$?" 2 "a fresh run that could write no checkpoint exits 2"
+expect_grep "$WORK/fresh.out" "checkpoint of step 10 not written \(no earlier checkpoint exists\)" "its warning does not claim a previous checkpoint"
 # Space again: the run resumes from the intact checkpoint.
 rm -f "$disk/filler"
 train --set train.max_steps=20 --set checkpoint.resume=auto

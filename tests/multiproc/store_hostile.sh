@@ -128,40 +128,7 @@ else
   fail "the squatter heard the secret (or nothing: $(stat -c %s "$WORK/heard" 2>/dev/null) bytes)"
 fi
 
-# A flood: 300 idle sockets kept open (reopened as the store turns them
-# away) on the port while a 2-rank job starts through lockstep-run. Every
-# job gets in (Note [Store admission]).
-flood_port=$(free_port)
-flood() {  # 4 processes of 75 sockets each: 300 in all
-  exec /usr/bin/python3 - "$flood_port" <<'PY'
-import select, socket, sys, time
-port, socks, end = int(sys.argv[1]), [], time.time() + 120
-while time.time() < end:
-    if socks:
-        gone, _, _ = select.select(socks, [], [], 0)
-        for s in gone: s.close()
-        socks = [s for s in socks if s not in gone]
-    while len(socks) < 75:
-        try:
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
-        except OSError:
-            time.sleep(0.001)
-            break
-PY
-}
-flooders=()
-for _ in 1 2 3 4; do flood & flooders+=($!); done
-sleep 0.5
-for try in 1 2 3; do
-  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port "$flood_port" "$LOCKSTEP" check --comm \
-    --rdzv-timeout-s 60 >"$WORK/flooded$try.out" 2>&1
-  code=$?
-  expect_eq "$code" 0 "job $try of 3 starts and passes under a flood of 300 sockets"
-  [ "$code" = 0 ] || tail -15 "$WORK/flooded$try.out" | sed 's/^/    /' 
-done
-kill "${flooders[@]}" 2>/dev/null
-wait "${flooders[@]}" 2>/dev/null
-expect_grep "$WORK/flooded3.out" "comm check \(shm, 2 ranks\): 55 passed, 0 failed" "and its comm check passes"
+# The flood of 300 stray sockets: store_flood.sh.
 
 # lockstep-run makes a fresh 64-hex-digit secret per job, given to workers.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c 'echo "S=$LOCKSTEP_STORE_SECRET"' >"$WORK/s1" 2>&1

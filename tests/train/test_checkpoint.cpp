@@ -7,11 +7,16 @@
 #include "support/catch.h"
 #include "support/temp_dir.h"
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <limits>
+#include <set>
 
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 #include "lockstep/util/module_tensors.h"
 #include "lockstep/util/sha256.h"
 
@@ -154,4 +159,139 @@ TEST_CASE("checkpoint: keep K removes only the oldest of our own folders", "[che
   // No temporary folder is left behind.
   for (const auto& entry : std::filesystem::directory_iterator(c))
     CHECK(entry.path().filename().string().rfind(".tmp-", 0) != 0);
+}
+
+namespace {
+
+// A loaded checkpoint of a Linear(3, 2) with Adam-like entries, for the
+// value checks (Note [Checkpoint values]).
+Checkpointer::Loaded adam_like() {
+  Checkpointer::Loaded l;
+  l.folder = "ck";
+  l.state.world_size = 2;
+  l.model = {{"weight", torch::ones({2, 3})}, {"bias", torch::zeros({2})}};
+  l.optimizer = {{"weight.exp_avg", torch::full({2, 3}, 0.5)},
+                 {"weight.exp_avg_sq", torch::full({2, 3}, 0.25)},
+                 {"weight.step", torch::full({}, 3.0)}};
+  l.state.comm_hook = {{"rank1.error.0", torch::zeros({4})}};
+  l.rng_states = torch::zeros({2, 6}, torch::kUInt8);
+  return l;
+}
+
+const std::set<std::string> kParams{"weight", "bias"};
+
+}  // namespace
+
+TEST_CASE(
+    "checkpoint: NaN, inf, a negative second moment, a fractional step, a huge error and a "
+    "malformed rng.pt are refused by file and entry",
+    "[checkpoint]") {
+  CHECK_NOTHROW(Checkpointer::check_values(adam_like(), kParams, 6));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto l = adam_like();
+  l.optimizer[0].second[1][2] = nan;
+  CHECK_THROWS_WITH(
+      Checkpointer::check_values(l, kParams, 6),
+      Contains("ck/optimizer.pt: entry 'weight.exp_avg' is not finite: element 5 is nan"));
+  l = adam_like();
+  l.optimizer[1].second[0][1] = -1e-12;
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
+                    Contains("'weight.exp_avg_sq' is a second moment and cannot be negative"));
+  l = adam_like();
+  l.optimizer[2].second.fill_(2.5);
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
+                    Contains("'weight.step' is a step count"));
+  l = adam_like();
+  l.state.comm_hook[0].second[3] = 1e38;
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
+                    Contains("ck/comm_hook.pt: entry 'rank1.error.0' is out of range"));
+  l = adam_like();
+  l.state.comm_hook[0].second[0] = 1e19;  // large, but its square is still a float
+  CHECK_NOTHROW(Checkpointer::check_values(l, kParams, 6));
+  l = adam_like();
+  l.model[1].second[0] = inf;
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
+                    Contains("ck/model.pt: entry 'bias' is not finite"));
+  // A buffer is the model's business (a mask may hold -inf).
+  CHECK_NOTHROW(Checkpointer::check_values(l, {"weight"}, 6));
+  l = adam_like();
+  l.rng_states = torch::zeros({0, 6}, torch::kUInt8);  // "silently reseeded" before
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
+                    Contains("ck/rng.pt: holds 0 generator state(s) of 6 bytes; the 2 rank(s)"));
+  l.rng_states = torch::zeros({2, 5}, torch::kUInt8);
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6), Contains("of 6 bytes"));
+  l.rng_states = torch::zeros({2, 6}, torch::kFloat);
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
+                    Contains("rng.pt: not a [ranks, state bytes] uint8 tensor"));
+}
+
+TEST_CASE("checkpoint: rotation never removes the checkpoint just written", "[checkpoint]") {
+  TempDir dir;
+  Setup a;
+  Checkpointer old_run(dir.path, 5);
+  for (int64_t step : {300, 400, 460})
+    old_run.save(state_at(step), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  Checkpointer checkpoints(dir.path, 2);
+  const auto folder =
+      checkpoints.save(state_at(30), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  CHECK(exists(folder));  // was removed at once: 300, 400 and 460 sort after it
+  const std::string c = dir.path + "/checkpoints/";
+  CHECK_FALSE(exists(c + "step_00000300"));
+  CHECK(exists(c + "step_00000400"));
+  CHECK(exists(c + "step_00000460"));
+}
+
+TEST_CASE(
+    "checkpoint: best/ is replaced so that one always exists, and a replacement cut between "
+    "two renames is repaired at the next start",
+    "[checkpoint]") {
+  TempDir dir;
+  Setup a;
+  Checkpointer checkpoints(dir.path, 2);
+  const std::string c = dir.path + "/checkpoints/";
+  checkpoints.save(state_at(10), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n",
+                   "metric: val_loss\nstep: 10\n");
+  checkpoints.save(state_at(20), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n",
+                   "metric: val_loss\nstep: 20\n");
+  CHECK(Checkpointer::load(c + "best", nullptr).state.step == 20);
+  for (const auto& entry : std::filesystem::directory_iterator(c))
+    CHECK(entry.path().filename().string()[0] != '.');  // nothing aside is left
+
+  // A kill between the renames of the fallback: the old best aside, the
+  // new one complete under its temporary name, no best/. Dead writers'
+  // pids (above pid_max) name them; a half-written step folder too.
+  std::filesystem::rename(c + "best", c + ".old-best-99999999");
+  checkpoints.save(state_at(30), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n",
+                   "metric: val_loss\nstep: 30\n");
+  std::filesystem::rename(c + "best", c + ".tmp-best-99999998");
+  std::filesystem::create_directories(c + ".tmp-step_00000040-99999997");
+  REQUIRE_FALSE(exists(c + "best"));
+  const auto done = Checkpointer(dir.path, 2).repair();
+  REQUIRE(exists(c + "best"));
+  CHECK(Checkpointer::load(c + "best", nullptr).state.step == 30);  // the complete new one
+  CHECK(done.size() == 3);
+  for (const auto& entry : std::filesystem::directory_iterator(c))
+    CHECK(entry.path().filename().string()[0] != '.');
+
+  // Only the old one left (the new was cut while being written): it returns.
+  std::filesystem::rename(c + "best", c + ".old-best-99999999");
+  std::filesystem::create_directories(c + ".tmp-best-99999998");  // no MANIFEST: incomplete
+  Checkpointer(dir.path, 2).repair();
+  REQUIRE(exists(c + "best"));
+  CHECK(Checkpointer::load(c + "best", nullptr).state.step == 30);
+  CHECK_FALSE(exists(c + ".tmp-best-99999998"));
+
+  // A live writer's folder (this process's parent) is left alone.
+  const std::string live = c + ".tmp-step_00000050-" + std::to_string(getppid());
+  std::filesystem::create_directories(live);
+  Checkpointer(dir.path, 2).repair();
+  CHECK(exists(live));
+}
+
+TEST_CASE("checkpoint: a full disk is a StorageError naming ENOSPC, the path and what is kept",
+          "[checkpoint]") {
+  CHECK_THROWS_AS(write_file("/dev/full", "bytes"), StorageError);
+  CHECK_THROWS_WITH(write_file("/dev/full", "bytes"),
+                    Contains("cannot write '/dev/full': ENOSPC: no space left on device"));
 }

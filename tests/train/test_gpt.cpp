@@ -11,7 +11,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
@@ -208,6 +210,42 @@ TEST_CASE("tokens: nanoGPT's and llm.c's files, and every malformed one named", 
   REQUIRE_THROWS_WITH(
       TokenFile::open(dir.write("lies.bin", header + u16({5})), TokenFormat::kUint16),
       Contains("announces 1000 tokens but the file holds 1"));
+  // llm.c's newer files: magic 20240801, version 7, uint32 tokens (Llama 3's).
+  std::string header7(1024, '\0');
+  auto put7 = [&](int at, int32_t v) {
+    for (int i = 0; i < 4; ++i) header7[at * 4 + i] = static_cast<char>((v >> (8 * i)) & 255);
+  };
+  put7(0, 20240801);
+  put7(1, 7);
+  put7(2, 3);
+  auto u32 = [](std::initializer_list<int64_t> tokens) {
+    std::string out;
+    for (int64_t t : tokens)
+      for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((t >> (8 * i)) & 255));
+    return out;
+  };
+  const auto v7 =
+      TokenFile::open(dir.write("v7.bin", header7 + u32({5, 70000, 128255})), TokenFormat::kUint16);
+  CHECK(v7->format() == TokenFormat::kLlmc32);
+  CHECK(v7->size() == 3);  // not (1024 + 12) / 2 = 518 uint16
+  v7->read(0, 3, got.data());
+  CHECK(got[0] == 5);
+  CHECK(got[1] == 70000);
+  CHECK(got[2] == 128255);
+  put7(2, 4);
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.write("v7lies.bin", header7 + u32({1, 2, 3})), TokenFormat::kUint16),
+      Contains("announces 4 tokens but the file holds 3"));
+  put7(0, 20240999);  // a header of no format lockstep knows
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.write("unknown.bin", header7 + u32({1, 2, 3, 4})), TokenFormat::kUint16),
+      Contains("magic 20240999 and version 7, which lockstep does not know "
+               "(known: llm.c's magic 20240520"));
+  put7(0, 20240520);
+  put7(1, 7);  // a known magic, an unknown version
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.write("badver.bin", header7 + u32({1, 2, 3, 4})), TokenFormat::kUint16),
+      Contains("does not know"));
   REQUIRE_THROWS_WITH(TokenFile::open(dir.write("odd.bin", "abc"), TokenFormat::kUint16),
                       Contains("an odd size (3 bytes)"));
   REQUIRE_THROWS_WITH(TokenFile::open(dir.write("empty.bin", ""), TokenFormat::kBytes),
@@ -407,4 +445,59 @@ TEST_CASE("generate: bytes become UTF-8 text, every invalid sequence one U+FFFD"
   CHECK(bad == 3);
   CHECK(run("end\xE2\x82", &bad) == "end" + fffd);  // unfinished at the end
   CHECK(bad == 1);
+}
+
+TEST_CASE(
+    "tokens: a file that shrinks, is rewritten or replaced under the reader is an error naming "
+    "it, never SIGBUS",
+    "[gpt][data]") {
+  TempDir dir;
+  std::string bytes(4000, 'a');
+  const std::string path = dir.write("book.txt", bytes);
+  {
+    const auto file = TokenFile::open(path, TokenFormat::kBytes);
+    TokenWindows windows(file, 0, 4000, 10, 256);
+    CHECK_NOTHROW(windows.get_batch({0, 398}));
+    REQUIRE(truncate(path.c_str(), 100) == 0);  // a memory map would fault on window 399
+    CHECK_THROWS_AS(windows.get_batch({398}), DataError);
+    CHECK_THROWS_WITH(windows.get(0), Contains("token file '" + path +
+                                               "' changed under the running job: its size "
+                                               "changed from 4000 to 100 bytes"));
+  }
+  {
+    dir.write("book.txt", bytes);
+    const auto file = TokenFile::open(path, TokenFormat::kBytes);
+    TokenWindows windows(file, 0, 4000, 10, 256);
+    const std::string other = dir.write("other.txt", std::string(4000, 'b'));
+    REQUIRE(std::rename(other.c_str(), path.c_str()) == 0);
+    CHECK_THROWS_WITH(windows.get(0), Contains("another file was put in its place"));
+  }
+  {
+    dir.write("book.txt", bytes);
+    const auto file = TokenFile::open(path, TokenFormat::kBytes);
+    std::vector<int64_t> got(4);
+    REQUIRE(truncate(path.c_str(), 2) == 0);
+    // A read past the new end (between two checks) is an error too.
+    CHECK_THROWS_WITH(file->read(3000, 4, got.data()), Contains("changed under the running job"));
+  }
+}
+
+TEST_CASE("gpt: gpt_parameter_shapes lists exactly the model's parameters and shapes", "[gpt]") {
+  for (const bool bias : {true, false}) {
+    GptOptions o;
+    o.vocab_size = 37;
+    o.block_size = 9;
+    o.n_layer = 2;
+    o.n_head = 2;
+    o.n_embd = 8;
+    o.bias = bias;
+    Gpt model(o);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> actual;
+    for (const auto& p : model.named_parameters())
+      actual.emplace_back(p.key(), p.value().sizes().vec());
+    auto expected = gpt_parameter_shapes(o);
+    std::sort(actual.begin(), actual.end());
+    std::sort(expected.begin(), expected.end());
+    CHECK(actual == expected);
+  }
 }

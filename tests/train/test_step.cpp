@@ -6,6 +6,8 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
+#include <limits>
+
 #include "lockstep/train/check_run.h"
 #include "lockstep/train/optim.h"
 #include "lockstep/train/recipe.h"
@@ -238,13 +240,23 @@ TEST_CASE("the recipe: the step plan, and each section converted once", "[step][
   world.rank = 1;
   const auto sampler = sampler_from_config(config, world, split.train.size());
   const StepPlan plan = step_plan(config, sampler, split.train.size());
-  CHECK(plan.micro_per_epoch == 22);  // 719 per rank: 23 batches of 32, 22 fill 11 steps
-  CHECK(plan.steps_per_epoch == 11);
-  CHECK(plan.total_steps == 33);
+  // 719 per rank: 23 batches of 32 (the last of 15), every one trained
+  // (Note [Epoch tail]): 11 steps of 2 and a 12th of 1.
+  CHECK(plan.micro_per_epoch == 23);
+  CHECK(plan.steps_per_epoch == 12);
+  CHECK(plan.total_steps == 36);
+  config.data.drop_last = true;  // whole batches and whole windows only: 22 fill 11 steps
+  const auto dropping = sampler_from_config(config, world, split.train.size());
+  CHECK(step_plan(config, dropping, split.train.size()).micro_per_epoch == 22);
+  CHECK(step_plan(config, dropping, split.train.size()).steps_per_epoch == 11);
   config.train.accumulation_steps = 24;
-  REQUIRE_THROWS_WITH(step_plan(config, sampler, split.train.size()),
-                      Contains("gives 23 micro-batch(es) of data.batch_size=32 per rank per "
-                               "epoch, fewer than train.accumulation_steps=24"));
+  REQUIRE_THROWS_WITH(step_plan(config, dropping, split.train.size()),
+                      Contains("gives 22 whole micro-batch(es) of data.batch_size=32 per rank "
+                               "per epoch, fewer than train.accumulation_steps=24, and "
+                               "data.drop_last drops the rest"));
+  config.data.drop_last = false;  // one step of all 23
+  CHECK(step_plan(config, sampler, split.train.size()).steps_per_epoch == 1);
+  config.train.accumulation_steps = 2;
 
   config.dist.shm_chunk_mb = 1.5;
   config.dist.timeout_s = 2.5;
@@ -332,4 +344,117 @@ TEST_CASE("the step reports the gradient norm before clipping, and clips by valu
     return 0;
   });
   REQUIRE(error_text(outcomes[0].error).empty());
+}
+
+TEST_CASE(
+    "an epoch's short last step (Note [Epoch tail]) is the mean over the micro-batches it saw, "
+    "as one process on them",
+    "[step][ddp]") {
+  // accumulation 3, but a window of 2 micro-batches: each loss divided by 2
+  // (dividing by 3 would train the tail at two thirds of its weight).
+  at::manual_seed(5);
+  const auto x = at::randn({kRanks, 2, kRows, kFeatures});
+  const auto y = at::randint(0, kClasses, {kRanks, 2, kRows}, at::kLong);
+  std::vector<std::shared_ptr<Classifier>> models;
+  for (int r = 0; r < kRanks; ++r) {
+    at::manual_seed(11);
+    models.push_back(model_create(small_mlp(), {kFeatures}, kClasses));
+  }
+  at::manual_seed(11);
+  auto reference = model_create(small_mlp(), {kFeatures}, kClasses);
+  const auto cross_entropy = [](const at::Tensor& out, const at::Tensor& target) {
+    return torch::nn::functional::cross_entropy(out, target);
+  };
+  StepOptions options;
+  options.accumulation_steps = 3;
+  OptimConfig plain;
+  plain.name = OptimizerKind::kSgd;
+  plain.lr = 0.5;
+  plain.momentum = 0;
+  options.optim = plain;
+  auto outcomes = run_ranks<std::vector<at::Tensor>>(kRanks, [&](ProcessGroup& pg) {
+    auto& model = models[pg.rank()];
+    ClassifierDdp ddp(model, pg.shared_from_this());
+    auto optimizer = optimizer_create(plain, model->parameters());
+    TrainStep step(pg, ddp, *model, *optimizer, cross_entropy, true, options);
+    int64_t micro = 0;
+    step.run(
+        [&]() -> std::optional<Batch> {
+          const auto i = micro++;
+          if (i >= 2) return std::nullopt;  // a third would be an error
+          return Batch{x[pg.rank()][i], y[pg.rank()][i]};
+        },
+        0, 2);
+    return copy_of(model->parameters());
+  });
+  for (const auto& o : outcomes) REQUIRE(error_text(o.error) == "");
+  auto optimizer = optimizer_create(plain, reference->parameters());
+  cross_entropy(reference->forward(x.reshape({kRanks * 2 * kRows, kFeatures})),
+                y.reshape({kRanks * 2 * kRows}))
+      .backward();
+  optimizer->step();
+  const auto want = reference->parameters();
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK(at::allclose(outcomes[0].result[i], want[i].detach(), 1e-5, 1e-6));
+}
+
+TEST_CASE("the epoch tail: steps over m micro-batches with drop_last false and true", "[step]") {
+  // The issue's case: 203 rows, 2 ranks (102 each, padded), batch 8, accumulation 2.
+  CHECK(micro_batches_used(102, 8, 2, false) == 13);  // 12 full + 1 of 6 rows
+  CHECK(steps_over(13, 2) == 7);                      // the 7th over 1 micro-batch
+  CHECK(micro_batches_used(102, 8, 2, true) == 12);   // drop_last: whole windows only
+  CHECK(steps_over(12, 2) == 6);
+  CHECK(micro_batches_used(7, 8, 4, true) == 0);
+  CHECK(micro_batches_used(7, 8, 4, false) == 1);
+}
+
+TEST_CASE(
+    "train.stop_on_nonfinite: a NaN loss on one rank stops every rank at that step, before the "
+    "optimizer; off, the step is taken",
+    "[step]") {
+  for (const bool stop : {true, false}) {
+    std::vector<std::shared_ptr<Classifier>> models;
+    for (int r = 0; r < kRanks; ++r) {
+      at::manual_seed(11);
+      models.push_back(model_create(small_mlp(), {kFeatures}, kClasses));
+    }
+    const auto before = copy_of(models[0]->parameters());
+    StepOptions options;
+    options.stop_on_nonfinite = stop;
+    options.grad_norm_every = 0;
+    auto outcomes = run_ranks<int>(kRanks, [&](ProcessGroup& pg) {
+      auto& model = models[pg.rank()];
+      ClassifierDdp ddp(model, pg.shared_from_this());
+      auto optimizer = optimizer_create(OptimConfig{}, model->parameters());
+      TrainStep step(
+          pg, ddp, *model, *optimizer,
+          [](const at::Tensor& o, const at::Tensor& t) {
+            return torch::nn::functional::cross_entropy(o, t);
+          },
+          true, options);
+      auto input = at::randn({2, kFeatures});
+      if (pg.rank() == 1) input[0][0] = std::numeric_limits<float>::quiet_NaN();
+      step.run(
+          [&, given = false]() mutable -> std::optional<Batch> {
+            if (given) return std::nullopt;
+            given = true;
+            return Batch{input, at::zeros({2}, at::kLong)};
+          },
+          6);
+      return 0;
+    });
+    INFO("stop_on_nonfinite " << stop);
+    if (stop) {
+      for (int r = 0; r < kRanks; ++r) {
+        CHECK_THAT(error_text(outcomes[r].error),
+                   Contains("training diverged at step 7: the loss is "));
+        CHECK_THAT(error_text(outcomes[r].error), Contains("on rank 1"));
+        for (size_t i = 0; i < before.size(); ++i)  // not stepped
+          CHECK(at::equal(models[r]->parameters()[i], before[i]));
+      }
+    } else {
+      for (int r = 0; r < kRanks; ++r) CHECK(error_text(outcomes[r].error) == "");
+      CHECK_FALSE(at::equal(models[0]->parameters()[0], before[0]));  // stepped (into NaN)
+    }
+  }
 }

@@ -24,9 +24,14 @@ struct StoreServerOptions {
   std::size_t max_frame_bytes = std::size_t{16} << 20;  // one request
   std::size_t max_total_bytes = std::size_t{1} << 30;   // keys + values held
   std::chrono::milliseconds hello_timeout{10000};       // to complete the handshake
-  int max_unauthenticated = 64;                         // connections still in their hello
+  int max_unauthenticated = 1024;  // connections still in their hello (Note [Store admission])
   int max_clients = 4096;
 };
+
+// How many connections may be in their handshake at once:
+// max_unauthenticated, but at most half of this process's descriptor limit
+// (RLIMIT_NOFILE), and at least 1.
+int admission_capacity(const StoreServerOptions& options);
 
 class StoreServer {
  public:

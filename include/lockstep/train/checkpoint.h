@@ -12,7 +12,8 @@
 //   comm_hook.pt  only for a stateful comm hook (PowerSGD): every rank's
 //                 state, keys "rank<r>.<key>" (a state dict, torch.load)
 //   state.yaml    step, epoch, position in the epoch (epoch_offset,
-//                 batch_in_epoch), world size, optim.zero, model;
+//                 batch_in_epoch), world size, optim.zero, model, the
+//                 training split's size and identity (data_size, data_id);
 //                 with train.precision fp16 the GradScaler's state under
 //                 `scaler:` (torch.amp.GradScaler.state_dict()'s keys)
 //   config.yaml   the resolved configuration
@@ -28,6 +29,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,10 @@ struct TrainerState {
   int64_t accumulation_steps = 0;
   int64_t total_steps = 0;
   std::string model;
+  // The training split the writer trained on: its size (examples) and
+  // data_identity() (0 and empty: unknown, an older checkpoint).
+  int64_t data_size = 0;
+  std::string data_id;
   std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
   MetricWatch keep_best, early_stop;
   StateDict comm_hook;  // comm_hook.pt: every rank's hook state; empty: none
@@ -73,18 +79,26 @@ class Checkpointer {
   Checkpointer(std::string run_dir, int64_t keep);
 
   // Rank 0 only. Returns the checkpoint folder. Written in a temporary
-  // folder, fsynced, renamed. Any failure (a full disk: ENOSPC) is a
-  // DataError naming the file and errno; the temporary folder is removed and
-  // the previous checkpoint is untouched (Note [Failed checkpoint]).
-  // `best`: into checkpoints/best instead (not rotated; the previous best
-  // replaced by rename), with best.yaml (metric, value, step) in its
-  // MANIFEST.
+  // folder, fsynced, renamed. Any failure is a DataError naming the file and
+  // errno (StorageError for a full disk: ENOSPC, and other write failures)
+  // and saying whether an earlier checkpoint exists; the temporary folder
+  // is removed and the previous checkpoint is untouched (Note [Failed
+  // checkpoint]). Rotation keeps the newest `keep`, never removing the one
+  // just written. `best`: into checkpoints/best instead (not rotated; the
+  // previous best replaced so that some best/ always exists: Note
+  // [Replacing a checkpoint folder]), with best.yaml (metric, value, step)
+  // in its MANIFEST.
   std::string save(const TrainerState& state, const StateDict& model, const StateDict& optimizer,
                    const at::Tensor& rng_states, const std::string& config_yaml,
                    const std::string& best_yaml = "");
 
   // The newest checkpoint folder, whether or not it verifies.
   std::optional<std::string> newest() const;
+
+  // Rank 0, at start: a best/ (or step folder) lost between two renames
+  // put back, the .tmp-* and .old-* folders of writers that are gone
+  // removed. Returns what it did, a line each.
+  std::vector<std::string> repair();
 
   struct Loaded {
     TrainerState state;
@@ -99,12 +113,18 @@ class Checkpointer {
   static Loaded load(const std::string& folder, torch::optim::Optimizer* legacy);
   // Throws DataError naming the first file whose SHA-256 differs.
   static void verify(const std::string& folder);
+  // The values read as hostile (Note [Checkpoint values]): every floating
+  // tensor of optimizer.pt and comm_hook.pt, and model.pt's `parameters`,
+  // finite and in its range, rng.pt one state of `generator_bytes` per
+  // writing rank. Throws DataError naming the file, the entry and the value.
+  static void check_values(const Loaded& loaded, const std::set<std::string>& parameters,
+                           int64_t generator_bytes);
 
  private:
   void write_folder(const std::string& tmp, const TrainerState& state, const StateDict& model,
                     const StateDict& optimizer, const at::Tensor& rng_states,
                     const std::string& config_yaml, const std::string& best_yaml);
-  void rotate();
+  void rotate(const std::string& just_written);
 
   std::string dir_;
   int64_t keep_;

@@ -70,6 +70,10 @@ struct RunConfig {
   std::string name = "run";
   std::string dir = "runs";
   int64_t seed = 0;
+  // A fresh run (no checkpoint.resume) into a run directory that holds
+  // another run's checkpoints or metrics: false refuses (exit 2), true moves
+  // them aside into <run dir>/overwritten-<time>/ first.
+  bool overwrite = false;
 };
 
 struct DistConfig {
@@ -131,6 +135,10 @@ struct TrainConfig {
   WatchedMetric early_stop_metric = WatchedMetric::kNone;
   int64_t early_stop_patience = 3;  // evaluations without improvement before stopping
   double early_stop_min_delta = 0;  // what counts as an improvement
+  // fp32/bf16: stop every rank (exit 1) at the first non-finite loss or
+  // gradient norm, before the optimizer steps on it (fp16: the GradScaler
+  // skips such steps instead).
+  bool stop_on_nonfinite = true;
 };
 
 struct OptimConfig {
@@ -184,6 +192,9 @@ struct CheckpointConfig {
   OnCheckpointError on_error = OnCheckpointError::kFail;  // a checkpoint that cannot be written
   WatchedMetric keep_best = WatchedMetric::kNone;  // keep checkpoints/best: the best evaluation
   MetricMode mode = MetricMode::kAuto;             // keep_best: lower or higher is better
+  // Resume although the training data's size or identity differs from the
+  // writer's (state.yaml's data_size, data_id): the epoch is re-mapped.
+  bool allow_data_change = false;
 };
 
 struct LogConfig {

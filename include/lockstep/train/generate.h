@@ -29,9 +29,13 @@ struct LoadedGpt {
 // for a corrupt or truncated checkpoint.
 LoadedGpt gpt_load_checkpoint(const std::string& folder);
 
+// A temperature below this samples greedily (argmax), as 0 does: dividing
+// logits by it would overflow, and the distribution is its maximum anyway.
+constexpr double kGreedyBelow = 1e-5;
+
 struct SampleOptions {
   int64_t max_new_tokens = 256;
-  double temperature = 1.0;  // 0: greedy (argmax)
+  double temperature = 1.0;  // 0 (or below kGreedyBelow): greedy (argmax)
   int64_t top_k = 0;         // 0: every token
   uint64_t seed = 0;         // the same seed, the same tokens
 };
@@ -40,6 +44,10 @@ struct SampleOptions {
 // block_size tokens as the context grows), calling `emit` with each as it is
 // chosen; returns them. ConfigError for an empty prompt, one longer than the
 // context, a token outside the vocabulary or options out of range.
+// The checks gpt_sample makes first, alone: so that a command refuses bad
+// options before it prints anything.
+void gpt_sample_check(const Gpt& model, const std::vector<int64_t>& prompt,
+                      const SampleOptions& options);
 std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
                                 const SampleOptions& options,
                                 const std::function<void(int64_t)>& emit = {});

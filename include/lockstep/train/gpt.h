@@ -10,6 +10,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "lockstep/train/models.h"
 
@@ -28,6 +31,12 @@ struct GptOptions {
 // GptOptions from the model section and the data's vocabulary; ConfigError
 // when n_head does not divide n_embd.
 GptOptions gpt_options(const ModelConfig& config, int64_t vocab_size);
+
+// Every parameter a Gpt of `options` holds, by state-dict name, with its
+// shape: arithmetic only, nothing allocated (a checkpoint's tensors are
+// checked against it before a model is built from an untrusted config).
+std::vector<std::pair<std::string, std::vector<int64_t>>> gpt_parameter_shapes(
+    const GptOptions& options);
 
 class Gpt : public Classifier {
  public:

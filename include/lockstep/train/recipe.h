@@ -78,8 +78,32 @@ DistributedSampler sampler_from_config(const Config& config, const WorldInfo& wo
 // trainer and the check mode: each rank's shard in micro-batches of
 // data.batch_size (a final short one unless data.drop_last), grouped by
 // train.accumulation_steps (a remainder that fills no step is not used).
+// Note [Epoch tail]
+// ~~~~~~~~~~~~~~~~~
+// An epoch of m micro-batches per rank with train.accumulation_steps a:
+// with data.drop_last false every sample is trained: ceil(m / a) optimizer
+// steps, the last over the m mod a micro-batches left (each micro-batch's
+// loss divided by that shorter count, so the step is the mean over the
+// micro-batches it saw, as a full one is). With data.drop_last true the
+// incomplete batch and an incomplete accumulation window are both dropped,
+// as drop_last drops what does not fill a batch: floor(m / a) steps. Every
+// rank holds the same m (a DistributedSampler pads), so every rank runs the
+// same short step.
+int64_t micro_batches_used(int64_t per_rank, int64_t batch_size, int64_t accumulation,
+                           bool drop_last);
+// Optimizer steps over `micro` micro-batches: ceil(micro / accumulation).
+inline int64_t steps_over(int64_t micro, int64_t accumulation) {
+  return (micro + accumulation - 1) / accumulation;
+}
+
+// A cheap identity of a training split, for state.yaml's data_id: SHA-256
+// (16 hex digits) of its size and of its first, middle and last examples.
+// Not a full hash (a 10 GB token file is not read for it): it tells a
+// regenerated or replaced data set from the one a checkpoint was made on.
+std::string data_identity(const Dataset& train);
+
 struct StepPlan {
-  int64_t micro_per_epoch = 0;  // micro-batches used per epoch (multiple of accumulation)
+  int64_t micro_per_epoch = 0;  // micro-batches trained per epoch per rank (Note [Epoch tail])
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;  // steps_per_epoch x train.epochs: the schedule's length
 };

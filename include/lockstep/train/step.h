@@ -96,6 +96,10 @@ struct StepOptions {
   // false: every backward runs under no_sync (the check mode's negative
   // control: ranks that never synchronise must be caught).
   bool synchronise = true;
+  // Throw TrainingError ("training diverged at step N") on every rank alike
+  // when any rank's loss or the gradient norm is not finite, before the
+  // optimizer steps (train.stop_on_nonfinite; off under fp16's GradScaler).
+  bool stop_on_nonfinite = false;
 };
 StepOptions step_options_from_config(const Config& config, int64_t total_steps);
 
@@ -115,9 +119,12 @@ class TrainStep {
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
 
-  // Optimizer step number `step` (0-based: `step` steps were done before).
-  // Throws InternalError when `next` runs dry inside the step.
-  StepStats run(const BatchSource& next, int64_t step);
+  // Optimizer step number `step` (0-based: `step` steps were done before),
+  // over `micro_batches` micro-batches (0: train.accumulation_steps; fewer:
+  // an epoch's tail, Note [Epoch tail] in recipe.h), each micro-batch's loss
+  // divided by their number. Throws InternalError when `next` runs dry
+  // inside the step.
+  StepStats run(const BatchSource& next, int64_t step, int64_t micro_batches = 0);
 
   // Every verdict still owed (before a checkpoint, at the end).
   void finish_checks();
@@ -141,6 +148,8 @@ class TrainStep {
  private:
   void handle(const std::vector<ConsistencyReport>& reports);
   void trace(const char* name, std::chrono::steady_clock::time_point start);
+  // Note [Diverged training]: throws on every rank alike. `step`: 1-based.
+  void stop_if_diverged(const at::Tensor& loss_sum, const at::Tensor& grad_norm, int64_t step);
 
   ProcessGroup& pg_;
   ClassifierDdp& ddp_;

@@ -32,6 +32,14 @@ class DataError : public Error {
   using Error::Error;
 };
 
+// A file could not be written: a full disk (ENOSPC), a quota, no
+// permission. The message names the path and the errno. Exit 2, as the
+// environment is the user's input; reported as "cannot write: ".
+class StorageError : public DataError {
+ public:
+  using DataError::DataError;
+};
+
 // Ranks that should hold identical state do not (weights diverged).
 class ConsistencyError : public Error {
  public:
