@@ -27,7 +27,7 @@ raw="$work/raw.jsonl"
 run() { build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 "$@" 2>>"$work/err" | sed -n 's/^\[rank0\]: //p'; }
 gpt_lockstep() {  # gpt_lockstep PRECISION: tokens/s after the warm-up, peak memory of rank 0
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 build/lockstep train \
-    --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="gpt-$1" \
+    --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="gpt-$1" --set run.overwrite=true \
     --set train.max_steps=$((WARMUP + STEPS)) --set log.every="$WARMUP" --set checkpoint.every=0 \
     --set check.every=0 --set data.validation_fraction=0.001 --set train.precision="$1" \
     >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }

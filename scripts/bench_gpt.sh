@@ -25,7 +25,7 @@ lockstep() {  # lockstep NAME LABEL ARGS...: one run; tokens/s over the interval
   local name=$1 label=$2
   shift 2
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 build/lockstep train \
-    --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="$name" \
+    --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="$name" --set run.overwrite=true \
     --set train.max_steps=$((WARMUP + STEPS)) --set log.every="$WARMUP" --set checkpoint.every=0 \
     --set data.validation_fraction=0.001 "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
   "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$raw" <<'PY'

@@ -218,10 +218,13 @@ class Attempt {
     }
   }
 
-  // Note [Root cause]: the failed worker whose first error came first.
+  // Note [Root cause]: the failed worker whose first error came first
+  // (one we stopped counts only if its error arrived before we stopped it).
   int root_cause() const {
     int root = first_failed_;
-    const auto failed = [](const Worker& w) {
+    const auto failed = [&](const Worker& w) {
+      if (w.stopped_by_us && !(w.first_error_s >= 0 && w.first_error_s <= stop_began_s_))
+        return false;
       return !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
     };
     const auto earlier = [](const Worker& a, const Worker& b) {
@@ -268,7 +271,10 @@ class Attempt {
 
   void begin_stop(int sig) {
     signal_running(sig);
-    if (!stopping_) kill_deadline_ = Clock::now() + seconds(options_.grace_s);
+    if (!stopping_) {
+      kill_deadline_ = Clock::now() + seconds(options_.grace_s);
+      stop_began_s_ = elapsed_s();
+    }
     stopping_ = true;
   }
 
@@ -420,11 +426,17 @@ class Attempt {
       return 0;
     }
     const Worker& first = workers_[static_cast<size_t>(root_cause())];
-    std::string text = "FAILED (attempt " + std::to_string(attempt_ + 1) + " of " +
-                       std::to_string(options_.max_restarts + 1) + "): root cause: rank " +
-                       std::to_string(first.rank) + " (local rank " +
-                       std::to_string(first.local_rank) + ", pid " + std::to_string(first.pid) +
-                       ") " + describe_status(first.status) + " after " + format_s(first.ended_s);
+    // A root cause we stopped on its way out has no exit code of its own:
+    // the code is that of the first worker that ended by itself.
+    const bool stopped = first.stopped_by_us && WIFSIGNALED(first.status);
+    const int code = exit_code_of(stopped ? workers_[first_failed_].status : first.status);
+    std::string text =
+        "FAILED (attempt " + std::to_string(attempt_ + 1) + " of " +
+        std::to_string(options_.max_restarts + 1) + "): root cause: rank " +
+        std::to_string(first.rank) + " (local rank " + std::to_string(first.local_rank) + ", pid " +
+        std::to_string(first.pid) + ") " +
+        (stopped ? "failed first (its error below), then was stopped by lockstep-run"
+                 : describe_status(first.status) + " after " + format_s(first.ended_s));
     text += "\n  last " + std::to_string(first.tail.size()) + " line(s) of rank " +
             std::to_string(first.rank) + ":";
     for (const auto& line : first.tail) text += "\n    " + line;
@@ -435,7 +447,7 @@ class Attempt {
               describe_status(w.status) + (w.stopped_by_us && WIFSIGNALED(w.status) ? ")" : "");
     }
     say(text);
-    return exit_code_of(first.status) == 0 ? 1 : exit_code_of(first.status);
+    return code == 0 ? 1 : code;
   }
 
   const LaunchOptions& options_;
@@ -449,6 +461,7 @@ class Attempt {
   Clock::time_point last_sweep_{};
   std::vector<Worker> workers_;
   int first_failed_ = -1;
+  double stop_began_s_ = 1e300;  // when the first failure made us stop the others
   int interrupted_by_ = 0;
   bool stopping_ = false;
   Clock::time_point kill_deadline_ = Clock::time_point::max();

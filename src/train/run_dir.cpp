@@ -43,12 +43,26 @@ std::vector<std::string> entries(const std::string& dir) {
   return names;
 }
 
+// Whether metrics.jsonl holds a step's record (a run that failed at start
+// leaves only its config record: nothing of it to keep apart). Reads at
+// most its first MiB.
+bool has_step_records(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  std::string head(1 << 20, '\0');
+  head.resize(std::fread(head.data(), 1, head.size(), f));
+  std::fclose(f);
+  return head.find("{\"step\": ") != std::string::npos;
+}
+
 bool is_results(const std::string& run_dir, const std::string& name) {
-  if (name == "metrics.jsonl") return true;
+  if (name == "metrics.jsonl") return has_step_records(run_dir + "/" + name);
   if (name.rfind("events.out.tfevents", 0) == 0) return true;
-  if (name == "checkpoints") {
+  if (name == "checkpoints") {  // a checkpoint of lockstep's: best/ or step_*/ with a MANIFEST
     for (const auto& c : entries(run_dir + "/checkpoints"))
-      if (c == "best" || c.rfind("step_", 0) == 0) return true;
+      if ((c == "best" || c.rfind("step_", 0) == 0) &&
+          path_exists(run_dir + "/checkpoints/" + c + "/MANIFEST"))
+        return true;
   }
   return false;
 }

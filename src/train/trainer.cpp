@@ -84,7 +84,9 @@ struct Trainer::Impl {
   }
 
   // Rank 0 creates the run directory and proves it writable; every rank
-  // learns the outcome, so all stop together before any training.
+  // learns the outcome, so all stop together before any training. Nothing
+  // is written into it yet: a run refused for its config must not touch
+  // another run's results (open_run_dir does, once the run is assembled).
   void prepare_run_dir() {
     run_dir = config.run.dir + "/" + config.run.name;
     const std::string problem = rank0_outcome(*pg, [&] {
@@ -93,20 +95,29 @@ struct Trainer::Impl {
       } catch (const DataError& e) {
         throw ConfigError(std::string("run directory: ") + e.what());
       }
-      // Note [Run directories]: a fresh run never mixes into another's.
-      if (config.checkpoint.resume.empty()) {
-        const std::string moved = run_dir_claim(run_dir, config.run.overwrite);
-        if (!moved.empty()) spdlog::warn("{}", moved);
-      }
-      // Note [Replacing a checkpoint folder]: what a killed writer left.
-      for (const auto& line : Checkpointer(run_dir, config.checkpoint.keep).repair())
-        spdlog::warn("checkpoints: {}", line);
       const std::string probe = run_dir + "/.write-test";
       std::ofstream out(probe);
       out << "ok";
       out.close();
       if (!out) throw ConfigError("run directory '" + run_dir + "' is not writable");
       std::remove(probe.c_str());
+    });
+    if (!problem.empty()) throw ConfigError(problem);
+  }
+
+  // After the whole run is assembled (every name in the config resolved,
+  // the checkpoint read): the run claims its directory (Note [Run
+  // directories]), repairs what a killed writer left (Note [Replacing a
+  // checkpoint folder]), and starts writing there: config.yaml, the log
+  // file, metrics.
+  void open_run_dir() {
+    const std::string problem = rank0_outcome(*pg, [&] {
+      if (config.checkpoint.resume.empty()) {
+        const std::string moved = run_dir_claim(run_dir, config.run.overwrite);
+        if (!moved.empty()) spdlog::warn("{}", moved);
+      }
+      for (const auto& line : Checkpointer(run_dir, config.checkpoint.keep).repair())
+        spdlog::warn("checkpoints: {}", line);
       write_file(run_dir + "/config.yaml", config_yaml);
     });
     if (!problem.empty()) throw ConfigError(problem);
@@ -117,7 +128,9 @@ struct Trainer::Impl {
     }
     metrics = std::make_unique<Metrics>(config.log, *pg, run_dir);
     metrics->config_text(config_yaml);
+    if (language_tokens > 0) metrics->set_language(language_tokens, language_flops);
   }
+  double language_tokens = 0, language_flops = 0;  // for metrics, from build_model
 
   void load_data() {
     const auto& d = config.data;
@@ -153,10 +166,10 @@ struct Trainer::Impl {
 
   void build_model() {
     model = model_from_config(config, data);
-    if (auto* gpt = dynamic_cast<Gpt*>(model.get()))
-      metrics->set_language(static_cast<double>(data.sample_shape[0]), gpt->flops_per_token());
-    else if (data.task == TaskKind::kLanguage)
-      metrics->set_language(static_cast<double>(data.sample_shape[0]), 0);
+    if (data.task == TaskKind::kLanguage) {
+      language_tokens = static_cast<double>(data.sample_shape[0]);
+      if (auto* gpt = dynamic_cast<Gpt*>(model.get())) language_flops = gpt->flops_per_token();
+    }
     device = device_from_config(config, world, pg->kind());
     model->to(device);  // before the optimizer and the resume: their state lives there too
     int64_t count = 0;
@@ -660,6 +673,7 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
       *s.pg, *s.ddp, *s.model, *s.optimizer, loss_from_config(s.config.train.loss, task),
       task == TaskKind::kClassification, step_options_from_config(s.config, s.plan.total_steps));
   s.callbacks = callbacks_create();
+  s.open_run_dir();
   s.precision->install(s.step->hooks);
   if (s.zero != nullptr && s.zero->stage() == 2) {
     ZeroOptimizer* zero = s.zero;

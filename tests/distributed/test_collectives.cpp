@@ -132,8 +132,8 @@ TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of 
 }
 
 TEST_CASE(
-    "agree_on_failure: a failure on one rank is every rank's, same class and words; none, "
-    "nobody throws",
+    "agree_on_failure: a failure on one rank is every rank's, same class and words, and none "
+    "means nobody throws",
     "[collectives]") {
   // 3 ranks; rank `bad` (or none: -1) throws a DataError, rank 2 a
   // c10::Error-like std::runtime_error when `also_internal`.

@@ -75,9 +75,9 @@ expect_grep "$WORK/ha.out" "auto chose hierarchical \(4 ranks, shm inside each h
 expect_grep "$WORK/ha.out" "comm check \(hierarchical, 4 ranks\): 55 passed, 0 failed" "55 of 55 cases on 4 ranks"
 
 # 2. Cut the link mid-run.
-node "$a" "$va" 0 "$WORK/a2.out" --set train.epochs=1000 &
+node "$a" "$va" 0 "$WORK/a2.out" --set run.name=cut --set train.epochs=1000 &
 pa=$!
-node "$b" "$vb" 1 "$WORK/b2.out" --set train.epochs=1000 &
+node "$b" "$vb" 1 "$WORK/b2.out" --set run.name=cut --set train.epochs=1000 &
 pb=$!
 for _ in $(seq 100); do grep -q "step 20/" "$WORK/a2.out" 2>/dev/null && break; sleep 0.2; done
 # Rank 0's store listens on MASTER_ADDR only, not on every interface.

@@ -410,7 +410,7 @@ TEST_CASE("the epoch tail: steps over m micro-batches with drop_last false and t
 
 TEST_CASE(
     "train.stop_on_nonfinite: a NaN loss on one rank stops every rank at that step, before the "
-    "optimizer; off, the step is taken",
+    "optimizer, and off, the step is taken",
     "[step]") {
   for (const bool stop : {true, false}) {
     std::vector<std::shared_ptr<Classifier>> models;
