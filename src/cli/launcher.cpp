@@ -134,7 +134,8 @@ struct Worker {
 // "Address already in use", while its rank 1, connected to job A's store,
 // fails the handshake and exits first). So among the failed workers the
 // root cause is the one whose first error line is earliest: by the
-// timestamp lockstep's log lines carry (one host, one clock, millisecond
+// timestamp lockstep's log lines carry (the line that ends a process,
+// "[error] lockstep <command>: ..."; one host, one clock, millisecond
 // resolution; a tie goes to the lower rank, rank 0 hosting what the others
 // need), else by when the line arrived; a worker that printed no error line
 // (killed by a signal) falls back to the order of exits.
@@ -209,8 +210,10 @@ class Attempt {
     }
     w.tail.push_back(line);
     if (static_cast<int>(w.tail.size()) > options_.tail_lines) w.tail.pop_front();
-    if (w.first_error_s < 0 && (line.find("] [error] ") != std::string::npos ||
-                                line.find("] [critical] ") != std::string::npos)) {
+    // The error that ends a lockstep process (run_guarded's "lockstep
+    // <command>: ..."), not one it reports and goes on from (check.policy
+    // warn, a checkpoint that could not be written under on_error: warn).
+    if (w.first_error_s < 0 && line.find("] [error] lockstep ") != std::string::npos) {
       w.first_error_s = elapsed_s();
       // "[2026-12-02 05:23:52.123] [error] ...": the stamp sorts as text.
       if (line.size() > 25 && line[0] == '[' && line[24] == ']')

@@ -22,18 +22,23 @@
 // A dataset rewritten under a running job (a user regenerating train.bin)
 // is an error naming the file on every rank, never a signal: a memory map
 // of a file that shrinks faults with SIGBUS (exit 135, no file named), so
-// the file is read with pread(), whose short read is an error, and once
-// per batch (check_unchanged) its size and modification time (fstat of the
-// open descriptor) and its identity (stat of the path: another file
-// renamed over it) are compared with those at open. Every rank reads the
-// same file, so every rank stops at its next batch.
+// the file is read with pread(), whose short read is an error, and its size
+// (fstat of the open descriptor) and identity (stat of the path: another
+// file renamed over it) are compared with those at open: at every batch,
+// and before every training step by the trainer on every rank with one
+// agreed verdict (agree_on_failure), so every rank stops at the same step
+// with the same words, before reading a window of the new file.
+// Modification times are not compared: a `touch`, or a copy that keeps
+// the bytes, is not a change worth stopping a job for; a rewrite of the
+// same size in place is not seen while running (state.yaml's data_id sees
+// it at the next resume).
 //
 // llm.c's headers: 256 little-endian int32, [magic, version, token count,
 // 0...]. 20240520 with version 1 or 2 holds uint16 tokens (GPT-2's
 // tokenizer), 20240801 with version 7 uint32 (Llama 3's). A header is
-// recognised by a positive magic and version and its zero tail (entries
-// 3..255), which no token stream holds by chance (506 zero uint16 tokens
-// in a row after non-zero ones); one with another magic
+// recognised by a date-like magic (20000101 to 29991231), a positive
+// version and its zero tail (entries 3..255), which no token stream holds
+// by chance; one with another such magic
 // or version is refused, listing the known ones, rather than read as
 // nanoGPT's uint16 (header and half-tokens trained on).
 
@@ -51,10 +56,6 @@ int32_t int32_at(const unsigned char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
   return static_cast<int32_t>(v);
-}
-
-int64_t mtime_ns(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
 // pread until `n` bytes or the end; returns the bytes read, -1 on error.
@@ -87,7 +88,6 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenF
   const auto size = static_cast<std::size_t>(st.st_size);
   if (size == 0) throw fail("empty: no tokens");
   file->bytes_ = static_cast<int64_t>(size);
-  file->mtime_ns_ = mtime_ns(st);
   file->dev_ = static_cast<uint64_t>(st.st_dev);
   file->ino_ = static_cast<uint64_t>(st.st_ino);
   file->format_ = format;
@@ -101,8 +101,11 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenF
     if (read_at(fd, head.data(), kLlmcHeader, 0) != static_cast<ssize_t>(kLlmcHeader))
       throw fail(std::string("cannot read its first 1024 bytes: ") + std::strerror(errno));
   }
-  // A magic and a version (both positive), then a count, then zeros.
-  bool header = !head.empty() && int32_at(head.data()) > 0 && int32_at(head.data() + 4) > 0;
+  // A date-like magic (llm.c's are YYYYMMDD), a positive version, a count,
+  // then zeros: no nanoGPT stream starts so.
+  const int32_t magic0 = head.empty() ? 0 : int32_at(head.data());
+  bool header =
+      !head.empty() && magic0 >= 20000101 && magic0 <= 29991231 && int32_at(head.data() + 4) > 0;
   for (std::size_t i = 3; header && i < 256; ++i) header = int32_at(head.data() + 4 * i) == 0;
   if ((format == TokenFormat::kLlmc || format == TokenFormat::kLlmc32) && !header)
     throw fail(std::string("no llm.c header (256 int32: magic, version, count, then zeros); ") +
@@ -149,8 +152,6 @@ void TokenFile::check_unchanged() const {
   } else if (static_cast<int64_t>(now.st_size) != bytes_) {
     what = "its size changed from " + std::to_string(bytes_) + " to " +
            std::to_string(static_cast<int64_t>(now.st_size)) + " bytes";
-  } else if (mtime_ns(now) != mtime_ns_) {
-    what = "it was modified";
   } else {
     struct stat named {};
     if (::stat(path_.c_str(), &named) != 0)

@@ -17,8 +17,9 @@
 // on silently: the loss reads nan from the first step, every later
 // checkpoint holds NaN weights, and checkpoint.keep pushes the good ones
 // out. So before training starts every rank checks every floating tensor of
-// optimizer.pt and comm_hook.pt, and model.pt's parameters (buffers are the
-// model's business: a mask may hold -inf), whatever it owns (under ZeRO the
+// optimizer.pt and comm_hook.pt, and model.pt's parameters (a buffer may
+// hold -inf, a mask's, but never NaN, and a normalisation's running
+// statistics are finite, running_var >= 0), whatever it owns (under ZeRO the
 // verdict must be the same on every rank, and the trainer agrees on it,
 // agree_on_failure) for:
 //   - finiteness (no NaN, no inf);
@@ -52,6 +53,27 @@ std::string first_bad(const at::Tensor& t, const at::Tensor& bad) {
          number_text(t.reshape({-1})[i].to(at::kDouble).item<double>());
 }
 
+// A buffer of model.pt: a mask may hold -inf, but nothing holds NaN, and
+// a normalisation's running statistics are finite (running_var >= 0).
+void check_buffer(const std::string& file, const std::string& name, const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.numel() == 0 || !at::isFloatingType(tensor.scalar_type())) return;
+  const auto t = tensor.detach().to(at::kCPU);
+  const auto fail = [&](const std::string& rule, const at::Tensor& bad) {
+    throw DataError(file + ": buffer '" + name.substr(0, 200) + "' " + rule + ": " +
+                    first_bad(t, bad) + " (a corrupt or hand-edited checkpoint)");
+  };
+  const auto nan = t.isnan();
+  if (nan.any().item<bool>()) fail("holds NaN", nan);
+  const bool running = ends_with(name, "running_mean") || ends_with(name, "running_var");
+  if (!running) return;
+  const auto inf = t.isinf();
+  if (inf.any().item<bool>()) fail("is a running statistic and must be finite", inf);
+  if (ends_with(name, "running_var")) {
+    const auto negative = t < 0;
+    if (negative.any().item<bool>()) fail("is a variance and cannot be negative", negative);
+  }
+}
+
 void check_entry(const std::string& file, const std::string& name, const at::Tensor& tensor,
                  bool moments_bounded) {
   if (!tensor.defined() || tensor.numel() == 0) return;
@@ -80,11 +102,22 @@ void check_entry(const std::string& file, const std::string& name, const at::Ten
 
 }  // namespace
 
+void Checkpointer::check_model_values(const StateDict& model,
+                                      const std::set<std::string>& parameters,
+                                      const std::string& file) {
+  for (const auto& [name, t] : model) {
+    if (parameters.count(name)) {
+      check_entry(file, name, t, false);
+    } else {
+      check_buffer(file, name, t);
+    }
+  }
+}
+
 void Checkpointer::check_values(const Loaded& loaded, const std::set<std::string>& parameters,
                                 int64_t generator_bytes) {
   const std::string& folder = loaded.folder;
-  for (const auto& [name, t] : loaded.model)
-    if (parameters.count(name)) check_entry(folder + "/model.pt", name, t, false);
+  check_model_values(loaded.model, parameters, folder + "/model.pt");
   for (const auto& [name, t] : loaded.optimizer)
     check_entry(folder + "/optimizer.pt", name, t, true);
   for (const auto& [name, t] : loaded.state.comm_hook)

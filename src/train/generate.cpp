@@ -5,6 +5,7 @@
 
 #include <limits>
 #include <map>
+#include <set>
 
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/state_dict.h"
@@ -51,6 +52,7 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
                     std::to_string(vocab) + " rows, over the 2^24 tokens data.vocab_size allows");
   const GptOptions options = gpt_options(m, vocab);
   std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  std::set<std::string> parameters;
   const auto shape_text = [](at::IntArrayRef shape) {
     std::string out = "[";
     for (std::size_t i = 0; i < shape.size(); ++i)
@@ -58,6 +60,7 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
     return out + "]";
   };
   for (const auto& [name, shape] : gpt_parameter_shapes(options)) {
+    parameters.insert(name);
     const auto it = by_name.find(name);
     if (it == by_name.end())
       throw DataError("checkpoint '" + folder + "': model.pt has no '" + name +
@@ -70,6 +73,8 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
                       std::to_string(m.block_size) + ", n_embd " + std::to_string(m.n_embd) +
                       ") needs " + shape_text(shape));
   }
+  // Then the values, as a resume reads them (Note [Checkpoint values]).
+  Checkpointer::check_model_values(state, parameters, folder + "/model.pt");
   loaded.model = std::make_shared<Gpt>(options);
   state_dict_load(*loaded.model, state, folder + "/model.pt");
   loaded.model->eval();

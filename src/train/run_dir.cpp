@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <vector>
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
@@ -18,17 +20,25 @@
 // another run used mixed the two: metrics.jsonl appended to (step 20
 // twice), the new run's checkpoints rotated away at once by the old run's
 // higher-numbered ones, and `checkpoint.resume: auto` then picking the old
-// run's. So a fresh run (checkpoint.resume empty) claims the folder first:
-// one that holds a checkpoint, metrics or TensorBoard events is refused
-// (exit 2) with the three ways on: resume it, choose another run.name, or
-// run.overwrite: true, which moves everything there into
+// run's. So a fresh run (checkpoint.resume empty) claims the folder once it
+// is assembled (a config error is reported as such first): one that holds
+// results (a checkpoint with its MANIFEST, or metrics.jsonl with a step's
+// record: a run that failed at start-up leaves none) is refused (exit 2)
+// with the three ways on: resume it, choose another run.name, or
+// run.overwrite: true, which moves lockstep's outputs there into
 // overwritten-<time>/ (kept, not deleted: an overwrite by mistake is
-// recoverable). A run that resumes (a folder, or auto) continues in place;
-// auto that finds no checkpoint starts fresh without the claim, since that
-// is what an elastic restart before the first checkpoint does.
+// recoverable; the user's own files stay where they are). The claim is
+// recorded (.lockstep-job: a digest of the job's secret or torchrun's run
+// id), so that a restarted attempt of the same job (lockstep-run
+// --max-restarts) without resume starts over, its earlier attempt moved
+// aside, while another job is still refused. A run that resumes continues
+// in place; resuming by name from an older checkpoint moves the later
+// ones, an abandoned line of training, into superseded-<time>/.
 
 namespace lockstep {
 namespace {
+
+constexpr const char* kJobFile = ".lockstep-job";  // the job that claimed the folder
 
 std::vector<std::string> entries(const std::string& dir) {
   std::vector<std::string> names;
@@ -55,52 +65,113 @@ bool has_step_records(const std::string& path) {
   return head.find("{\"step\": ") != std::string::npos;
 }
 
+bool is_checkpoint(const std::string& dir, const std::string& name) {
+  return (name == "best" || name.rfind("step_", 0) == 0) &&
+         path_exists(dir + "/" + name + "/MANIFEST");
+}
+
 bool is_results(const std::string& run_dir, const std::string& name) {
   if (name == "metrics.jsonl") return has_step_records(run_dir + "/" + name);
-  if (name.rfind("events.out.tfevents", 0) == 0) return true;
-  if (name == "checkpoints") {  // a checkpoint of lockstep's: best/ or step_*/ with a MANIFEST
+  if (name == "checkpoints") {
     for (const auto& c : entries(run_dir + "/checkpoints"))
-      if ((c == "best" || c.rfind("step_", 0) == 0) &&
-          path_exists(run_dir + "/checkpoints/" + c + "/MANIFEST"))
-        return true;
+      if (is_checkpoint(run_dir + "/checkpoints", c)) return true;
   }
   return false;
 }
 
-}  // namespace
+// What lockstep writes into a run directory (and nothing of the user's).
+bool is_output(const std::string& name) {
+  const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  return name == "checkpoints" || name == "metrics.jsonl" || name == "config.yaml" ||
+         name == kJobFile || starts("events.out.tfevents") ||
+         (starts("rank_") && name.size() > 4 && name.substr(name.size() - 4) == ".log") ||
+         (starts("trace_rank") && name.size() > 5 && name.substr(name.size() - 5) == ".json");
+}
 
-std::string run_dir_claim(const std::string& run_dir, bool overwrite) {
-  std::vector<std::string> found;
-  for (const auto& name : entries(run_dir))
-    if (is_results(run_dir, name)) found.push_back(name);
-  if (found.empty()) return "";
-  std::string list;
-  for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
-  if (!overwrite) {
-    throw ConfigError("run directory '" + run_dir + "' holds another run's results (" + list +
-                      "); a fresh run will not mix into them. Resume that run "
-                      "(checkpoint.resume: auto), choose another run.name, or set "
-                      "run.overwrite: true to move them into " +
-                      run_dir + "/overwritten-<time>/");
-  }
+std::string utc_stamp() {
   char stamp[32];
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   gmtime_r(&now, &utc);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
-  std::string aside = run_dir + "/overwritten-" + stamp;
+  return stamp;
+}
+
+// A new folder <parent>/<prefix><time>[-n].
+std::string new_aside(const std::string& parent, const std::string& prefix) {
+  const std::string stamp = utc_stamp();
+  std::string aside = parent + "/" + prefix + stamp;
   for (int n = 2; path_exists(aside); ++n)
-    aside = run_dir + "/overwritten-" + stamp + "-" + std::to_string(n);
+    aside = parent + "/" + prefix + stamp + "-" + std::to_string(n);
   if (mkdir(aside.c_str(), 0755) != 0)
-    throw StorageError("run.overwrite: cannot create '" + aside + "': " + std::strerror(errno));
-  for (const auto& name : entries(run_dir)) {
-    if (name.rfind("overwritten-", 0) == 0) continue;
-    const std::string from = run_dir + "/" + name, to = aside + "/" + name;
-    if (std::rename(from.c_str(), to.c_str()) != 0)
-      throw StorageError("run.overwrite: cannot move '" + from + "' to '" + to +
-                         "': " + std::strerror(errno));
+    throw StorageError("cannot create '" + aside + "': " + std::strerror(errno));
+  return aside;
+}
+
+void move(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    throw StorageError("cannot move '" + from + "' to '" + to + "': " + std::strerror(errno));
+}
+
+std::string read_small(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return "";
+  char buf[128];
+  const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+  std::fclose(f);
+  return std::string(buf, n);
+}
+
+}  // namespace
+
+std::string run_dir_claim(const std::string& run_dir, bool overwrite, const std::string& job) {
+  std::vector<std::string> found;
+  for (const auto& name : entries(run_dir))
+    if (is_results(run_dir, name)) found.push_back(name);
+  std::string moved;
+  if (!found.empty()) {
+    std::string list;
+    for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
+    const bool same_job = !job.empty() && read_small(run_dir + "/" + kJobFile) == job + "\n";
+    if (!overwrite && !same_job) {
+      throw ConfigError("run directory '" + run_dir + "' holds another run's results (" + list +
+                        "); a fresh run will not mix into them. Resume that run "
+                        "(checkpoint.resume: auto), choose another run.name, or set "
+                        "run.overwrite: true to move them into " +
+                        run_dir + "/overwritten-<time>/");
+    }
+    const std::string aside = new_aside(run_dir, "overwritten-");
+    for (const auto& name : entries(run_dir))
+      if (is_output(name)) move(run_dir + "/" + name, aside + "/" + name);
+    moved = (same_job && !overwrite
+                 ? "an earlier attempt of this job left results (" + list +
+                       "), and this attempt has no checkpoint.resume: it starts over from step "
+                       "0 (checkpoint.resume: auto would continue from the last checkpoint); "
+                       "they are moved into " +
+                       aside
+                 : "run.overwrite: moved the earlier run's results (" + list + ") into " + aside);
   }
-  return "run.overwrite: moved the earlier run's results (" + list + ") into " + aside;
+  if (!job.empty()) write_file(run_dir + "/" + kJobFile, job + "\n");
+  return moved;
+}
+
+std::string run_dir_set_aside_after(const std::string& run_dir, int64_t step) {
+  const std::string dir = run_dir + "/checkpoints";
+  std::vector<std::string> later;
+  for (const auto& name : entries(dir)) {
+    const std::string digits = name.size() > 5 ? name.substr(5) : "";
+    if (name.rfind("step_", 0) != 0 || digits.size() < 8 || digits.size() > 18 ||
+        digits.find_first_not_of("0123456789") != std::string::npos || !is_checkpoint(dir, name))
+      continue;
+    if (std::atoll(digits.c_str()) > step) later.push_back(name);
+  }
+  if (later.empty()) return "";
+  const std::string aside = new_aside(run_dir, "superseded-");
+  for (const auto& name : later) move(dir + "/" + name, aside + "/" + name);
+  return "resumed from step " + std::to_string(step) + ": the " + std::to_string(later.size()) +
+         " later checkpoint(s) of this run (" + later.front() + " to " + later.back() +
+         ", an abandoned line of training) are moved into " + aside +
+         ", so that rotation and checkpoint.resume: auto keep to this one";
 }
 
 }  // namespace lockstep

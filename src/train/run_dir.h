@@ -1,18 +1,29 @@
 // The run directory's ownership: a fresh run never mixes into another run's
-// results (Note [Run directories]).
+// results, and a run resumed from an older checkpoint leaves the later ones
+// of the abandoned line aside (Note [Run directories]).
 #pragma once
 
+#include <cstdint>
 #include <string>
-#include <vector>
 
 namespace lockstep {
 
-// Rank 0, before anything is written into `run_dir` (which exists). For a
-// fresh run (no checkpoint.resume): when the folder holds another run's
-// results (checkpoints/ with a checkpoint in it, metrics.jsonl, TensorBoard
-// event files), throws ConfigError naming them and the ways on, unless
-// `overwrite` (run.overwrite), which moves everything in it into
-// <run_dir>/overwritten-<UTC time>/ first. Returns what it moved, a line.
-std::string run_dir_claim(const std::string& run_dir, bool overwrite);
+// Rank 0, once the run is assembled, for a fresh run (no
+// checkpoint.resume). When `run_dir` holds another run's results (a
+// checkpoint of lockstep's, or metrics.jsonl with a step's record): an
+// earlier attempt of this same job (`job`, non-empty, matches the one the
+// folder was claimed for) or `overwrite` (run.overwrite) moves lockstep's
+// outputs there (checkpoints/, metrics.jsonl, TensorBoard events,
+// config.yaml, rank logs, traces) into <run_dir>/overwritten-<UTC time>/;
+// otherwise ConfigError naming them and the ways on. Then records `job` as
+// the folder's claimant. Returns what it moved, a line ("" if nothing).
+std::string run_dir_claim(const std::string& run_dir, bool overwrite, const std::string& job);
+
+// Rank 0, for a run resumed from a named checkpoint at `step`: moves the
+// checkpoints of that run directory past `step` into
+// <run_dir>/superseded-<UTC time>/, so that rotation does not remove the
+// resumed run's own checkpoints in their favour and `resume: auto` does not
+// return to them. Returns what it moved, a line ("" if nothing).
+std::string run_dir_set_aside_after(const std::string& run_dir, int64_t step);
 
 }  // namespace lockstep

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -101,6 +102,10 @@ struct Trainer::Impl {
       out.close();
       if (!out) throw ConfigError("run directory '" + run_dir + "' is not writable");
       std::remove(probe.c_str());
+      // Note [Replacing a checkpoint folder]: what a killed writer left,
+      // before any checkpoint is looked for.
+      for (const auto& line : Checkpointer(run_dir, config.checkpoint.keep).repair())
+        spdlog::warn("checkpoints: {}", line);
     });
     if (!problem.empty()) throw ConfigError(problem);
   }
@@ -113,11 +118,14 @@ struct Trainer::Impl {
   void open_run_dir() {
     const std::string problem = rank0_outcome(*pg, [&] {
       if (config.checkpoint.resume.empty()) {
-        const std::string moved = run_dir_claim(run_dir, config.run.overwrite);
+        const std::string moved = run_dir_claim(run_dir, config.run.overwrite, job_identity());
+        if (!moved.empty()) spdlog::warn("{}", moved);
+      } else if (!resumed_from_folder.empty() && config.checkpoint.resume != "auto") {
+        // Resumed from an older checkpoint by name: the later ones are an
+        // abandoned line of training (Note [Run directories]).
+        const std::string moved = run_dir_set_aside_after(run_dir, state.step);
         if (!moved.empty()) spdlog::warn("{}", moved);
       }
-      for (const auto& line : Checkpointer(run_dir, config.checkpoint.keep).repair())
-        spdlog::warn("checkpoints: {}", line);
       write_file(run_dir + "/config.yaml", config_yaml);
     });
     if (!problem.empty()) throw ConfigError(problem);
@@ -131,6 +139,17 @@ struct Trainer::Impl {
     if (language_tokens > 0) metrics->set_language(language_tokens, language_flops);
   }
   double language_tokens = 0, language_flops = 0;  // for metrics, from build_model
+  std::string resumed_from_folder;                 // the checkpoint resumed from, if any
+
+  // Which job this process belongs to, the same in every attempt of it
+  // (lockstep-run's per-job secret, torchrun's run id); empty: unknown.
+  std::string job_identity() const {
+    if (!world.store_secret.empty()) return sha256_hex("job:" + world.store_secret).substr(0, 16);
+    const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+    if (run_id != nullptr && *run_id != '\0' && std::string(run_id) != "none")
+      return sha256_hex(std::string("job:") + run_id).substr(0, 16);
+    return "";
+  }
 
   void load_data() {
     const auto& d = config.data;
@@ -285,8 +304,10 @@ struct Trainer::Impl {
     if (saved.data_size == size && saved.data_id == data_id) return false;
     const std::string what = "checkpoint '" + folder + "' was trained on " +
                              std::to_string(saved.data_size) + " training examples (data_id " +
-                             saved.data_id + "), data.path now gives " + std::to_string(size) +
-                             " (data_id " + data_id + ")" +
+                             saved.data_id + "), the training split now has " +
+                             std::to_string(size) + " (data_id " + data_id +
+                             "; it comes from data.name and data.path and, where lockstep splits "
+                             "it, run.seed and data.validation_fraction)" +
                              (saved.data_size == size ? ": the same count, other contents" : "");
     if (!config.checkpoint.allow_data_change) {
       throw ConfigError(what +
@@ -365,6 +386,7 @@ struct Trainer::Impl {
     loaded.state.comm_hook.clear();
     state = loaded.state;
     last_checkpoint = folder;
+    resumed_from_folder = folder;
     const std::string where = "at step " + std::to_string(state.step) + " (epoch " +
                               std::to_string(state.epoch + 1) + ", after micro-batch " +
                               std::to_string(state.batch_in_epoch) + ")";
@@ -422,6 +444,22 @@ struct Trainer::Impl {
     fingerprint_enforce(*pg, report, policy, tensors);
   }
 
+  // Note [Diverged training], at a checkpoint: the optimizer step itself can
+  // make weights non-finite (Adam with eps 0) after a finite loss and norm;
+  // such weights are never saved. Every rank holds the same weights (the
+  // check above), so every rank decides alike without a collective.
+  void refuse_nonfinite_weights() const {
+    if (!config.train.stop_on_nonfinite || config.train.precision == Precision::kFp16) return;
+    for (const auto& [name, p] : trainable_parameters(*model)) {
+      if (p.isfinite().all().item<bool>()) continue;
+      throw TrainingError("training diverged at step " + std::to_string(state.step) +
+                          ": parameter '" + name +
+                          "' holds NaN or inf after the optimizer step; no checkpoint of this "
+                          "state is written (the last one stays the newest; lower optim.lr, check "
+                          "optim.eps, or set train.stop_on_nonfinite: false to save it anyway)");
+    }
+  }
+
   std::string last_best;                // checkpoints/best, once written
   int64_t saves = 0, failed_saves = 0;  // this run's checkpoints (not best/)
   std::string last_save_problem;        // checkpoint.on_error: warn
@@ -445,6 +483,7 @@ struct Trainer::Impl {
     } clear{state.comm_hook};
     // Only weights every rank agrees on are worth keeping.
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
+    refuse_nonfinite_weights();
     const auto states = pg->allgather(generator_state().to(pg->device()));
     // Whole on rank 0 (gathered from the owners under ZeRO), whatever the stage.
     const StateDict optimizer_state =
@@ -493,9 +532,11 @@ struct Trainer::Impl {
 
   // Evaluates the validation split (train.eval_batches bounds each rank's
   // share); returns false when it is empty. Collective.
-  bool evaluate(TrainResult& result, EvalAt at) {
+  bool evaluate(TrainResult& result, EvalAt at, bool record = true) {
     const int64_t val_size = data.validation->size();
-    if (val_size == 0) return false;  // the same on every rank: the split is deterministic
+    if (val_size == 0) return false;     // the same on every rank: the split is deterministic
+    if (data.validation->file_backed())  // Note [Token files]: every rank alike
+      agree_on_failure(*pg, [&] { data.validation->check_unchanged(); });
     model->eval();
     at::NoGradGuard no_grad;
     // Language windows are large: the training batch; rows otherwise.
@@ -529,6 +570,7 @@ struct Trainer::Impl {
     result.val_accuracy = sums[1] / count;
     result.val_examples = static_cast<int64_t>(sums[2]);
     model->train();
+    if (!record) return true;
     metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples, at);
     for (auto& c : callbacks) c->on_evaluation_end(state, result);
     return true;
@@ -723,6 +765,8 @@ TrainResult Trainer::run() {
     for (int64_t skip = 0; skip < s.state.batch_in_epoch; ++skip) loader.next();
     while (s.state.batch_in_epoch < micro && s.state.step < stop) {
       fault_maybe_fire(s.fault, s.world, s.state.step);
+      if (s.data.train->file_backed())  // Note [Token files]: every rank alike, before reading
+        agree_on_failure(*s.pg, [&] { s.data.train->check_unchanged(); });
       const StepStats stats = s.train_step(loader, interval, micro - s.state.batch_in_epoch);
       for (auto& c : s.callbacks) c->on_step_end(s.state, stats);
       const bool end = s.state.step == stop;
@@ -781,7 +825,10 @@ TrainResult Trainer::run() {
     if (s.world.rank == 0 && s.state.step >= stop)
       spdlog::info("nothing left to train: step {} of {} was done when it was saved", s.state.step,
                    stop);
-    s.evaluate(result, EvalAt::kStop);
+    s.evaluate(result, EvalAt::kStop, /*record=*/false);  // its record is in metrics.jsonl
+    if (s.world.rank == 0 && result.val_examples > 0)
+      spdlog::info("validation of the checkpoint's weights: loss {:.5g}, accuracy {:.4f}",
+                   result.val_loss, result.val_accuracy);
   }
   if (s.saves == 0 && s.failed_saves > 0) {
     // checkpoint.on_error: warn trained on, but nothing of this run is on disk.

@@ -179,11 +179,14 @@ for _ in $(seq 100); do grep -q "step 25" "$WORK/shrunk.out" 2>/dev/null && brea
 truncate -s 1000 "$WORK/big.bin"
 wait "$job"
 expect_eq "$?" 2 "a token file cut under a running job: exit 2 (was: SIGBUS, exit 135)"
-expect_eq "$(grep -c "^\[rank[01]\]: .*token file '$WORK/big.bin' changed under the running job: its size changed from 800000 to 1000 bytes" "$WORK/shrunk.out")" 2 "both ranks name the file and the sizes"
+# Each rank checks at its next batch; one already waiting in a collective
+# is stopped by lockstep-run, whose summary names the file.
+expect_grep "$WORK/shrunk.out" "^\[rank[01]\]: .*token file '$WORK/big.bin' changed under the running job: its size changed from 800000 to 1000 bytes" "a rank names the file and the sizes"
+expect_grep "$WORK/shrunk.out" "^    .*token file '$WORK/big.bin' changed under the running job" "and so does the root cause in lockstep-run's summary"
 if grep -q "signal 7" "$WORK/shrunk.out"; then fail "a rank died of SIGBUS"; else pass "no rank died of a signal"; fi
 train recut.out "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7cut.bin" --set train.max_steps=4 --set checkpoint.resume=auto
 expect_eq "$?" 2 "resuming against a data set of another size: exit 2"
-expect_grep "$WORK/recut.out" "was trained on 1406 training examples \(data_id [0-9a-f]+\), data.path now gives 562" "naming both sizes"
+expect_grep "$WORK/recut.out" "was trained on 1406 training examples \(data_id [0-9a-f]+\), the training split now has 562" "naming both sizes"
 train recut_ok.out "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7cut.bin" --set train.max_steps=4 \
   --set checkpoint.resume=auto --set checkpoint.allow_data_change=true
 expect_eq "$?" 0 "with checkpoint.allow_data_change: true it resumes"
@@ -274,4 +277,107 @@ expect_eq "$?" 0 "the next start"
 expect_grep "$WORK/best2.out" "checkpoints: restored .*/checkpoints/best from .*\.old-best-99999999" "says it restored best/"
 [ -f "$ckd/best/MANIFEST" ] && pass "best/ exists again" || fail "no best/"
 expect_eq "$(ls -a "$ckd" | grep -c '^\.')" 2 "no .tmp-* or .old-* folder is left (only . and ..)"
+
+# 11. A restarted attempt of a run without checkpoint.resume starts over:
+#     the earlier attempt's results are moved aside, not refused.
+LOCKSTEP_FAULT=crash:rank=1:step=15:attempt=0 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 \
+  --max-restarts 1 "$LOCKSTEP" train "${digits[@]}" --set run.name=restarted >"$WORK/restarted.out" 2>&1
+expect_eq "$?" 0 "a fresh run restarted by lockstep-run --max-restarts finishes"
+expect_grep "$WORK/restarted.out" "an earlier attempt of this job left results .*this attempt has no checkpoint.resume: it starts over from step 0" "saying it starts over"
+ls -d "$runs/restarted"/overwritten-* >/dev/null 2>&1 && pass "the first attempt's results are kept aside" ||
+  fail "no overwritten-* folder for the first attempt"
+
+# 12. From the review. The root cause is the error that ended a worker, not
+#     one a rank reports and goes on from (check.policy warn).
+LOCKSTEP_FAULT=exit:rank=1:step=12 train warnonly.out "${digits[@]}" --set run.name=warnonly --set model.name=cnn \
+  --set model.batch_norm=true --set ddp.broadcast_buffers=false --set check.buffers=true \
+  --set check.policy=warn --set checkpoint.every=0
+expect_eq "$?" 7 "rank 1 leaves with LOCKSTEP_FAULT's exit 7 while rank 0 logs check warnings"
+expect_grep "$WORK/warnonly.out" "root cause: rank 1 " "the root cause is rank 1, not rank 0's warnings"
+# A restart does not turn a refusal into an overwrite of another run's folder.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 --max-restarts 1 "$LOCKSTEP" train "${digits[@]}" \
+  --set run.name=diverged >"$WORK/notmine.out" 2>&1
+expect_eq "$?" 2 "--max-restarts into another run's directory: exit 2, on every attempt"
+if ls -d "$runs/diverged"/overwritten-* >/dev/null 2>&1; then fail "the other run's results were moved"; else pass "the other run's results stay"; fi
+# Touching a token file (same bytes) is no change; every rank stops alike
+# on a real one, before reading it (ranks started by hand: each one's code).
+cp "$WORK/v7.bin" "$WORK/touch.bin"
+train touched.out "${gpt[@]}" --set run.name=touched --set data.path="$WORK/touch.bin" --set train.max_steps=200 \
+  --set checkpoint.every=0 &
+job=$!
+for _ in $(seq 100); do grep -q "step 25" "$WORK/touched.out" 2>/dev/null && break; sleep 0.1; done
+touch "$WORK/touch.bin"
+wait "$job"
+expect_eq "$?" 0 "touching the token file under a running job is no change"
+$PY -c "
+import random, struct
+random.seed(3)
+big = [random.randrange(1000) for _ in range(400000)]
+open('$WORK/big2.bin', 'wb').write(struct.pack('<%dH' % len(big), *big))"
+ranks shrunk2 "${gpt[@]}" --set run.name=shrunk2 --set data.path="$WORK/big2.bin" \
+  --set train.max_steps=1000000 --set train.epochs=1000 --set checkpoint.every=0 &
+job=$!
+for _ in $(seq 100); do grep -q "step 25" "$WORK/shrunk2.0" 2>/dev/null && break; sleep 0.1; done
+truncate -s 1000 "$WORK/big2.bin"
+wait "$job"
+expect_eq "$(cat "$WORK/shrunk2.codes")" "2 2" "a token file cut under a job: exit 2 on both ranks, without the launcher"
+for r in 0 1; do
+  expect_grep "$WORK/shrunk2.$r" "token file '$WORK/big2.bin' changed under the running job" "rank $r names the file"
+done
+# A NaN in a BatchNorm's running_var (a buffer) is refused too.
+train bn.out "${digits[@]}" --set run.name=bn --set model.name=cnn --set model.batch_norm=true
+expect_eq "$?" 0 "a cnn with BatchNorm"
+rm -rf "$WORK/bnck" && cp -r "$runs/bn/checkpoints/step_00000020" "$WORK/bnck"
+f="$WORK/bnck/model.pt" $PY -c "
+import os, torch, hashlib
+f = os.environ['f']; s = torch.load(f)
+k = [k for k in s if k.endswith('running_var')][0]; s[k][0] = float('nan'); torch.save(s, f)
+ck = os.path.dirname(f); lines = open(ck + '/MANIFEST').read().splitlines()
+h = hashlib.sha256(open(f, 'rb').read()).hexdigest()
+open(ck + '/MANIFEST', 'w').write(''.join((h + '  model.pt' if l.endswith('  model.pt') else l) + '\n' for l in lines))"
+train bnnan.out "${digits[@]}" --set run.name=bnnan --set model.name=cnn --set model.batch_norm=true \
+  --set checkpoint.resume="$WORK/bnck"
+expect_eq "$?" 2 "a NaN running_var in model.pt: exit 2"
+expect_grep "$WORK/bnnan.out" "model.pt: buffer '[^']*running_var' holds NaN" "naming the buffer"
+# Weights made non-finite by the optimizer step itself are never saved.
+train eps0.out "${digits[@]}" --set run.name=eps0 --set optim.name=adam --set optim.eps=0 \
+  --set optim.lr=0.001 --set checkpoint.every=1
+expect_eq "$?" 1 "Adam with eps 0 (NaN weights after a finite step): exit 1"
+expect_grep "$WORK/eps0.out" "training diverged at step 1: parameter '[^']*' holds NaN or inf after the optimizer step" "naming the parameter"
+if [ -e "$runs/eps0/checkpoints/step_00000001" ]; then fail "step 1's NaN weights were saved"; else pass "no checkpoint of the NaN weights"; fi
+# generate refuses a NaN weight before printing anything.
+gen_tamper gnan model.pt "s = torch.load(f); s['transformer.h.0.mlp.c_fc.weight'][0, 0] = float('nan'); torch.save(s, f)"
+"$LOCKSTEP" generate --checkpoint "$WORK/gnan" --prompt "In the" >"$WORK/gnan.out" 2>"$WORK/gnan.err"
+expect_eq "$?" 2 "generate with a NaN weight: exit 2 (was: exit 4 after the prompt)"
+expect_grep "$WORK/gnan.err" "model.pt: entry 'transformer.h.0.mlp.c_fc.weight' is not finite" "naming it"
+expect_eq "$(stat -c %s "$WORK/gnan.out")" 0 "and nothing on stdout"
+# Resuming by name from an older checkpoint sets the later ones aside, so
+# that rotation keeps the new line's and auto returns to it.
+train line.out "${digits[@]}" --set run.name=line --set checkpoint.every=5 --set checkpoint.keep=3
+train rollback.out "${digits[@]}" --set run.name=line --set checkpoint.every=1 --set checkpoint.keep=3 \
+  --set checkpoint.resume="$runs/line/checkpoints/step_00000010" --set train.max_steps=14
+expect_eq "$?" 0 "resuming from step 10 of 20"
+expect_grep "$WORK/rollback.out" "resumed from step 10: the 2 later checkpoint\(s\) of this run \(step_00000015 to step_00000020" "the later checkpoints are set aside"
+expect_eq "$(ls "$runs/line/checkpoints" | tr '\n' ' ')" "step_00000012 step_00000013 step_00000014 " "rotation kept the resumed run's own"
+ls "$runs/line"/superseded-*/step_00000020/MANIFEST >/dev/null 2>&1 && pass "step_00000020 is kept in superseded-*/" || fail "step_00000020 is gone"
+# A run that failed with only TensorBoard's file reruns; overwrite moves
+# only lockstep's outputs (a data file the user keeps there stays).
+train tb.out "${digits[@]}" --set run.name=tb --set log.tensorboard=true --set optim.lr=1000000
+train tb2.out "${digits[@]}" --set run.name=tb --set log.tensorboard=true --set optim.lr=1000000
+expect_eq "$?" 1 "a diverged run with TensorBoard reruns (and diverges again: exit 1, not 2)"
+cp "$WORK/rows.csv" "$runs/base/mydata.csv"
+train over2.out "${digits[@]}" --set run.name=base --set run.overwrite=true
+expect_eq "$?" 0 "run.overwrite again"
+[ -f "$runs/base/mydata.csv" ] && pass "the user's own file stays in the run directory" || fail "run.overwrite moved the user's file"
+# best/ lost between two renames is put back before a resume looks for it.
+mv "$ckd/best" "$ckd/.old-best-99999996"
+train frombest.out "${digits[@]}" --set run.name=best --set checkpoint.resume="$ckd/best" --set train.max_steps=30
+expect_eq "$?" 0 "resuming from best/ right after an interrupted replacement"
+# A nanoGPT file whose tokens hold a long run of zeros is no header.
+$PY -c "
+import struct
+t = [17, 4, 2, 9] + [0] * 600 + [5] * 5000
+open('$WORK/zeros.bin', 'wb').write(struct.pack('<%dH' % len(t), *t))"
+train zeros.out "${gpt[@]}" --set run.name=zeros --set data.path="$WORK/zeros.bin" --set train.max_steps=2
+expect_eq "$?" 0 "a nanoGPT file with 600 zero tokens near its start trains"
 finish

@@ -213,8 +213,21 @@ TEST_CASE(
   l.model[1].second[0] = inf;
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("ck/model.pt: entry 'bias' is not finite"));
-  // A buffer is the model's business (a mask may hold -inf).
+  // A buffer may hold -inf (a mask's), never NaN; running statistics are
+  // finite and a variance is not negative.
   CHECK_NOTHROW(Checkpointer::check_values(l, {"weight"}, 6));
+  l.model[1].second[1] = nan;
+  CHECK_THROWS_WITH(Checkpointer::check_values(l, {"weight"}, 6),
+                    Contains("ck/model.pt: buffer 'bias' holds NaN: element 1 is nan"));
+  StateDict bn{{"bn.running_var", torch::ones({3})}, {"bn.running_mean", torch::zeros({3})}};
+  CHECK_NOTHROW(Checkpointer::check_model_values(bn, {}, "m.pt"));
+  bn[0].second[2] = -0.5;
+  CHECK_THROWS_WITH(Checkpointer::check_model_values(bn, {}, "m.pt"),
+                    Contains("m.pt: buffer 'bn.running_var' is a variance and cannot be negative"));
+  bn[0].second[2] = 1;
+  bn[1].second[0] = -inf;
+  CHECK_THROWS_WITH(Checkpointer::check_model_values(bn, {}, "m.pt"),
+                    Contains("'bn.running_mean' is a running statistic and must be finite"));
   l = adam_like();
   l.rng_states = torch::zeros({0, 6}, torch::kUInt8);  // "silently reseeded" before
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),

@@ -55,6 +55,12 @@ class Dataset {
   virtual Batch get_batch(const std::vector<int64_t>& indices) const;
   // For error messages.
   virtual std::string name() const { return "dataset"; }
+  // A dataset read from files while training (token files): whether it
+  // checks them, and the check, which throws DataError naming a file that
+  // changed under the job. The trainer agrees on it across ranks before
+  // every step (Note [Token files]).
+  virtual bool file_backed() const { return false; }
+  virtual void check_unchanged() const {}
 };
 
 // A TensorDataset as a Dataset: a batch is one index_select.

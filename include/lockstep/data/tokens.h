@@ -42,8 +42,8 @@ class TokenFile {
   // count. Throws DataError naming the file when it changed since open
   // (shrunk, rewritten or replaced: Note [Token files]).
   void read(int64_t begin, int64_t n, int64_t* out) const;
-  // Throws that DataError when the file changed since open; cheap (two
-  // stat calls), done once per batch.
+  // Throws that DataError when the file's size or identity changed since
+  // open; cheap (two stat calls), done once per batch.
   void check_unchanged() const;
 
  private:
@@ -54,9 +54,8 @@ class TokenFile {
   int64_t offset_ = 0;  // bytes before the first token (llm.c's header)
   int width_ = 1;       // bytes per token
   int64_t count_ = 0;
-  // What the file was at open: size, modification time, device and inode.
+  // What the file was at open: size, device and inode.
   int64_t bytes_ = 0;
-  int64_t mtime_ns_ = 0;
   uint64_t dev_ = 0, ino_ = 0;
 };
 
@@ -72,6 +71,8 @@ class TokenWindows : public Dataset {
   Example get(int64_t index) const override;
   Batch get_batch(const std::vector<int64_t>& indices) const override;
   std::string name() const override;
+  bool file_backed() const override { return true; }
+  void check_unchanged() const override { file_->check_unchanged(); }
   int64_t block_size() const { return block_size_; }
   int64_t tokens() const { return end_ - begin_; }
 

@@ -119,6 +119,10 @@ class Checkpointer {
   // writing rank. Throws DataError naming the file, the entry and the value.
   static void check_values(const Loaded& loaded, const std::set<std::string>& parameters,
                            int64_t generator_bytes);
+  // model.pt's part of it alone (lockstep generate): `parameters` finite,
+  // buffers without NaN. `file` names it in the error.
+  static void check_model_values(const StateDict& model, const std::set<std::string>& parameters,
+                                 const std::string& file);
 
  private:
   void write_folder(const std::string& tmp, const TrainerState& state, const StateDict& model,
