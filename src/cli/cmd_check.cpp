@@ -61,7 +61,7 @@ int cmd_check(int argc, char** argv) {
         ("comm", "communication self-check: every collective, op and dtype against its closed-form answer")
         ("config", "consistency-check mode: self-check, K DDP steps of this config with per-step digests, a negative control", cxxopts::value<std::string>())
         ("set", "with --config: override section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())
-        ("steps", "with --config: training steps to check", cxxopts::value<int64_t>()->default_value("10"))
+        ("steps", "with --config: training steps to check", cxxopts::value<int64_t>()->default_value(std::to_string(CheckRunOptions{}.steps)))
         ("inject", "with --config: fault to inject: none | lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value("none"))
         ("fault-rank", "with --config: the rank that misbehaves (-1: the last)", cxxopts::value<int>()->default_value("-1"))
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))

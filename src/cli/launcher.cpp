@@ -138,7 +138,10 @@ struct Worker {
 // "[error] lockstep <command>: ..."; one host, one clock, millisecond
 // resolution; a tie goes to the lower rank, rank 0 hosting what the others
 // need), else by when the line arrived; a worker that printed no error line
-// (killed by a signal) falls back to the order of exits.
+// (killed by a signal) falls back to the order of exits. When the first
+// worker fails, the others that have printed their final error already
+// are not sent SIGTERM: they are leaving, and their own exit codes are
+// kept (the grace period's SIGKILL still bounds them).
 
 class Attempt {
  public:
@@ -264,16 +267,20 @@ class Attempt {
   }
 
   // Only workers not reaped yet: their group ids are still theirs.
-  void signal_running(int sig) {
+  // `spare_exiting`: leave out workers whose final error line has arrived:
+  // they are leaving on their own, and their own exit code is the truth
+  // (Note [Root cause]); the grace period's SIGKILL still reaches them.
+  void signal_running(int sig, bool spare_exiting = false) {
     for (auto& w : workers_) {
       if (!w.running) continue;
+      if (spare_exiting && w.first_error_s >= 0) continue;
       kill(-w.pid, sig);
       if (sig == SIGTERM || sig == SIGKILL) w.stopped_by_us = true;
     }
   }
 
-  void begin_stop(int sig) {
-    signal_running(sig);
+  void begin_stop(int sig, bool spare_exiting = false) {
+    signal_running(sig, spare_exiting);
     if (!stopping_) {
       kill_deadline_ = Clock::now() + seconds(options_.grace_s);
       stop_began_s_ = elapsed_s();
@@ -324,7 +331,7 @@ class Attempt {
     say("rank " + std::to_string(w.rank) + " " + describe_status(status) + " after " +
         format_s(w.ended_s) +
         (others > 0 ? "; stopping the other " + std::to_string(others) + " worker(s)" : ""));
-    begin_stop(SIGTERM);
+    begin_stop(SIGTERM, /*spare_exiting=*/true);
   }
 
   bool any_running() const {

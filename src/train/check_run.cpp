@@ -14,13 +14,14 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
+#include "lockstep/model/models.h"
+#include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
-#include "lockstep/train/models.h"
-#include "lockstep/train/optim.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
 #include "lockstep/util/error.h"
+#include "run_parts.h"
 
 namespace lockstep {
 namespace {
@@ -49,12 +50,16 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   Config config = base;
   config.check.every = 1;
   if (faulty && options.fault == CheckFault::kLr) config.optim.lr *= 1.5;
-  auto model = model_from_config(config, data);
-  const at::Device device = device_from_config(config, world, pg->kind());
-  model->to(device);
-  MixedPrecision precision(config.train, device, pg.get());
+  // Under ZeRO the owners broadcast every parameter after their step, so
+  // ranks that never synchronise their gradients still agree on the weights
+  // by construction: the negative control checks the unsharded run.
+  if (!synchronise) config.optim.zero = 0;
+  // Note [One run assembly]: the parts lockstep train builds for this config.
+  RunParts run;
+  run_build_model(run, config, world, *pg, data);
+  Classifier& model = *run.model;
   if (options.fault == CheckFault::kNoBufferBroadcast) {
-    if (model->buffers().empty()) {
+    if (model.buffers().empty()) {
       throw ConfigError(
           "fault no-buffer-broadcast needs a model with buffers "
           "(--set model.name=cnn --set model.batch_norm=true)");
@@ -62,25 +67,23 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
     config.ddp.broadcast_buffers = false;
     config.check.buffers = true;
   }
-  ClassifierDdp ddp(model, pg, ddp_options_from_config(config.ddp));
+  run_build_optimizer(run, config, pg);
+  run_build_ddp(run, config, pg);
   seed_rank_generator(config, world.rank);
   if (faulty && options.fault == CheckFault::kInit) {
     // A layer re-initialised after wrapping, from an unseeded generator.
     at::NoGradGuard no_grad;
-    auto p = model->parameters().front();
+    auto p = model.parameters().front();
     p.copy_(at::randn(p.sizes(), at::detail::createCPUGenerator(
                                      std::chrono::steady_clock::now().time_since_epoch().count())) *
             0.05);  // copy_ moves it to the parameter's device
   }
-  auto optimizer = optimizer_create(config.optim, model->parameters());
   auto sampler = sampler_from_config(config, world, data.train->size());
   const StepPlan plan = step_plan(config, sampler, data.train->size());
   StepOptions step_options = step_options_from_config(config, plan.total_steps);
   step_options.synchronise = synchronise;
-  const TaskKind task = data.task;
-  TrainStep step(*pg, ddp, *model, *optimizer, loss_from_config(config.train.loss, task),
-                 task == TaskKind::kClassification, step_options);
-  precision.install(step.hooks);
+  run_build_step(run, config, *pg, data.task, step_options);
+  TrainStep& step = *run.step;
   Phase phase;
   step.set_report_observer([&](const ConsistencyReport& r) { phase.steps.push_back(r); });
   int64_t done = 0;
@@ -107,7 +110,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   }
   phase.total_steps = plan.total_steps;
   phase.fingerprint =
-      hex_of(fingerprint_digest(fingerprint_tensors(*model, true), DigestMode::kXxh3));
+      hex_of(fingerprint_digest(fingerprint_tensors(model, true), DigestMode::kXxh3));
   return phase;
 }
 
@@ -152,6 +155,16 @@ CheckRunResult check_run(const Config& config, const WorldInfo& world,
           ? ""
           : (std::string(", fault '") + name_of(kCheckFaultNames, options.fault) + "' injected")
                 .c_str());
+  out += line;
+  // What the run is made of (Note [One run assembly]): as lockstep train.
+  std::snprintf(
+      line, sizeof line, "run: optim %s, optim.zero %lld%s, precision %s, accumulation %lld\n",
+      name_of(kOptimizerKindNames, config.optim.name), static_cast<long long>(config.optim.zero),
+      config.optim.zero > 0 ? " (the negative control unsharded: owners' broadcasts "
+                              "would make unsynchronised ranks agree)"
+                            : "",
+      name_of(kPrecisionNames, config.train.precision),
+      static_cast<long long>(config.train.accumulation_steps));
   out += line;
   out += "\n(b) weights digest per rank after each synchronised step:\nstep";
   for (int r = 0; r < world.world_size; ++r) {

@@ -4,6 +4,7 @@
 // choices and meaning. Parsing, overrides, the YAML dump and the reference
 // documentation are all walks over this table.
 #include "lockstep/train/config.h"
+#include "lockstep/model/gpt.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -580,10 +581,8 @@ void config_validate(const Config& c, int world_size) {
     throw ConfigError(std::string("data.path must be set for data.name: ") +
                       name_of(kDatasetKindNames, c.data.name));
   }
-  if (c.model.name == "gpt" && c.model.n_embd % c.model.n_head != 0) {
-    throw ConfigError("model.n_head=" + std::to_string(c.model.n_head) +
-                      " must divide model.n_embd=" + std::to_string(c.model.n_embd));
-  }
+  // The GPT's shape rules have one home (gpt_options), checked here early.
+  if (c.model.name == "gpt") (void)gpt_options(c.model, 256);
   if (c.model.name == "gpt" && c.data.name != DatasetKind::kText &&
       c.data.name != DatasetKind::kTokens) {
     throw ConfigError(std::string("model.name: gpt is a language model: it needs data.name: text "

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "lockstep/ddp/ddp.h"
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 
 namespace lockstep {
 

@@ -15,7 +15,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/step.h"
-#include "lockstep/train/tensorboard.h"
+#include "lockstep/io/tensorboard.h"
 
 namespace lockstep {
 

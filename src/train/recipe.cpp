@@ -11,7 +11,7 @@
 
 #include "lockstep/data/tokens.h"
 #include "lockstep/ddp/comm_hooks.h"
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"

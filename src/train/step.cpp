@@ -10,7 +10,7 @@
 #include "lockstep/check/step_checks.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/coalesced.h"
-#include "lockstep/train/optim.h"
+#include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/module_tensors.h"
 #include "lockstep/util/text.h"

@@ -20,16 +20,17 @@
 #include "hook_state.h"
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
+#include "lockstep/ddp/zero_grad_hook.h"
 #include "lockstep/distributed/agree.h"
+#include "lockstep/model/gpt.h"
+#include "lockstep/optim/optim.h"
+#include "lockstep/optim/zero.h"
 #include "lockstep/train/callbacks.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/fault.h"
-#include "lockstep/train/gpt.h"
-#include "lockstep/train/optim.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
-#include "lockstep/train/zero.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
@@ -39,6 +40,7 @@
 #include "lockstep/util/trace.h"
 #include "metrics.h"
 #include "run_dir.h"
+#include "run_parts.h"
 #include "stop_signals.h"
 
 namespace lockstep {
@@ -52,16 +54,19 @@ struct Trainer::Impl {
   TrainData data;       // train and validation, and what the model needs of them
   std::string data_id;  // data_identity(train split), for state.yaml
   std::unique_ptr<DistributedSampler> sampler;
-  std::shared_ptr<Classifier> model;
-  at::Device device{at::kCPU};  // train.device, resolved
-  std::unique_ptr<DistributedDataParallel<std::shared_ptr<Classifier>>> ddp;
-  std::shared_ptr<CommHook> comm_hook;  // ddp.comm_hook; nullptr: plain all-reduce
-  StateDict resumed_hook_state;         // from the checkpoint, until the hook exists
+  // What the config makes, as `lockstep check --config` makes it too (Note
+  // [One run assembly], run_parts.h); the names below are its parts.
+  RunParts run;
+  std::shared_ptr<Classifier>& model = run.model;
+  at::Device& device = run.device;  // train.device, resolved
+  std::unique_ptr<ClassifierDdp>& ddp = run.ddp;
+  std::shared_ptr<CommHook>& comm_hook = run.comm_hook;  // ddp.comm_hook; nullptr: all-reduce
+  StateDict resumed_hook_state;  // from the checkpoint, until the hook exists
   int64_t resumed_world_size = 0;
   std::string resumed_from;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  ZeroOptimizer* zero = nullptr;              // `optimizer`, when optim.zero is 1 or 2
-  std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
+  std::unique_ptr<torch::optim::Optimizer>& optimizer = run.optimizer;
+  ZeroOptimizer*& zero = run.zero;  // `optimizer`, when optim.zero is 1 or 2
+  std::unique_ptr<MixedPrecision>& precision = run.precision;  // autocast, the GradScaler
   std::unique_ptr<Checkpointer> checkpointer;
   TrainerState state;
   StepPlan plan;  // micro-batches and steps per epoch, steps in all
@@ -184,17 +189,14 @@ struct Trainer::Impl {
   }
 
   void build_model() {
-    model = model_from_config(config, data);
+    run_build_model(run, config, world, *pg, data);
     if (data.task == TaskKind::kLanguage) {
       language_tokens = static_cast<double>(data.sample_shape[0]);
       if (auto* gpt = dynamic_cast<Gpt*>(model.get())) language_flops = gpt->flops_per_token();
     }
-    device = device_from_config(config, world, pg->kind());
-    model->to(device);  // before the optimizer and the resume: their state lives there too
     int64_t count = 0;
     for (const auto& p : model->parameters()) count += p.numel();
     spdlog::info("model: {} with {} parameters on {}", config.model.name, count, device.str());
-    precision = std::make_unique<MixedPrecision>(config.train, device, pg.get());
     if (config.train.precision == Precision::kBf16) {
       spdlog::info("precision: bf16 autocast on {} (weights, gradients, optimizer state fp32)",
                    device.str());
@@ -207,10 +209,8 @@ struct Trainer::Impl {
   }
 
   void build_optimizer() {
-    if (config.optim.zero > 0) {
-      auto sharded = std::make_unique<ZeroOptimizer>(pg, config.optim, trainable_parameters(*model),
-                                                     static_cast<int>(config.optim.zero));
-      zero = sharded.get();
+    run_build_optimizer(run, config, pg);
+    if (zero != nullptr) {
       const auto elements = zero->owned_elements();
       int64_t all = 0, owned = 0;
       for (size_t i = 0; i < zero->owners().size(); ++i) owned += zero->owns(i) ? 1 : 0;
@@ -221,9 +221,6 @@ struct Trainer::Impl {
           config.optim.zero, owned, zero->owners().size(),
           elements[static_cast<size_t>(world.rank)], all,
           config.optim.zero == 2 ? "; gradients are reduce-scattered to their owners" : "");
-      optimizer = std::move(sharded);
-    } else {
-      optimizer = optimizer_create(config.optim, model->parameters());
     }
     checkpointer = std::make_unique<Checkpointer>(run_dir, config.checkpoint.keep);
   }
@@ -434,7 +431,7 @@ struct Trainer::Impl {
   }
 
   // ------------------------------------------------------------ the loop
-  std::unique_ptr<TrainStep> step;  // the one step (train/step.h), with the per-step check
+  std::unique_ptr<TrainStep>& step = run.step;  // the one step (train/step.h), with its checks
 
   void check_weights(int64_t at_step, const std::string& why, CheckPolicy policy) {
     step->sync_buffers_for_check();
@@ -692,12 +689,7 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   // Under ZeRO a bad optimizer.pt entry fails only its owner's load: every
   // rank learns the verdict and leaves with the same error (exit 2 alike).
   agree_on_failure(*s.pg, [&] { s.maybe_resume(); });
-  DdpOptions ddp = ddp_options_from_config(s.config.ddp);
-  s.comm_hook = ddp.comm_hook;
-  if (s.zero != nullptr && s.zero->stage() == 2)
-    ddp.comm_hook = zero_grad_hook(s.zero->owners(), s.world.rank);
-  s.ddp =
-      std::make_unique<DistributedDataParallel<std::shared_ptr<Classifier>>>(s.model, s.pg, ddp);
+  run_build_ddp(s.run, s.config, s.pg);
   if (!s.resumed_from.empty()) {
     hook_state_restore(s.comm_hook.get(), *s.ddp, s.resumed_hook_state, s.world.rank,
                        s.world.world_size, s.resumed_world_size, s.resumed_from);
@@ -710,18 +702,10 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
         "(it all-reduces plainly until then; PyTorch's default 1000 suits long runs)",
         s.config.ddp.powersgd_start_iter, s.plan.total_steps);
   }
-  const TaskKind task = s.data.task;
-  s.step = std::make_unique<TrainStep>(
-      *s.pg, *s.ddp, *s.model, *s.optimizer, loss_from_config(s.config.train.loss, task),
-      task == TaskKind::kClassification, step_options_from_config(s.config, s.plan.total_steps));
+  run_build_step(s.run, s.config, *s.pg, s.data.task,
+                 step_options_from_config(s.config, s.plan.total_steps));
   s.callbacks = callbacks_create();
   s.open_run_dir();
-  s.precision->install(s.step->hooks);
-  if (s.zero != nullptr && s.zero->stage() == 2) {
-    ZeroOptimizer* zero = s.zero;
-    s.step->hooks.after_backward = [zero] { zero->release_unowned_grads(); };
-    s.step->hooks.grad_norms = [zero] { return zero->grad_norms(); };
-  }
   if (s.config.log.trace) {
     s.tracer = std::make_shared<Tracer>(s.world.rank);
     s.ddp->set_tracer(s.tracer);

@@ -14,7 +14,7 @@
 #include "ddp_models.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/ddp/powersgd.h"
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/util/error.h"
 #include "support/thread_world.h"
 

@@ -1,5 +1,5 @@
 // Fuzz target for the state-dict reader (Note [Untrusted state dicts],
-// src/train/torch_pickle.cpp), libFuzzer style. Every input must either
+// src/io/torch_pickle.cpp), libFuzzer style. Every input must either
 // load or be refused with DataError; anything else (another exception, a
 // crash, a sanitizer report, a timeout) is a finding.
 //   built with clang -fsanitize=fuzzer,address,undefined by tests/fuzz/run.sh;
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

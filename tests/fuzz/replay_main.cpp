@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);

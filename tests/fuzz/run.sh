@@ -18,9 +18,9 @@ trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 "$root/tests/fuzz/make_corpus.py" "$work/seeds" || { echo "0 passed, 1 failed"; exit 1; }
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize=vptr
        -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1
-       -I"$root/include" -I"$root/src/train" -I/usr/include/torch/csrc/api/include)
-if ! "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_state_dict.cpp" "$root/src/train/torch_pickle.cpp" "$root/src/train/pickle_machine.cpp" \
-  "$root/src/train/zip_records.cpp" "$root/src/util/error.cpp" \
+       -I"$root/include" -I"$root/src/io" -I/usr/include/torch/csrc/api/include)
+if ! "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_state_dict.cpp" "$root/src/io/torch_pickle.cpp" "$root/src/io/pickle_machine.cpp" \
+  "$root/src/io/zip_records.cpp" "$root/src/util/error.cpp" \
   -ltorch -ltorch_cpu -lc10 -o "$work/fuzz" 2>"$work/build.log"; then
   tail -20 "$work/build.log"
   echo "0 passed, 1 failed"

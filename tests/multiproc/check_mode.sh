@@ -32,6 +32,21 @@ expect_eq "$?" 0 "the same config trains"
 trained=$(sed -n 's/.*weights \([0-9a-f]*\); run .*/\1/p' "$WORK/train_out")
 expect_eq "${checked:-none}" "${trained:-missing}" "check mode's weights equal lockstep train's after 25 steps (two epochs and a half)"
 
+# The same with ZeRO-2 and bf16 (Note [One run assembly]): check mode builds
+# the ZeroOptimizer and its reduce-scatter as train does; it used to run a
+# plain optimizer and end elsewhere.
+zero=(--set optim.zero=2 --set train.precision=bf16 --set optim.name=adam --set optim.lr=0.01 "${same[@]}")
+check 2 --steps 10 "${zero[@]}"
+expect_eq "$?" 0 "check with optim.zero 2 and bf16 passes (its negative control runs unsharded)"
+expect_grep "$WORK/out" "^\[rank0\]: run: optim adam, optim.zero 2 \(the negative control unsharded.*precision bf16, accumulation 2" "and says it ran ZeRO-2 with bf16"
+checked=$(sed -n 's/.*(b).s final weights \([0-9a-f]*\) .*/\1/p' "$WORK/out")
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
+  --config "$root/configs/digits.yaml" --set train.max_steps=10 --set run.dir="$WORK/runs" \
+  --set run.name=zero2 --set checkpoint.every=0 "${zero[@]}" >"$WORK/train_out" 2>"$WORK/train_err"
+expect_eq "$?" 0 "the same config trains"
+trained=$(sed -n 's/.*weights \([0-9a-f]*\); run .*/\1/p' "$WORK/train_out")
+expect_eq "${checked:-none}" "${trained:-missing}" "check mode's weights equal lockstep train's with optim.zero 2 and bf16"
+
 check 3 --inject lr --fault-rank 1
 expect_eq "$?" 1 "a rank with another learning rate exits 1"
 expect_grep "$WORK/out" "\(b\) DDP training, 4 steps +FAIL: weights differ across ranks after step 1: first differing tensor 'layers.0.weight'; rank\(s\) 0, 2 hold [0-9a-f]+; rank\(s\) 1 hold" "names step 1, the tensor and rank 1"

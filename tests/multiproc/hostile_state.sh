@@ -31,13 +31,14 @@ ranks() {  # ranks OUT ARGS...: 2 ranks started by hand; "$WORK/OUT.codes" gets 
   wait "$pid1"; local c1=$?
   echo "$c0 $c1" >"$WORK/$out.codes"
 }
-# tamper NAME FILE PYTHON: a copy of the base checkpoint with FILE rewritten
-# by PYTHON (f: its path) and its MANIFEST line made to match.
-tamper() {
-  local ck="$WORK/$1"
-  rm -rf "$ck" && cp -r "$runs/base/checkpoints/step_00000020" "$ck"
-  f="$ck/$2" $PY -c "import os, torch; f = os.environ['f']; $3" &&
-    $PY - "$ck" "$2" <<'PY'
+# copy_tampered SOURCE NAME FILE PYTHON: a copy of checkpoint SOURCE as
+# $WORK/NAME with FILE rewritten by PYTHON (f: its path) and its MANIFEST
+# line made to match, as a hostile editor would.
+copy_tampered() {
+  local ck="$WORK/$2"
+  rm -rf "$ck" && cp -r "$1" "$ck"
+  f="$ck/$3" $PY -c "import os, torch; f = os.environ['f']; $4" &&
+    $PY - "$ck" "$3" <<'PY'
 import hashlib, sys
 ck, name = sys.argv[1], sys.argv[2]
 lines = open(ck + '/MANIFEST').read().splitlines()
@@ -45,6 +46,7 @@ h = hashlib.sha256(open(ck + '/' + name, 'rb').read()).hexdigest()
 open(ck + '/MANIFEST', 'w').write(''.join((h + '  ' + name if l.endswith('  ' + name) else l) + '\n' for l in lines))
 PY
 }
+tamper() { copy_tampered "$runs/base/checkpoints/step_00000020" "$@"; }  # tamper NAME FILE PYTHON
 
 # 1. Checkpoint values: every rank exits 2 naming the file and the entry,
 #    whichever rank owns it under ZeRO (layers.0.weight: rank 1's).
@@ -82,14 +84,7 @@ expect_grep "$WORK/badrng.out" "rng.pt: holds 2 generator state\(s\) of 17 bytes
 train psgd.out "${digits[@]}" --set run.name=psgd --set ddp.comm_hook=powersgd \
   --set ddp.powersgd.start_iter=2 --set checkpoint.every=20
 expect_eq "$?" 0 "a PowerSGD run"
-psgd_tamper() {  # psgd_tamper NAME PYTHON
-  rm -rf "$runs/base/checkpoints/step_00000020.keep"
-  mv "$runs/base/checkpoints/step_00000020" "$runs/base/checkpoints/step_00000020.keep"
-  cp -r "$runs/psgd/checkpoints/step_00000020" "$runs/base/checkpoints/step_00000020"
-  tamper "$1" comm_hook.pt "$2"
-  rm -rf "$runs/base/checkpoints/step_00000020"
-  mv "$runs/base/checkpoints/step_00000020.keep" "$runs/base/checkpoints/step_00000020"
-}
+psgd_tamper() { copy_tampered "$runs/psgd/checkpoints/step_00000020" "$1" comm_hook.pt "$2"; }
 psgd_tamper huge "s = torch.load(f); s['rank1.error.0'][0] = 1e38; torch.save(s, f)"
 ranks huge "${digits[@]}" --set run.name=huge --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=2 \
   --set checkpoint.resume="$WORK/huge"
@@ -202,17 +197,7 @@ train gptrun.out --config "$root/configs/gpt-text.yaml" --set run.dir="$runs" --
   --set data.path="$WORK/book.txt" --set train.max_steps=3 --set check.every=0 --set log.progress=plain
 expect_eq "$?" 0 "a small GPT checkpoint"
 gck="$runs/gen/checkpoints/step_00000003"
-gen_tamper() {  # gen_tamper NAME FILE PYTHON: a copy of $gck with FILE rewritten, MANIFEST matched
-  rm -rf "$WORK/$1" && cp -r "$gck" "$WORK/$1"
-  f="$WORK/$1/$2" $PY -c "import os, torch; f = os.environ['f']; $3" &&
-    $PY - "$WORK/$1" "$2" <<'PY'
-import hashlib, sys
-ck, name = sys.argv[1], sys.argv[2]
-lines = open(ck + '/MANIFEST').read().splitlines()
-h = hashlib.sha256(open(ck + '/' + name, 'rb').read()).hexdigest()
-open(ck + '/MANIFEST', 'w').write(''.join((h + '  ' + name if l.endswith('  ' + name) else l) + '\n' for l in lines))
-PY
-}
+gen_tamper() { copy_tampered "$gck" "$@"; }  # gen_tamper NAME FILE PYTHON
 peak_generate() {  # peak_generate OUT ARGS...: exit code, then the peak RSS in MiB
   $PY - "$WORK/$1" "$LOCKSTEP" generate "${@:2}" <<'PY'
 import resource, subprocess, sys

@@ -1,4 +1,4 @@
-"""lockstep's model.name: gpt (src/train/gpt.cpp) in PyTorch: GPT-2 as
+"""lockstep's model.name: gpt (src/model/gpt.cpp) in PyTorch: GPT-2 as
 nanoGPT's model.py writes it, with the same parameter names, less lm_head:
 the output head is the token embedding's own weight (F.linear below), so a
 lockstep checkpoint's model.pt loads here with strict=True and back."""

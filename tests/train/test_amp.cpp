@@ -1,4 +1,4 @@
-// Mixed precision (train/grad_scaler.h, train/precision.h) with values: the
+// Mixed precision (optim/grad_scaler.h, train/precision.h) with values: the
 // GradScaler against a closed form over a scripted sequence of finite and
 // non-finite gradients; its fallback against ATen's kernels where the
 // LibTorch has both; the order rules and the state; the agreement of
@@ -18,7 +18,7 @@
 
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/train/checkpoint.h"
-#include "lockstep/train/grad_scaler.h"
+#include "lockstep/optim/grad_scaler.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"

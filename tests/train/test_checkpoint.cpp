@@ -14,7 +14,7 @@
 #include <set>
 
 #include "lockstep/train/checkpoint.h"
-#include "lockstep/train/optim.h"
+#include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/module_tensors.h"

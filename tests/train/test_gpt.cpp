@@ -1,4 +1,4 @@
-// model.name: gpt (train/gpt.h) and the token data it reads (data/tokens.h):
+// model.name: gpt (model/gpt.h) and the token data it reads (data/tokens.h):
 // the parameters against GPT-2's closed-form count and names, the
 // initialisation's statistics, causality, attention against a reference
 // written out by hand, the loss at initialisation against ln(vocab), the
@@ -21,7 +21,7 @@
 #include "lockstep/data/tokens.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/train/generate.h"
-#include "lockstep/train/gpt.h"
+#include "lockstep/model/gpt.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/error.h"

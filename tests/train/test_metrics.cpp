@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "lockstep/train/step.h"
-#include "lockstep/train/tensorboard.h"
+#include "lockstep/io/tensorboard.h"
 #include "support/catch.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"

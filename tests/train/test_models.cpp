@@ -4,8 +4,8 @@
 #include <torch/optim.h>
 #include "support/catch.h"
 
-#include "lockstep/train/models.h"
-#include "lockstep/train/optim.h"
+#include "lockstep/model/models.h"
+#include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
 
 using namespace lockstep;

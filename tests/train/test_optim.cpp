@@ -1,11 +1,11 @@
-// Optimizers and learning-rate schedules (train/optim.h): closed-form
+// Optimizers and learning-rate schedules (optim/optim.h): closed-form
 // schedule values, every optimizer kind, and optimizer state in fingerprints.
 #include <torch/optim.h>
 #include "support/catch.h"
 
 #include "lockstep/check/fingerprint.h"
-#include "lockstep/train/models.h"
-#include "lockstep/train/optim.h"
+#include "lockstep/model/models.h"
+#include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
 
 using namespace lockstep;

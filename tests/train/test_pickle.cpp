@@ -1,4 +1,4 @@
-// The opcode machine of the state-dict reader (src/train/pickle_machine.h):
+// The opcode machine of the state-dict reader (src/io/pickle_machine.h):
 // what Python's pickle writes comes out as the same values; malformed input
 // is an error naming the file and the fault, never a crash; persistent ids
 // and REDUCE go to the resolver, which alone decides what may be built.
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "lockstep/util/error.h"
-#include "train/pickle_machine.h"
+#include "io/pickle_machine.h"
 
 using namespace lockstep;
 using lockstep::testing::Contains;

@@ -1,4 +1,4 @@
-// ZeRO (train/zero.h, Note [ZeRO]) and its collectives: the partition
+// ZeRO (optim/zero.h, Note [ZeRO]) and its collectives: the partition
 // against PyTorch's sorted-greedy rule worked by hand; the flat
 // reduce-scatter and all-gather against their closed forms on 1 to 4 ranks,
 // and on shm the reduce-scatter's bits against its all-reduce's (random
@@ -12,8 +12,9 @@
 #include "support/catch.h"
 
 #include "lockstep/ddp/comm_hooks.h"
-#include "lockstep/train/optim.h"
-#include "lockstep/train/zero.h"
+#include "lockstep/optim/optim.h"
+#include "lockstep/ddp/zero_grad_hook.h"
+#include "lockstep/optim/zero.h"
 #include "support/thread_world.h"
 
 using namespace lockstep;

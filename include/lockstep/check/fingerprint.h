@@ -27,6 +27,8 @@
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/util/hex.h"  // hex_of: digests as text
 
+#include "lockstep/util/module_tensors.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -34,11 +36,6 @@ class Module;
 namespace lockstep {
 
 const char* digest_mode_name(DigestMode mode);
-
-struct NamedTensor {
-  std::string name;
-  at::Tensor tensor;
-};
 
 // Parameters in registration order (the state_dict's), then, when asked,
 // buffers (prefixed "buffer ").

@@ -53,7 +53,7 @@ struct GradBucket {
   bool is_last() const { return index + 1 == count; }
 };
 
-// A hook's state as named tensors (a state dict; train/state_dict.h's type).
+// A hook's state as named tensors (a state dict; io/state_dict.h's type).
 using HookState = std::vector<std::pair<std::string, at::Tensor>>;
 
 class CommHook {

@@ -1,5 +1,5 @@
 // Code of one's own inside `lockstep train`, registered next to
-// register_model (train/models.h) before train_main:
+// register_model (model/models.h) before train_main:
 //   register_callback("name", factory): hooks at the run's start, each
 //     step's end, each evaluation's end, each checkpoint, the run's end;
 //   register_loss("name", fn): a loss selected by train.loss: name.

@@ -4,7 +4,7 @@
 //   model.pt      the state dict: torch::pickle_save of {name: tensor}, which
 //                 Python opens with torch.load(path)
 //   optimizer.pt  the optimizer state as a state dict, "<param>.<field>"
-//                 (train/optim.h: optimizer_state_dict), whatever the
+//                 (optim/optim.h: optimizer_state_dict), whatever the
 //                 world size and optim.zero that wrote it; torch.load reads
 //                 it. Checkpoints of lockstep before ZeRO hold LibTorch's
 //                 optimizer archive here: still read (same world size).
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 
 namespace torch::optim {
 class Optimizer;

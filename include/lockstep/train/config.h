@@ -15,6 +15,8 @@
 #include "lockstep/distributed/backend_kind.h"
 #include "lockstep/distributed/shm_options.h"
 #include "lockstep/distributed/timeouts.h"
+#include "lockstep/model/model_config.h"
+#include "lockstep/optim/optim_config.h"
 #include "lockstep/util/names.h"
 
 namespace lockstep {
@@ -30,14 +32,6 @@ inline constexpr NameTable<DatasetKind, 6> kDatasetKindNames{
      {DatasetKind::kMnist, "mnist"},
      {DatasetKind::kText, "text"},
      {DatasetKind::kTokens, "tokens"}}};
-enum class OptimizerKind { kSgd, kAdam, kAdamW };
-inline constexpr NameTable<OptimizerKind, 3> kOptimizerKindNames{
-    {{OptimizerKind::kSgd, "sgd"},
-     {OptimizerKind::kAdam, "adam"},
-     {OptimizerKind::kAdamW, "adamw"}}};
-enum class Schedule { kConstant, kStep, kCosine };
-inline constexpr NameTable<Schedule, 3> kScheduleNames{
-    {{Schedule::kConstant, "constant"}, {Schedule::kStep, "step"}, {Schedule::kCosine, "cosine"}}};
 // Where the model, its gradients and batches live: auto is cuda with the
 // nccl backend, cpu otherwise; cuda is GPU LOCAL_RANK (modulo the GPUs seen).
 enum class DeviceKind { kAuto, kCpu, kCuda };
@@ -83,24 +77,6 @@ struct DistConfig {
   double rdzv_timeout_s = kRendezvousTimeout.count();
 };
 
-struct ModelConfig {
-  std::string name = "mlp";
-  int64_t hidden = 128;
-  int64_t layers = 2;
-  double dropout = 0;
-  bool batch_norm = false;
-  int64_t heads = 4;
-  int64_t token_size = 8;
-  std::string path;  // torchscript: the saved module
-  std::string init_from;
-  // gpt (src/train/gpt.h): GPT-2's shape; the vocabulary comes from the data.
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t n_embd = 128;
-  int64_t block_size = 128;  // context length; also the data's window (text, tokens)
-  bool bias = true;          // biases in Linear layers and LayerNorms
-};
-
 struct DataConfig {
   DatasetKind name = DatasetKind::kDigits;
   std::string path;
@@ -124,8 +100,8 @@ struct TrainConfig {
   double clip_grad_norm = 0;
   DeviceKind device = DeviceKind::kAuto;
   Precision precision = Precision::kFp32;
-  double loss_scale = 65536;                  // fp16: the GradScaler's initial scale
-  int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
+  double loss_scale = kLossScaleDefault;  // fp16: the GradScaler's initial scale
+  int64_t loss_scale_growth_interval = kLossScaleGrowthIntervalDefault;  // before it doubles
   std::string loss = "auto";  // auto (the task's), cross_entropy, mse, or a register_loss name
   double clip_value = 0;      // clamp every gradient element to [-v, v] (0: off)
   int64_t eval_every = 0;     // also evaluate every N steps (0: at epoch ends only)
@@ -139,23 +115,6 @@ struct TrainConfig {
   // gradient norm, before the optimizer steps on it (fp16: the GradScaler
   // skips such steps instead).
   bool stop_on_nonfinite = true;
-};
-
-struct OptimConfig {
-  OptimizerKind name = OptimizerKind::kSgd;
-  double lr = 0.1;
-  double momentum = 0.9;
-  bool nesterov = false;
-  double weight_decay = 0;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  Schedule schedule = Schedule::kConstant;
-  int64_t warmup_steps = 0;
-  int64_t step_size = 100;
-  double gamma = 0.1;
-  double min_lr = 0;
-  int64_t zero = 0;  // ZeRO stage: 0 none, 1 optimizer state, 2 and gradients (train/zero.h)
 };
 
 struct DdpConfig {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "lockstep/train/config.h"
-#include "lockstep/train/gpt.h"
+#include "lockstep/model/gpt.h"
 
 namespace lockstep {
 

@@ -10,7 +10,7 @@
 // and comm hooks see what they see in fp32 training.
 //   bf16: autocast only. bfloat16 has float32's exponent range: gradients
 //     neither overflow nor underflow more than in fp32, no loss scaling.
-//   fp16: autocast and the GradScaler (train/grad_scaler.h): the loss is
+//   fp16: autocast and the GradScaler (optim/grad_scaler.h): the loss is
 //     multiplied by the scale before every micro-batch's backward (no_sync
 //     ones included), the gradients are unscaled once, after the exchange and
 //     before clipping, and a step whose gradients hold an inf/NaN on any rank
@@ -32,7 +32,7 @@
 #include <string>
 
 #include "lockstep/train/config.h"
-#include "lockstep/train/grad_scaler.h"
+#include "lockstep/optim/grad_scaler.h"
 #include "lockstep/train/step.h"
 
 namespace lockstep {

@@ -19,7 +19,7 @@
 #include "lockstep/distributed/init.h"
 #include "lockstep/distributed/world.h"
 #include "lockstep/train/config.h"
-#include "lockstep/train/models.h"
+#include "lockstep/model/models.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

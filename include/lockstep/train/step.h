@@ -31,7 +31,7 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/train/config.h"
-#include "lockstep/train/models.h"
+#include "lockstep/model/models.h"
 
 namespace torch::optim {
 class Optimizer;

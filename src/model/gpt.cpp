@@ -1,4 +1,4 @@
-#include "lockstep/train/gpt.h"
+#include "lockstep/model/gpt.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/train/config.h"
+#include "lockstep/model/model_config.h"
 
 namespace lockstep {
 

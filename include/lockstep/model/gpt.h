@@ -14,18 +14,19 @@
 #include <utility>
 #include <vector>
 
-#include "lockstep/train/models.h"
+#include "lockstep/model/models.h"
 
 namespace lockstep {
 
+// The shape's defaults are the model section's (model/model_config.h).
 struct GptOptions {
   int64_t vocab_size = 256;
-  int64_t block_size = 128;
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t n_embd = 128;
-  double dropout = 0;
-  bool bias = true;
+  int64_t block_size = ModelConfig{}.block_size;
+  int64_t n_layer = ModelConfig{}.n_layer;
+  int64_t n_head = ModelConfig{}.n_head;
+  int64_t n_embd = ModelConfig{}.n_embd;
+  double dropout = ModelConfig{}.dropout;
+  bool bias = ModelConfig{}.bias;
 };
 
 // GptOptions from the model section and the data's vocabulary; ConfigError

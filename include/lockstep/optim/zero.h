@@ -6,7 +6,7 @@
 // alone keeps the parameter's optimizer state and steps it; then every
 // parameter is broadcast from its owner, so all ranks hold the same
 // weights. Stage 2 also reduce-scatters each gradient bucket to the owners
-// (ZeroGradHook), and releases the other ranks' copies of each gradient.
+// (ZeroGradHook, ddp/zero_grad_hook.h), and releases the other ranks' copies of each gradient.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -16,9 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/train/config.h"
+#include "lockstep/optim/optim_config.h"
 
 namespace lockstep {
 
@@ -81,12 +80,5 @@ class ZeroOptimizer : public torch::optim::Optimizer {
   int stage_;
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
-
-// Stage 2's comm hook: the bucket (pre-divided, as for the all-reduce) is
-// packed into one chunk per owner, reduce-scattered, and each owner's
-// reduced values are put back in its parameters' places in the bucket; the
-// other places keep local values, which ZeroOptimizer::
-// release_unowned_grads() drops after backward.
-std::shared_ptr<CommHook> zero_grad_hook(std::vector<int> owners, int rank);
 
 }  // namespace lockstep

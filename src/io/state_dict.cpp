@@ -1,4 +1,4 @@
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>

@@ -1,4 +1,4 @@
-#include "lockstep/train/models.h"
+#include "lockstep/model/models.h"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "lockstep/train/gpt.h"
+#include "lockstep/model/gpt.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

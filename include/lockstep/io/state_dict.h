@@ -1,7 +1,7 @@
 // State dicts: a module's named tensors in and out, and the files that hold
 // them: the writer whose files Python's torch.load opens, and the reader of
 // torch.save files (Python's or ours), which treats every file as hostile
-// (Note [Untrusted state dicts], src/train/torch_pickle.cpp). Checkpoint
+// (Note [Untrusted state dicts], src/io/torch_pickle.cpp). Checkpoint
 // policy (folders, manifest, keep, resume) is train/checkpoint.h.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "lockstep/train/grad_scaler.h"
+#include "lockstep/optim/grad_scaler.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

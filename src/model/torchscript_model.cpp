@@ -12,7 +12,7 @@
 
 #include <sstream>
 
-#include "lockstep/train/models.h"
+#include "lockstep/model/models.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

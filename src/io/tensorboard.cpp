@@ -1,4 +1,4 @@
-#include "lockstep/train/tensorboard.h"
+#include "lockstep/io/tensorboard.h"
 
 #include <unistd.h>
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "lockstep/train/config.h"
+#include "lockstep/optim/optim_config.h"
 
 namespace lockstep {
 

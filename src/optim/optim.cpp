@@ -1,4 +1,4 @@
-#include "lockstep/train/optim.h"
+#include "lockstep/optim/optim.h"
 
 #include <torch/optim.h>
 
@@ -59,8 +59,8 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 #include <map>
 #include <set>
 
-#include "lockstep/check/fingerprint.h"
 #include "lockstep/distributed/torch_compat.h"
+#include "lockstep/util/module_tensors.h"
 
 namespace lockstep {
 

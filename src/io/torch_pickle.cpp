@@ -28,7 +28,7 @@
 #include <memory>
 #include <sstream>
 
-#include "lockstep/train/state_dict.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/util/error.h"
 #include "pickle_machine.h"
 #include "zip_records.h"

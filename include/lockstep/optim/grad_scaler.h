@@ -39,6 +39,8 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#include "lockstep/optim/optim_config.h"
+
 namespace lockstep {
 class ProcessGroup;
 }
@@ -46,19 +48,19 @@ class ProcessGroup;
 namespace lockstep::amp {
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;  // 2^16, PyTorch's
+  double init_scale = kLossScaleDefault;  // 2^16, PyTorch's
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
+  int64_t growth_interval = kLossScaleGrowthIntervalDefault;
   bool enabled = true;
 };
 
 // torch.amp.GradScaler.state_dict(), key for key.
 struct GradScalerState {
-  double scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
+  double scale = GradScalerOptions{}.init_scale;
+  double growth_factor = GradScalerOptions{}.growth_factor;
+  double backoff_factor = GradScalerOptions{}.backoff_factor;
+  int64_t growth_interval = GradScalerOptions{}.growth_interval;
   int64_t growth_tracker = 0;  // "_growth_tracker": clean steps since the last change
 };
 

@@ -1,0 +1,28 @@
+// The model section of a run's configuration (model.*): plain data, the one
+// home of its defaults (train/config.h's field table reads them from here).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lockstep {
+
+struct ModelConfig {
+  std::string name = "mlp";
+  int64_t hidden = 128;
+  int64_t layers = 2;
+  double dropout = 0;
+  bool batch_norm = false;
+  int64_t heads = 4;
+  int64_t token_size = 8;
+  std::string path;  // torchscript: the saved module
+  std::string init_from;
+  // gpt (model/gpt.h): GPT-2's shape; the vocabulary comes from the data.
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t block_size = 128;  // context length; also the data's window (text, tokens)
+  bool bias = true;          // biases in Linear layers and LayerNorms
+};
+
+}  // namespace lockstep
