@@ -20,10 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/recipe.h"
+#include "lockstep/train/run_state.h"
 #include "lockstep/train/step.h"
-#include "lockstep/train/trainer.h"
 
 namespace lockstep {
 

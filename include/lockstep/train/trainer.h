@@ -16,21 +16,9 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/run_state.h"
 
 namespace lockstep {
-
-struct TrainResult {
-  int64_t steps = 0;
-  double last_loss = 0;  // global mean over the last logging interval
-  double val_loss = 0;
-  double val_accuracy = 0;   // global, all-reduced counts
-  int64_t val_examples = 0;  // 0: the validation split is empty, nothing was measured
-  std::string fingerprint;   // final weights' digest (hex)
-  std::string run_dir;
-  std::string last_checkpoint;
-  std::string best_checkpoint;  // checkpoint.keep_best: checkpoints/best, once written
-  std::string stopped_early;    // train.early_stop: why the run stopped early ("" if not)
-};
 
 class Trainer {
  public:
