@@ -11,6 +11,7 @@
 
 #include "lockstep/distributed/coalesced.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/module_tensors.h"
 
 namespace lockstep {
 namespace {
@@ -44,20 +45,23 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   refuse_sparse_modules(*module_);
   std::vector<std::string> names;
   std::vector<at::Tensor> all;  // parameters, then buffers
+  // The parameters reduced: trainable_parameters (util/module_tensors.h),
+  // the one list ZeRO partitions too, so its indices are the Reducer's.
   std::vector<std::string> grad_names;
   std::vector<at::Tensor> grad_params;
-  // LibTorch's named_parameters() lists a tied parameter under each name it
-  // was registered with; reducing it twice would double-count its gradient.
+  for (auto& [name, p] : trainable_parameters(*module_)) {
+    grad_names.push_back(name);
+    grad_params.push_back(p);
+  }
+  // Every parameter, frozen ones too, is checked and broadcast; LibTorch's
+  // named_parameters() lists a tied one under each name it was registered
+  // with, and it is taken once.
   std::unordered_set<const void*> seen;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     names.push_back(item.key());
     all.push_back(item.value());
     params_.push_back(item.value());
-    if (item.value().requires_grad()) {
-      grad_names.push_back(item.key());
-      grad_params.push_back(item.value());
-    }
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
