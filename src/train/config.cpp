@@ -20,6 +20,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/log.h"
 #include "lockstep/util/text.h"
 
 namespace lockstep {
@@ -373,7 +374,7 @@ const std::vector<Field>& fields() {
                  "resume although the training data's size or identity differs from the "
                  "checkpoint's (a warning, the epoch re-mapped); false: exit 2"),
       make_field("log", "level", &C::log, &LogConfig::level, Type::kString, "log level", -kInf,
-                 kInf, {"trace", "debug", "info", "warn", "error"}),
+                 kInf, names_of(kLogLevelNames)),
       make_field("log", "every", &C::log, &LogConfig::every, Type::kInt,
                  "log and record metrics every N optimizer steps", 1, 1e15),
       make_field("log", "file", &C::log, &LogConfig::file, Type::kBool,

@@ -9,12 +9,9 @@
 namespace lockstep {
 
 spdlog::level::level_enum log_parse_level(const std::string& name, const std::string& where) {
-  static const char* kNames[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-  for (int i = 0; i < 7; ++i) {
-    if (name == kNames[i]) return static_cast<spdlog::level::level_enum>(i);
-  }
+  if (const auto level = value_named(kLogLevelNames, name)) return *level;
   throw ConfigError(where + ": unknown log level '" + name +
-                    "' (valid: trace, debug, info, warn, error, critical, off)");
+                    "' (valid: " + names_listed(kLogLevelNames) + ")");
 }
 
 void log_init(int rank, const std::string& level) {

@@ -6,7 +6,20 @@
 
 #include <string>
 
+#include "lockstep/util/names.h"
+
 namespace lockstep {
+
+// spdlog's levels by name: the one list (--log-level, LOCKSTEP_LOG_LEVEL,
+// log.level).
+inline constexpr NameTable<spdlog::level::level_enum, 7> kLogLevelNames{
+    {{spdlog::level::trace, "trace"},
+     {spdlog::level::debug, "debug"},
+     {spdlog::level::info, "info"},
+     {spdlog::level::warn, "warn"},
+     {spdlog::level::err, "error"},
+     {spdlog::level::critical, "critical"},
+     {spdlog::level::off, "off"}}};
 
 // Sets the rank tag and the level of the default logger. The level comes from
 // `level` when non-empty, otherwise from LOCKSTEP_LOG_LEVEL, otherwise "info".
