@@ -1,3 +1,5 @@
+// Size (over ~400 lines): one attempt's state machine (start, relay, reap, stop, summary)
+// over one worker table; the process tree and output queue are apart.
 // lockstep-run's engine. One attempt:
 //   1. start one worker per local rank (worker_process.h), each in its own
 //      process group (so that stopping it also stops what it spawned), with

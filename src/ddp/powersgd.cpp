@@ -1,3 +1,5 @@
+// Size (over ~400 lines): PyTorch's powerSGD_hook step for step, with its state and the
+// two-stage exchange, kept whole so it can be read against the original.
 // PowerSGD as a comm hook: the algorithm is PyTorch's powerSGD_hook, step
 // for step (ddp/powersgd.h), so that the same state and gradients give the
 // same bits; the exchange is re-cut into two stages the Reducer orders.

@@ -1,3 +1,5 @@
+// Size (over ~400 lines): the shm backend's set-up protocol and its worker thread share
+// state that splitting would have to pass around (Note [Shared-memory backend]).
 #include "lockstep/distributed/shm_backend.h"
 
 #include <ATen/ATen.h>

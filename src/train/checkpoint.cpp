@@ -1,3 +1,5 @@
+// Size (over ~400 lines): the checkpoint folder's whole life in one place: writing it
+// crash-safe, its MANIFEST, rotation, repair after a killed writer, and reading it back.
 #include "lockstep/train/checkpoint.h"
 
 #include <ATen/ATen.h>

@@ -1,3 +1,6 @@
+// Size (over ~400 lines): the Trainer still holds its lifecycle, the resume with its
+// elastic re-mapping, evaluation and the loop in one Impl; splitting them is open work
+// of issue 37 (the run assembly already lives in run_parts.cpp).
 // The lifecycle and the loop of one run, around the one step (step.cpp).
 // What a config makes is in recipe.cpp, reports in metrics.cpp, signals in
 // stop_signals.cpp.
