@@ -64,9 +64,8 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 
 namespace lockstep {
 
-std::vector<NamedTensor> optimizer_state_tensors(
-    const torch::optim::Optimizer& optimizer,
-    const std::vector<std::pair<std::string, at::Tensor>>& named_params) {
+std::vector<NamedTensor> optimizer_state_tensors(const torch::optim::Optimizer& optimizer,
+                                                 const NamedTensors& named_params) {
   std::vector<NamedTensor> out;
   const auto& state = optimizer.state();
   for (const auto& [name, param] : named_params) {
@@ -97,8 +96,6 @@ std::vector<NamedTensor> optimizer_state_tensors(
 }  // namespace lockstep
 
 namespace lockstep {
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 NamedTensors optimizer_state_dict(const torch::optim::Optimizer& optimizer,
                                   const NamedTensors& named_params) {

@@ -70,7 +70,7 @@ std::vector<int> zero_partition(const std::vector<at::Tensor>& params, int world
 
 namespace {
 
-std::vector<torch::optim::OptimizerParamGroup> all_of(const ZeroOptimizer::NamedTensors& named) {
+std::vector<torch::optim::OptimizerParamGroup> all_of(const NamedTensors& named) {
   std::vector<at::Tensor> params;
   for (const auto& [name, p] : named) params.push_back(p);
   return {torch::optim::OptimizerParamGroup(params)};
@@ -109,7 +109,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
-ZeroOptimizer::NamedTensors ZeroOptimizer::owned_named() const {
+NamedTensors ZeroOptimizer::owned_named() const {
   NamedTensors out;
   for (size_t i = 0; i < named_.size(); ++i)
     if (owns(i)) out.push_back(named_[i]);
@@ -180,7 +180,7 @@ at::Tensor ZeroOptimizer::grad_norms() {
   return packed.index_select(0, keep).to(dtype);
 }
 
-ZeroOptimizer::NamedTensors ZeroOptimizer::consolidated_state_dict() {
+NamedTensors ZeroOptimizer::consolidated_state_dict() {
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < named_.size(); ++i) index[named_[i].first] = i;
   const auto long_options = at::TensorOptions().dtype(at::kLong).device(pg_->device());

@@ -140,7 +140,7 @@ TEST_CASE("reduce_scatter on Gloo (native, or the all-reduce fallback) and bad s
 namespace {
 
 // A small model's parameters by name, made on the main thread.
-ZeroOptimizer::NamedTensors model_params() {
+NamedTensors model_params() {
   return {{"a.weight", at::randn({16, 8})},
           {"a.bias", at::randn({16})},
           {"b.weight", at::randn({4, 16})},
@@ -148,8 +148,8 @@ ZeroOptimizer::NamedTensors model_params() {
           {"c", at::randn({3, 3})}};
 }
 
-ZeroOptimizer::NamedTensors copy_of(const ZeroOptimizer::NamedTensors& named) {
-  ZeroOptimizer::NamedTensors out;
+NamedTensors copy_of(const NamedTensors& named) {
+  NamedTensors out;
   for (const auto& [name, t] : named) out.emplace_back(name, t.clone());
   return out;
 }
@@ -164,16 +164,16 @@ OptimConfig adam_config() {
 
 struct ZeroRun {
   std::vector<at::Tensor> weights;  // after the steps
-  ZeroOptimizer::NamedTensors consolidated;
+  NamedTensors consolidated;
   at::Tensor norms;  // grad_norms() after releasing the others' gradients
   int64_t state_bytes = 0;
 };
 
 // `steps` steps with the given gradients; each rank starts from `start`
 // and, if set, from a consolidated optimizer state.
-ZeroRun zero_run(ProcessGroup& pg, const ZeroOptimizer::NamedTensors& start,
+ZeroRun zero_run(ProcessGroup& pg, const NamedTensors& start,
                  const std::vector<std::vector<at::Tensor>>& grads,
-                 const ZeroOptimizer::NamedTensors& resume_from) {
+                 const NamedTensors& resume_from) {
   auto named = copy_of(start);
   ZeroOptimizer zero(pg.shared_from_this(), adam_config(), named, 2);
   if (!resume_from.empty()) zero.load_state_dict(resume_from, "test");
@@ -250,7 +250,7 @@ TEST_CASE(
   // Saved by 2 ranks, resumed by 3: two more steps, equal to the reference's.
   std::vector<at::Tensor> after;
   for (auto& p : ref_params) after.push_back(p.detach().clone());
-  ZeroOptimizer::NamedTensors resumed_start;
+  NamedTensors resumed_start;
   for (size_t i = 0; i < ref.size(); ++i)
     resumed_start.emplace_back(ref[i].first, two[0].result.weights[i]);
   for (const auto& step : more) {

@@ -30,6 +30,8 @@
 #include "lockstep/ddp/ddp_options.h"
 #include "lockstep/distributed/process_group.h"
 
+#include "lockstep/util/module_tensors.h"
+
 namespace lockstep {
 
 struct HookWork {
@@ -54,7 +56,7 @@ struct GradBucket {
 };
 
 // A hook's state as named tensors (a state dict; io/state_dict.h's type).
-using HookState = std::vector<std::pair<std::string, at::Tensor>>;
+using HookState = NamedTensors;
 
 class CommHook {
  public:

@@ -15,10 +15,14 @@ namespace torch::nn {
 class Module;
 }
 
+#include "lockstep/util/module_tensors.h"
+
 namespace lockstep {
 
 // Parameters then buffers, with PyTorch's dotted names.
-using StateDict = std::vector<std::pair<std::string, at::Tensor>>;
+// A state dict is named tensors in order (util/module_tensors.h), the one
+// type for them; the name says what it is for.
+using StateDict = NamedTensors;
 
 StateDict state_dict_of(const torch::nn::Module& module);
 // Copies `state` into the module's parameters and buffers. Strict: every

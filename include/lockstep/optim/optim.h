@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/optim/optim_config.h"
+#include "lockstep/util/module_tensors.h"
 
 namespace lockstep {
 
@@ -22,14 +23,12 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr);
 }  // namespace lockstep
 
 namespace lockstep {
-struct NamedTensor;
 // The optimizer's per-parameter state tensors (SGD momentum buffers, Adam's
 // moments and step), named "optim <param name>.<field>", in parameter order,
 // for fingerprints (check.optimizer_state). Parameters without state yet are
 // skipped.
-std::vector<NamedTensor> optimizer_state_tensors(
-    const torch::optim::Optimizer& optimizer,
-    const std::vector<std::pair<std::string, at::Tensor>>& named_params);
+std::vector<NamedTensor> optimizer_state_tensors(const torch::optim::Optimizer& optimizer,
+                                                 const NamedTensors& named_params);
 }  // namespace lockstep
 
 namespace lockstep {
@@ -38,18 +37,15 @@ namespace lockstep {
 // parameter with state, fields momentum_buffer (SGD), exp_avg, exp_avg_sq,
 // max_exp_avg_sq, step (Adam, AdamW; step a 0-dim int64). Parameters without
 // state yet have no entries.
-std::vector<std::pair<std::string, at::Tensor>> optimizer_state_dict(
-    const torch::optim::Optimizer& optimizer,
-    const std::vector<std::pair<std::string, at::Tensor>>& named_params);
+NamedTensors optimizer_state_dict(const torch::optim::Optimizer& optimizer,
+                                  const NamedTensors& named_params);
 // Sets the state of `named_params` from `state` (what optimizer_state_dict
 // wrote, with any number of ranks and any optim.zero). Entries of parameters
 // in `elsewhere` (held by another rank) are checked by name and skipped.
 // Throws DataError naming `source` and the entry for an unknown parameter or
 // field, a field of another optimizer, a wrong shape or dtype, a negative
 // step, or a parameter with some of its fields missing.
-void optimizer_load_state_dict(torch::optim::Optimizer& optimizer,
-                               const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-                               const std::vector<std::pair<std::string, at::Tensor>>& state,
-                               const std::vector<std::string>& elsewhere,
+void optimizer_load_state_dict(torch::optim::Optimizer& optimizer, const NamedTensors& named_params,
+                               const NamedTensors& state, const std::vector<std::string>& elsewhere,
                                const std::string& source);
 }  // namespace lockstep

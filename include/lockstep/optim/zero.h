@@ -18,6 +18,7 @@
 
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/optim/optim_config.h"
+#include "lockstep/util/module_tensors.h"
 
 namespace lockstep {
 
@@ -29,8 +30,6 @@ std::vector<int> zero_partition(const std::vector<at::Tensor>& params, int world
 
 class ZeroOptimizer : public torch::optim::Optimizer {
  public:
-  using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
   // `named_params`: trainable_parameters(model) (util/module_tensors.h):
   // DDP's parameters in its order, with their state dict names. `stage` 1 or 2. Every rank
   // constructs it alike.
