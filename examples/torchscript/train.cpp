@@ -5,8 +5,8 @@
 #include <lockstep/data/sampler.h>
 #include <lockstep/ddp/ddp.h>
 #include <lockstep/distributed/init.h>
-#include <lockstep/model/models.h>
 #include <lockstep/io/state_dict.h>
+#include <lockstep/model/models.h>
 #include <torch/torch.h>
 
 #include <cstdio>

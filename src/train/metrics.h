@@ -12,10 +12,10 @@
 #include <string>
 
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/train/run_state.h"
-#include "lockstep/train/config.h"
-#include "lockstep/train/step.h"
 #include "lockstep/io/tensorboard.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/run_state.h"
+#include "lockstep/train/step.h"
 
 namespace lockstep {
 

@@ -17,8 +17,8 @@
 #include <limits>
 
 #include "lockstep/distributed/torch_compat.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/optim/grad_scaler.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"

@@ -13,8 +13,8 @@
 #include <limits>
 #include <set>
 
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/optim/optim.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/module_tensors.h"

@@ -20,8 +20,8 @@
 
 #include "lockstep/data/tokens.h"
 #include "lockstep/distributed/torch_compat.h"
-#include "lockstep/train/generate.h"
 #include "lockstep/model/gpt.h"
+#include "lockstep/train/generate.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/error.h"

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "lockstep/train/step.h"
 #include "lockstep/io/tensorboard.h"
+#include "lockstep/train/step.h"
 #include "support/catch.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"

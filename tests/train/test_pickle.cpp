@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "lockstep/util/error.h"
 #include "io/pickle_machine.h"
+#include "lockstep/util/error.h"
 
 using namespace lockstep;
 using lockstep::testing::Contains;

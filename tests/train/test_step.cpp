@@ -8,8 +8,8 @@
 
 #include <limits>
 
-#include "lockstep/train/check_run.h"
 #include "lockstep/optim/optim.h"
+#include "lockstep/train/check_run.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
 #include "lockstep/train/trainer.h"

@@ -12,8 +12,8 @@
 #include "support/catch.h"
 
 #include "lockstep/ddp/comm_hooks.h"
-#include "lockstep/optim/optim.h"
 #include "lockstep/ddp/zero_grad_hook.h"
+#include "lockstep/optim/optim.h"
 #include "lockstep/optim/zero.h"
 #include "support/thread_world.h"
 

@@ -31,8 +31,8 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/train/config.h"
 #include "lockstep/optim/grad_scaler.h"
+#include "lockstep/train/config.h"
 #include "lockstep/train/step.h"
 
 namespace lockstep {

@@ -18,8 +18,8 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/init.h"
 #include "lockstep/distributed/world.h"
-#include "lockstep/train/config.h"
 #include "lockstep/model/models.h"
+#include "lockstep/train/config.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

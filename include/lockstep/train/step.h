@@ -30,8 +30,8 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/ddp/ddp.h"
-#include "lockstep/train/config.h"
 #include "lockstep/model/models.h"
+#include "lockstep/train/config.h"
 
 namespace torch::optim {
 class Optimizer;
