@@ -16,6 +16,7 @@
 #include "lockstep/distributed/init.h"
 #include "lockstep/distributed/ring_allreduce.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/names.h"
 
 namespace lockstep::cli {
 namespace {
@@ -72,13 +73,12 @@ std::vector<std::string> split_list(const std::string& text, const char* flag = 
 }
 
 enum class Op { kAllreduce, kReduceScatter, kAllGather };
+inline constexpr NameTable<Op, 3> kOpNames{{{Op::kAllreduce, "allreduce"},
+                                            {Op::kReduceScatter, "reduce_scatter"},
+                                            {Op::kAllGather, "all_gather"}}};
 
 Op op_parse(const std::string& name) {
-  if (name == "allreduce") return Op::kAllreduce;
-  if (name == "reduce_scatter") return Op::kReduceScatter;
-  if (name == "all_gather") return Op::kAllGather;
-  throw ConfigError("--ops: unknown '" + name +
-                    "' (valid: allreduce, reduce_scatter, all_gather, all)");
+  return parse_named(kOpNames, name, "--ops (or all)");
 }
 
 const char* op_title(Op op) {
@@ -202,7 +202,10 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
     throw ConfigError("--min-bytes and --max-bytes must satisfy 1 <= min <= max");
   }
   std::string ops_text = args["ops"].as<std::string>();
-  if (ops_text == "all") ops_text = "allreduce,reduce_scatter,all_gather";
+  if (ops_text == "all") {
+    ops_text.clear();
+    for (const auto& name : names_of(kOpNames)) ops_text += (ops_text.empty() ? "" : ",") + name;
+  }
   std::vector<Op> ops;
   for (const auto& name : split_list(ops_text, "--ops")) ops.push_back(op_parse(name));
   auto dist = dist_setup(args);

@@ -26,6 +26,7 @@
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/names.h"
 #include "lockstep/util/text.h"
 
 namespace lockstep::cli {
@@ -60,6 +61,77 @@ std::vector<std::string> split(const std::string& text) {
   return items;
 }
 
+// What a --modes name asks for: each mode is one row of kBenchModes, so
+// the names are parsed, listed and documented in one place.
+enum class BenchModeKind {
+  kLocal, kLocalAmpBf16, kDdp, kDdpAmpBf16, kDdpFp16, kDdpBf16, kDdpPowerSgd1, kDdpPowerSgd2,
+  kDdpPowerSgd4, kDdpBucket1, kDdpBucket5, kDdpBucket25, kDdpBucket100, kDdpAccum4, kDdpCheck,
+  kDdpCheckInplace, kDdpCheckSha256, kExchangeBucketed, kExchangeFlat
+};
+inline constexpr NameTable<BenchModeKind, 19> kBenchModeNames{{
+    {BenchModeKind::kLocal, "local"},
+    {BenchModeKind::kLocalAmpBf16, "local-amp-bf16"},
+    {BenchModeKind::kDdp, "ddp"},
+    {BenchModeKind::kDdpAmpBf16, "ddp-amp-bf16"},
+    {BenchModeKind::kDdpFp16, "ddp-fp16"},
+    {BenchModeKind::kDdpBf16, "ddp-bf16"},
+    {BenchModeKind::kDdpPowerSgd1, "ddp-powersgd1"},
+    {BenchModeKind::kDdpPowerSgd2, "ddp-powersgd2"},
+    {BenchModeKind::kDdpPowerSgd4, "ddp-powersgd4"},
+    {BenchModeKind::kDdpBucket1, "ddp-bucket1"},
+    {BenchModeKind::kDdpBucket5, "ddp-bucket5"},
+    {BenchModeKind::kDdpBucket25, "ddp-bucket25"},
+    {BenchModeKind::kDdpBucket100, "ddp-bucket100"},
+    {BenchModeKind::kDdpAccum4, "ddp-accum4"},
+    {BenchModeKind::kDdpCheck, "ddp+check"},
+    {BenchModeKind::kDdpCheckInplace, "ddp+check-inplace"},
+    {BenchModeKind::kDdpCheckSha256, "ddp+check-sha256"},
+    {BenchModeKind::kExchangeBucketed, "exchange-bucketed"},
+    {BenchModeKind::kExchangeFlat, "exchange-flat"},
+}};
+
+struct BenchMode {
+  std::string name;
+  bool ddp = true;       // false: the model alone (local)
+  bool autocast = false;  // forward and loss under bf16 autocast (train.precision: bf16)
+  std::optional<CommHookKind> hook;
+  int64_t powersgd_rank = 0;  // PowerSGD compressing from step 2, one bucket
+  double bucket_mb = 0;       // 0: --bucket-cap-mb
+  int micro = 1;              // micro-batches, no_sync on all but the last
+  bool check = false;         // the fingerprint check after every step (check.every: 1)
+  DigestMode digest = DigestMode::kXxh3;
+  bool inplace = false;   // hashed in the step, not where the trainer would
+  bool exchange = false;  // communication only
+  bool flat = false;      // ... as one flat all-reduce instead of DDP's buckets
+};
+
+BenchMode bench_mode(const std::string& name) {
+  BenchMode m;
+  m.name = name;
+  switch (parse_named(kBenchModeNames, name, "--modes")) {
+    case BenchModeKind::kLocal: m.ddp = false; break;
+    case BenchModeKind::kLocalAmpBf16: m.ddp = false; m.autocast = true; break;
+    case BenchModeKind::kDdp: break;
+    case BenchModeKind::kDdpAmpBf16: m.autocast = true; break;
+    case BenchModeKind::kDdpFp16: m.hook = CommHookKind::kFp16; break;
+    case BenchModeKind::kDdpBf16: m.hook = CommHookKind::kBf16; break;
+    case BenchModeKind::kDdpPowerSgd1: m.hook = CommHookKind::kPowerSgd; m.powersgd_rank = 1; break;
+    case BenchModeKind::kDdpPowerSgd2: m.hook = CommHookKind::kPowerSgd; m.powersgd_rank = 2; break;
+    case BenchModeKind::kDdpPowerSgd4: m.hook = CommHookKind::kPowerSgd; m.powersgd_rank = 4; break;
+    case BenchModeKind::kDdpBucket1: m.bucket_mb = 1; break;
+    case BenchModeKind::kDdpBucket5: m.bucket_mb = 5; break;
+    case BenchModeKind::kDdpBucket25: m.bucket_mb = 25; break;
+    case BenchModeKind::kDdpBucket100: m.bucket_mb = 100; break;
+    case BenchModeKind::kDdpAccum4: m.micro = 4; break;
+    case BenchModeKind::kDdpCheck: m.check = true; break;
+    case BenchModeKind::kDdpCheckInplace: m.check = true; m.inplace = true; break;
+    case BenchModeKind::kDdpCheckSha256: m.check = true; m.digest = DigestMode::kSha256; break;
+    case BenchModeKind::kExchangeBucketed: m.exchange = true; break;
+    case BenchModeKind::kExchangeFlat: m.exchange = true; m.flat = true; break;
+  }
+  return m;
+}
+
 struct Timing {
   double ms_per_step = 0;  // slowest rank
   double check_ms = 0;     // of which the step waited for the consistency check (slowest rank)
@@ -75,7 +147,7 @@ void synchronize(const at::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
+Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode, int warmup,
                   int steps, const DdpOptions& base, const at::Device& device) {
   torch::manual_seed(0);
   auto model = make_mlp(spec.dims);
@@ -86,31 +158,30 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp;
   // local-amp-bf16 and ddp-amp-bf16: the forward and loss under bf16
   // autocast (train.precision: bf16), weights and SGD in float32.
-  const bool autocast = mode.size() > 9 && mode.compare(mode.size() - 9, 9, "-amp-bf16") == 0;
-  if (mode.rfind("local", 0) != 0) {
+  const bool autocast = mode.autocast;
+  if (mode.ddp) {
     DdpOptions options = base;
-    if (mode == "ddp-fp16") options.comm_hook = comm_hook_create(CommHookKind::kFp16);
-    if (mode == "ddp-bf16") options.comm_hook = comm_hook_create(CommHookKind::kBf16);
-    if (mode.rfind("ddp-powersgd", 0) == 0) {  // ddp-powersgd<rank>: compressing from step 2
+    if (mode.powersgd_rank > 0) {
       PowerSgdOptions powersgd;
-      powersgd.matrix_approximation_rank = std::stoi(mode.substr(12));
+      powersgd.matrix_approximation_rank = mode.powersgd_rank;
       powersgd.start_iter = 2;
       options.comm_hook = comm_hook_create(CommHookKind::kPowerSgd, &powersgd);
       // One bucket, as PyTorch's side must have (scripts/bench_ddp_torch.py).
       options.bucket_cap_mb = options.first_bucket_cap_mb = 1e6;
+    } else if (mode.hook) {
+      options.comm_hook = comm_hook_create(*mode.hook);
     }
-    if (mode.rfind("ddp-bucket", 0) == 0) {
-      options.bucket_cap_mb = std::stod(mode.substr(10));
+    if (mode.bucket_mb > 0) {
+      options.bucket_cap_mb = mode.bucket_mb;
       options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
     }
     ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
         model, pg.shared_from_this(), options);
   }
-  const bool check = mode.rfind("ddp+check", 0) == 0;
-  const DigestMode digest = mode == "ddp+check-sha256" ? DigestMode::kSha256 : DigestMode::kXxh3;
+  const bool check = mode.check;
+  const DigestMode digest = mode.digest;
   // ddp+check hashes where the trainer would; ddp+check-inplace always in place.
-  const CheckHashing hashing =
-      mode == "ddp+check-inplace" ? CheckHashing::kInPlace : check_hashing_for(false);
+  const CheckHashing hashing = mode.inplace ? CheckHashing::kInPlace : check_hashing_for(false);
   double check_ms = 0;
   int64_t step_number = 0;
   // As the trainer does (StepChecks): a check started after each optimizer
@@ -130,7 +201,7 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
   auto finish = [&] {
     if (checks) timed([&] { verdicts(checks->before_update()); });
   };
-  const int micro = mode == "ddp-accum4" ? 4 : 1;
+  const int micro = mode.micro;
   auto step = [&] {
     sgd.zero_grad();
     for (int m = 0; m < micro; ++m) {
@@ -172,13 +243,13 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const std::string& mo
 
 // Communication only: the model's gradients exchanged as DDP's buckets (all
 // launched, then all waited, as in one backward) or as one flat all-reduce.
-Timing time_exchange(ProcessGroup& pg, const ModelSpec& spec, const std::string& mode, int warmup,
+Timing time_exchange(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode, int warmup,
                      int steps, const DdpOptions& options) {
   torch::manual_seed(0);
   auto model = make_mlp(spec.dims);
   auto params = model->parameters();
   std::vector<at::Tensor> buffers;
-  if (mode == "exchange-flat") {
+  if (mode.flat) {
     int64_t total = 0;
     for (const auto& p : params) total += p.numel();
     buffers.push_back(torch::zeros({total}));
@@ -261,33 +332,8 @@ int cmd_bench(int argc, char** argv) {
         throw ConfigError("--models: unknown model '" + name + "' (valid: small, large, xl)");
       models.push_back(*it);
     }
-    const auto modes = split(args["modes"].as<std::string>());
-    const std::vector<std::string> valid{"local",
-                                         "local-amp-bf16",
-                                         "ddp",
-                                         "ddp-amp-bf16",
-                                         "ddp-fp16",
-                                         "ddp-bf16",
-                                         "ddp-powersgd1",
-                                         "ddp-powersgd2",
-                                         "ddp-powersgd4",
-                                         "ddp-bucket1",
-                                         "ddp-bucket5",
-                                         "ddp-bucket25",
-                                         "ddp-bucket100",
-                                         "ddp-accum4",
-                                         "ddp+check",
-                                         "ddp+check-inplace",
-                                         "ddp+check-sha256",
-                                         "exchange-bucketed",
-                                         "exchange-flat"};
-    for (const auto& mode : modes) {
-      if (std::find(valid.begin(), valid.end(), mode) == valid.end()) {
-        std::string list;
-        for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
-        throw ConfigError("--modes: unknown mode '" + mode + "' (valid: " + list + ")");
-      }
-    }
+    std::vector<BenchMode> modes;
+    for (const auto& name : split(args["modes"].as<std::string>())) modes.push_back(bench_mode(name));
     DdpOptions ddp_options;
     ddp_options.bucket_cap_mb = args["bucket-cap-mb"].as<double>();
     ddp_options.first_bucket_cap_mb = args["first-bucket-cap-mb"].as<double>();
@@ -298,7 +344,7 @@ int cmd_bench(int argc, char** argv) {
     const at::Device device = device_from_config(where, dist.world, dist.pg->kind(), "--device");
     for (const auto& spec : models) {
       for (const auto& mode : modes) {
-        const Timing t = mode.rfind("exchange-", 0) == 0
+        const Timing t = mode.exchange
                              ? time_exchange(*dist.pg, spec, mode, warmup, steps, ddp_options)
                              : time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options, device);
         if (dist.world.rank == 0) {
@@ -308,7 +354,7 @@ int cmd_bench(int argc, char** argv) {
               "\"check_ms\": %.4f, "
               "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f, "
               "\"comm_bytes_per_step\": %.0f}\n",
-              spec.name.c_str(), mode.c_str(), dist.world.world_size,
+              spec.name.c_str(), mode.name.c_str(), dist.world.world_size,
               device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(spec.batch), t.ms_per_step,
               t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib(), t.comm_bytes);
           std::fflush(stdout);

@@ -144,31 +144,34 @@ std::map<std::string, ModelFactory>& registry() {
   static std::map<std::string, ModelFactory> models;
   return models;
 }
-const std::vector<std::string> kBuiltIn{"mlp", "cnn", "transformer", "gpt", "torchscript"};
 }  // namespace
 
 void register_model(const std::string& name, ModelFactory factory) {
   if (name.empty() || !factory) throw ConfigError("register_model: empty name or factory");
-  if (std::find(kBuiltIn.begin(), kBuiltIn.end(), name) != kBuiltIn.end() ||
-      registry().count(name) != 0) {
+  if (builtin_model(name) || registry().count(name) != 0) {
     throw ConfigError("register_model: a model named '" + name + "' is already registered");
   }
   registry().emplace(name, std::move(factory));
 }
 
 std::vector<std::string> model_names() {
-  std::vector<std::string> names = kBuiltIn;
+  std::vector<std::string> names = names_of(kBuiltinModelNames);
   for (const auto& [name, factory] : registry()) names.push_back(name);
   return names;
 }
 
-std::shared_ptr<Classifier> model_create(const ModelConfig& config,
-                                         const std::vector<int64_t>& sample_shape,
-                                         int64_t classes) {
+namespace {
+
+std::shared_ptr<Classifier> builtin_model_create(BuiltinModel model, const ModelConfig& config,
+                                                 const std::vector<int64_t>& sample_shape,
+                                                 int64_t classes) {
   const int64_t features = product(sample_shape);
-  if (config.name == "mlp") return std::make_shared<Mlp>(config, features, classes);
-  if (config.name == "cnn") return std::make_shared<Cnn>(config, as_image(sample_shape), classes);
-  if (config.name == "transformer") {
+  switch (model) {
+    case BuiltinModel::kMlp:
+      return std::make_shared<Mlp>(config, features, classes);
+    case BuiltinModel::kCnn:
+      return std::make_shared<Cnn>(config, as_image(sample_shape), classes);
+    case BuiltinModel::kTransformer: {
     if (features % config.token_size != 0) {
       throw ConfigError("model.token_size=" + std::to_string(config.token_size) +
                         " must divide the " + std::to_string(features) + " features");
@@ -179,13 +182,13 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
     }
     return std::make_shared<Transformer>(config, features, classes);
   }
-  if (config.name == "gpt") {
+    case BuiltinModel::kGpt: {
     if (sample_shape.size() != 1 || sample_shape[0] > config.block_size)
       throw ConfigError("model.name: gpt reads windows of at most model.block_size=" +
                         std::to_string(config.block_size) + " tokens (data.name: text or tokens)");
     return std::make_shared<Gpt>(gpt_options(config, classes));
   }
-  if (config.name == "torchscript") {
+    case BuiltinModel::kTorchScript: {
     if (config.path.empty()) {
       throw ConfigError(
           "model.name=torchscript needs model.path: the file saved by "
@@ -193,6 +196,17 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
     }
     return torchscript_model(config.path, sample_shape, classes);
   }
+  }
+  throw InternalError("unhandled built-in model");
+}
+
+}  // namespace
+
+std::shared_ptr<Classifier> model_create(const ModelConfig& config,
+                                         const std::vector<int64_t>& sample_shape,
+                                         int64_t classes) {
+  if (const auto builtin = builtin_model(config.name))
+    return builtin_model_create(*builtin, config, sample_shape, classes);
   auto it = registry().find(config.name);
   if (it != registry().end()) {
     auto model = it->second(config, sample_shape, classes);

@@ -97,6 +97,21 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints_named(const std::s
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
     : dir_(std::move(run_dir) + "/checkpoints"), keep_(keep) {}
 
+// Note [Stateful parts]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint folder is a list of parts (train/stateful.h), each one file
+// from a state dict: model.pt, optimizer.pt, rng.pt and, for a stateful
+// comm hook, comm_hook.pt (run_stateful.cpp), as torchtitan's
+// CheckpointManager composes MODEL, OPTIMIZER and the rest. save() writes
+// whatever parts it is given (refusing a folder without the required
+// three) and lists each in the MANIFEST; load() reads every .pt file the
+// verified MANIFEST lists, by name (Loaded::part). A new part is a new
+// Stateful in run_stateful_parts: nothing here changes. The loop's own
+// scalars (position, schedule, the GradScaler, the watched metrics) stay
+// in state.yaml, a file people read and Python's yaml loads. The trainer
+// saves the parts in order on every rank (their state_dict may be
+// collective) and restores them once DDP exists (trainer_resume.cpp).
+
 // Note [Replacing a checkpoint folder]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // checkpoints/best (and a step folder saved twice) is replaced, not
@@ -112,8 +127,7 @@ Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
 // .tmp-* and .old-* folders of writers that are gone (their pid not alive
 // on this host).
 
-std::string Checkpointer::save(const TrainerState& state, const StateDict& model,
-                               const StateDict& optimizer, const at::Tensor& rng_states,
+std::string Checkpointer::save(const TrainerState& state, const std::vector<SavedPart>& parts,
                                const std::string& config_yaml, const std::string& best_yaml) {
   const bool best = !best_yaml.empty();
   const std::string name = best ? "best" : folder_name(state.step);
@@ -141,7 +155,7 @@ std::string Checkpointer::save(const TrainerState& state, const StateDict& model
     failed("cannot create '" + tmp + "': " + std::strerror(err), true);
   }
   try {
-    write_folder(tmp, state, model, optimizer, rng_states, config_yaml, best_yaml);
+    write_folder(tmp, state, parts, config_yaml, best_yaml);
   } catch (const std::exception& e) {
     // Note [Failed checkpoint]: nothing half-written stays behind, and the
     // previous checkpoint was never touched.
@@ -236,14 +250,22 @@ std::vector<std::string> Checkpointer::repair() {
 }
 
 void Checkpointer::write_folder(const std::string& tmp, const TrainerState& state,
-                                const StateDict& model, const StateDict& optimizer,
-                                const at::Tensor& rng_states, const std::string& config_yaml,
+                                const std::vector<SavedPart>& parts, const std::string& config_yaml,
                                 const std::string& best_yaml) {
-  state_dict_save_file(model, tmp + "/model.pt");
-  state_dict_save_file(optimizer, tmp + "/optimizer.pt");
-  {
-    const auto bytes = torch::pickle_save(c10::IValue(rng_states.contiguous()));
-    write_file(tmp + "/rng.pt", std::string(bytes.begin(), bytes.end()));
+  std::vector<std::string> files{"state.yaml", "config.yaml"};
+  for (const auto& part : parts) {
+    const std::string path = tmp + "/" + part.file;
+    if (part.entries.size() == 1 && part.entries[0].first.empty()) {
+      const auto bytes = torch::pickle_save(c10::IValue(part.entries[0].second.contiguous()));
+      write_file(path, std::string(bytes.begin(), bytes.end()));
+    } else {
+      state_dict_save_file(part.entries, path);
+    }
+    files.push_back(part.file);
+  }
+  for (const auto& required : kFiles) {
+    if (std::find(files.begin(), files.end(), required) == files.end())
+      throw InternalError("checkpoint without " + required);
   }
   YAML::Emitter yaml;
   yaml << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key << "epoch"
@@ -284,11 +306,6 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
   yaml << YAML::EndMap;
   write_file(tmp + "/state.yaml", std::string(yaml.c_str()) + "\n");
   write_file(tmp + "/config.yaml", config_yaml);
-  std::vector<std::string> files = kFiles;
-  if (!state.comm_hook.empty()) {
-    state_dict_save_file(state.comm_hook, tmp + "/comm_hook.pt");
-    files.push_back("comm_hook.pt");
-  }
   if (!best_yaml.empty()) {
     write_file(tmp + "/best.yaml", best_yaml);
     files.push_back("best.yaml");
@@ -377,6 +394,17 @@ void Checkpointer::verify(const std::string& folder) {
   }
 }
 
+const StateDict& Checkpointer::Loaded::part(const std::string& file) const {
+  static const StateDict kNone;
+  const auto found = parts.find(file);
+  return found == parts.end() ? kNone : found->second;
+}
+
+at::Tensor Checkpointer::Loaded::rng_states() const {
+  const StateDict& rng = part("rng.pt");
+  return rng.size() == 1 ? rng[0].second : at::Tensor();
+}
+
 Checkpointer::Loaded Checkpointer::load(const std::string& folder,
                                         torch::optim::Optimizer* legacy) {
   verify(folder);
@@ -439,15 +467,22 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
                     "accumulation_steps, total_steps, zero: integers; model: text; scaler: a "
                     "mapping of numbers)");
   }
-  loaded.model = state_dict_load_file(folder + "/model.pt");
-  loaded.rng_states = tensor_from_bytes(read_regular_file(folder + "/rng.pt"), folder + "/rng.pt");
-  // Read only when the (verified) MANIFEST lists it.
-  if (read_regular_file(folder + "/MANIFEST").find("  comm_hook.pt\n") != std::string::npos) {
-    loaded.state.comm_hook = state_dict_load_file(folder + "/comm_hook.pt");
+  // Note [Stateful parts]: every .pt file the (verified) MANIFEST lists.
+  std::istringstream manifest(read_regular_file(folder + "/MANIFEST"));
+  std::string hash, file;
+  while (manifest >> hash >> file) {
+    if (file.size() < 4 || file.compare(file.size() - 3, 3, ".pt") != 0) continue;
+    if (file == "optimizer.pt") continue;  // below: an older lockstep's archive, perhaps
+    if (file == "rng.pt") {
+      loaded.parts[file] = {
+          {"", tensor_from_bytes(read_regular_file(folder + "/" + file), folder + "/" + file)}};
+    } else {
+      loaded.parts[file] = state_dict_load_file(folder + "/" + file);
+    }
   }
   const std::string path = folder + "/optimizer.pt";
   try {
-    loaded.optimizer = state_dict_load_file(path);
+    loaded.parts["optimizer.pt"] = state_dict_load_file(path);
   } catch (const DataError& named) {
     // Before ZeRO: LibTorch's optimizer archive (a TorchScript zip).
     if (legacy == nullptr) {

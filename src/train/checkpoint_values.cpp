@@ -117,12 +117,12 @@ void Checkpointer::check_model_values(const StateDict& model,
 void Checkpointer::check_values(const Loaded& loaded, const std::set<std::string>& parameters,
                                 int64_t generator_bytes) {
   const std::string& folder = loaded.folder;
-  check_model_values(loaded.model, parameters, folder + "/model.pt");
-  for (const auto& [name, t] : loaded.optimizer)
+  check_model_values(loaded.part("model.pt"), parameters, folder + "/model.pt");
+  for (const auto& [name, t] : loaded.part("optimizer.pt"))
     check_entry(folder + "/optimizer.pt", name, t, true);
-  for (const auto& [name, t] : loaded.state.comm_hook)
+  for (const auto& [name, t] : loaded.part("comm_hook.pt"))
     check_entry(folder + "/comm_hook.pt", name, t, true);
-  const at::Tensor& rng = loaded.rng_states;
+  const at::Tensor rng = loaded.rng_states();
   const std::string where = folder + "/rng.pt";
   if (!rng.defined() || rng.scalar_type() != at::kByte || rng.dim() != 2) {
     throw DataError(where + ": not a [ranks, state bytes] uint8 tensor (" +

@@ -583,28 +583,28 @@ void config_validate(const Config& c, int world_size) {
                       name_of(kDatasetKindNames, c.data.name));
   }
   // The GPT's shape rules have one home (gpt_options), checked here early.
-  if (c.model.name == "gpt") (void)gpt_options(c.model, 256);
-  if (c.model.name == "gpt" && c.data.name != DatasetKind::kText &&
+  const auto builtin = builtin_model(c.model.name);
+  if (builtin == BuiltinModel::kGpt) (void)gpt_options(c.model, 256);
+  if (builtin == BuiltinModel::kGpt && c.data.name != DatasetKind::kText &&
       c.data.name != DatasetKind::kTokens) {
     throw ConfigError(std::string("model.name: gpt is a language model: it needs data.name: text "
                                   "or tokens (not ") +
                       name_of(kDatasetKindNames, c.data.name) + ")");
   }
   const bool tokens = c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens;
-  for (const char* classifier : {"mlp", "cnn", "transformer", "torchscript"}) {
-    if (tokens && c.model.name == classifier)
-      throw ConfigError(std::string("data.name: ") + name_of(kDatasetKindNames, c.data.name) +
+  if (tokens && builtin && builtin != BuiltinModel::kGpt) {
+    throw ConfigError(std::string("data.name: ") + name_of(kDatasetKindNames, c.data.name) +
                         " gives windows of token ids for a language model: model.name: gpt (or "
                         "one a program registered), not " +
-                        c.model.name);
+                      c.model.name);
   }
-  if (c.model.name == "transformer" && c.model.hidden % c.model.heads != 0) {
+  if (builtin == BuiltinModel::kTransformer && c.model.hidden % c.model.heads != 0) {
     throw ConfigError("model.heads=" + std::to_string(c.model.heads) +
                       " must divide model.hidden=" + std::to_string(c.model.hidden));
   }
   if (world_size < 1) throw ConfigError("world size must be >= 1");
-  if (c.ddp.comm_hook == "powersgd") powersgd_validate(powersgd_options_from_config(c.ddp));
-  if (c.optim.zero == 2 && c.ddp.comm_hook != "allreduce") {
+  if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd)) powersgd_validate(powersgd_options_from_config(c.ddp));
+  if (c.optim.zero == 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce)) {
     throw ConfigError(
         "optim.zero: 2 exchanges the gradients by reduce-scatter, so it takes no "
         "ddp.comm_hook (it is '" +

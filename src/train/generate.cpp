@@ -31,7 +31,7 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
   loaded.folder = folder;
   loaded.config = config_load(folder + "/config.yaml");
   const auto& m = loaded.config.model;
-  if (m.name != "gpt")
+  if (!is_model(m.name, BuiltinModel::kGpt))
     throw ConfigError("checkpoint '" + folder + "' holds a " + m.name +
                       " model: lockstep generate samples from model.name: gpt");
   loaded.bytes = loaded.config.data.name == DatasetKind::kText;

@@ -88,117 +88,160 @@ void Interval::add(const StepStats& step) {
   ++steps;
 }
 
-double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t total_steps) {
-  const double lr = in.lr;
-  const auto sums =
-      sum_over_ranks(pg_, {in.loss_sum.defined() ? in.loss_sum.item<double>() : 0.0,
-                           in.correct.defined() ? in.correct.item<double>() : 0.0, in.samples});
-  const double samples = sums[2];
-  const double loss = sums[0] / samples;
-  const double accuracy = sums[1] / samples;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - in.start).count();
-  const double n = std::max<int64_t>(in.steps, 1);
-  const double step_ms =
-      in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
-  if (!warned_comm_share_ && step_ms > 0 && in.comm_ms / step_ms > 0.2) {
-    warned_comm_share_ = true;
-    spdlog::warn(
-        "communication is {:.0f}% of step time ({:.2f} of {:.2f} ms per step waiting for "
-        "gradients): consider a larger per-rank batch, gradient accumulation "
-        "(train.accumulation_steps), ddp.comm_hook: fp16, or other bucket sizes (this warning "
-        "is shown once)",
-        100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
+// One figure of an interval (Note [Metric fields]).
+struct MetricField {
+  const char* key;  // in metrics.jsonl; "ms.forward" is "forward" inside "ms"; nullptr: not there
+  double value;
+  const char* json = "%.6g";         // its format in metrics.jsonl
+  const char* tag = nullptr;         // its TensorBoard scalar; nullptr: none
+  const char* console = nullptr;     // its printf on the progress line; nullptr: none
+  double console_scale = 1;          // the progress line shows value x this
+  bool console_nonzero_only = false;  // ... and only when it is not 0
+};
+
+// Note [Metric fields]
+// ~~~~~~~~~~~~~~~~~~~~
+// An interval's figures are one table (interval_fields): each names its key
+// in metrics.jsonl, its TensorBoard tag and its place on the progress line
+// once, and the three writers walk the table. A figure that is not finite
+// is null in metrics.jsonl (JSON has no inf or NaN: fp16's skipped steps).
+namespace {
+
+std::string json_record(const std::vector<MetricField>& fields) {
+  std::string out = "{";
+  std::string group;  // the open nested object ("ms"), if any
+  char number[64];
+  for (const auto& f : fields) {
+    if (f.key == nullptr) continue;
+    const std::string key = f.key;
+    const auto dot = key.find('.');
+    const std::string in = dot == std::string::npos ? "" : key.substr(0, dot);
+    if (in != group) {
+      if (!group.empty()) out += "}";
+      if (out.size() > 1) out += ", ";
+      if (!in.empty()) out += "\"" + in + "\": {";
+      group = in;
+    } else if (out.back() != '{') {
+      out += ", ";
+    }
+    if (std::isfinite(f.value)) {
+      std::snprintf(number, sizeof number, f.json, f.value);
+    } else {
+      std::snprintf(number, sizeof number, "null");
+    }
+    out += "\"" + key.substr(dot == std::string::npos ? 0 : dot + 1) + "\": " + number;
   }
-  // fp16: the scale after the interval's last step, and the steps skipped in
-  // it; then rank 0's peak resident memory so far.
-  char extra[256] = "";
-  int used = 0;
-  if (in.scaling) {
-    used = std::snprintf(extra, sizeof extra, "\"loss_scale\": %.9g, \"skipped_steps\": %lld, ",
-                         in.loss_scale, static_cast<long long>(in.skipped));
+  if (!group.empty()) out += "}";
+  return out + "}\n";
+}
+
+std::string console_line(const std::vector<MetricField>& fields) {
+  std::string out;
+  char text[96];
+  for (const auto& f : fields) {
+    if (f.console == nullptr || (f.console_nonzero_only && f.value == 0)) continue;
+    std::snprintf(text, sizeof text, f.console, f.value * f.console_scale);
+    out += (out.empty() ? "" : " ") + std::string(text);
   }
-  const double grad_norm = in.grad_norm.defined() ? in.grad_norm.item<double>() : 0.0;
-  if (in.grad_norm.defined()) {  // JSON has no inf or NaN (fp16's skipped steps): null
-    used +=
-        std::isfinite(grad_norm)
-            ? std::snprintf(extra + used, sizeof extra - used, "\"grad_norm\": %.6g, ", grad_norm)
-            : std::snprintf(extra + used, sizeof extra - used, "\"grad_norm\": null, ");
-  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<MetricField> Metrics::interval_fields(const Interval& in, const TrainerState& state,
+                                            const IntervalSums& sums) const {
+  const double n = static_cast<double>(std::max<int64_t>(in.steps, 1));
+  const double loss = sums.loss / sums.samples;
+  const bool language = tokens_per_sample_ > 0;
+  const double per_s = sums.samples * (language ? tokens_per_sample_ : 1.0) / sums.seconds;
+  const double ranks = pg_.size();
+  const double step_ms = in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  // Rank 0's gradient exchange per optimizer step (every rank sends as much).
-  std::snprintf(extra + used, sizeof extra - used,
-                "\"peak_rss_mib\": %.1f, \"comm_bytes_per_step\": %.0f, ",
-                static_cast<double>(usage.ru_maxrss) / 1024.0, in.comm_bytes / n);
-  const bool language = tokens_per_sample_ > 0;
-  const double tokens_per_s = samples * tokens_per_sample_ / seconds;
-  const double flops = tokens_per_s * flops_per_token_;
-  if (pg_.rank() == 0 && events_) {
-    const int64_t step = state.step;
-    events_->scalar("train/loss", loss, step);
-    events_->scalar("train/lr", lr, step);
-    if (in.grad_norm.defined()) events_->scalar("train/grad_norm", grad_norm, step);
-    if (language) {
-      events_->scalar("train/perplexity", std::exp(loss), step);
-      events_->scalar("train/tokens_per_s", tokens_per_s, step);
-    } else {
-      events_->scalar("train/accuracy", accuracy, step);
-      events_->scalar("train/samples_per_s", samples / seconds, step);
-    }
-    events_->scalar("train/comm_share", step_ms > 0 ? in.comm_ms / step_ms : 0.0, step);
-    events_->scalar("train/comm_bytes_per_step", in.comm_bytes / n, step);
-    if (in.scaling) events_->scalar("train/loss_scale", in.loss_scale, step);
-    events_->flush();
+  std::vector<MetricField> f;
+  f.push_back({"step", static_cast<double>(state.step), "%.0f"});
+  f.push_back({"epoch", static_cast<double>(state.epoch + 1), "%.0f"});
+  f.push_back({"loss", loss, "%.8g", "train/loss"});
+  if (language) {
+    f.push_back({"perplexity", std::exp(loss), "%.6g", "train/perplexity", "ppl %.3f"});
+  } else {
+    f.push_back({"accuracy", sums.correct / sums.samples, "%.6f", "train/accuracy", "acc %.4f"});
   }
+  f.push_back({"lr", in.lr, "%.6g", "train/lr", "lr %.4g"});
+  if (in.scaling) {  // fp16: the scale after the interval's last step, the steps it skipped
+    f.push_back({"loss_scale", in.loss_scale, "%.9g", "train/loss_scale"});
+    f.push_back({"skipped_steps", static_cast<double>(in.skipped), "%.0f"});
+  }
+  if (in.grad_norm.defined())
+    f.push_back({"grad_norm", in.grad_norm.item<double>(), "%.6g", "train/grad_norm"});
+  // Rank 0's peak resident memory so far, its gradient exchange per step.
+  f.push_back({"peak_rss_mib", static_cast<double>(usage.ru_maxrss) / 1024.0, "%.1f"});
+  f.push_back({"comm_bytes_per_step", in.comm_bytes / n, "%.0f", "train/comm_bytes_per_step"});
+  f.push_back({nullptr, step_ms > 0 ? in.comm_ms / step_ms : 0.0, "", "train/comm_share"});
+  if (language) {
+    f.push_back({"tokens_per_s", per_s, "%.1f", "train/tokens_per_s", "%.0f tokens/s"});
+    f.push_back({"tokens_per_s_per_rank", per_s / ranks, "%.1f", nullptr, "(%.0f per rank)"});
+    f.push_back({"flops_per_s", per_s * flops_per_token_, "%.4g", nullptr, "%.2f GFLOP/s", 1e-9});
+  } else {
+    f.push_back({"samples_per_s", per_s, "%.1f", "train/samples_per_s", "%.0f samples/s"});
+    f.push_back({"samples_per_s_per_rank", per_s / ranks, "%.1f"});
+  }
+  if (in.scaling) {
+    f.push_back({nullptr, in.loss_scale, "", nullptr, "scale %g"});
+    f.push_back({nullptr, static_cast<double>(in.skipped), "", nullptr, "(%.0f skipped)", 1, true});
+  }
+  f.push_back({"ms.forward", in.forward_ms / n, "%.3f"});
+  f.push_back({"ms.backward", in.backward_ms / n, "%.3f"});
+  f.push_back({"ms.comm_wait", in.comm_ms / n, "%.3f"});
+  f.push_back({"ms.optimizer", in.optimizer_ms / n, "%.3f"});
+  f.push_back({"ms.check", in.check_ms / n, "%.3f"});
+  return f;
+}
+
+void Metrics::warn_comm_share(const Interval& in) {
+  const double n = static_cast<double>(std::max<int64_t>(in.steps, 1));
+  const double step_ms = in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+  if (warned_comm_share_ || step_ms <= 0 || in.comm_ms / step_ms <= 0.2) return;
+  warned_comm_share_ = true;
+  spdlog::warn(
+      "communication is {:.0f}% of step time ({:.2f} of {:.2f} ms per step waiting for "
+      "gradients): consider a larger per-rank batch, gradient accumulation "
+      "(train.accumulation_steps), ddp.comm_hook: fp16, or other bucket sizes (this warning "
+      "is shown once)",
+      100 * in.comm_ms / step_ms, in.comm_ms / n, step_ms / n);
+}
+
+double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t total_steps) {
+  const auto reduced =
+      sum_over_ranks(pg_, {in.loss_sum.defined() ? in.loss_sum.item<double>() : 0.0,
+                           in.correct.defined() ? in.correct.item<double>() : 0.0, in.samples});
+  IntervalSums sums;
+  sums.loss = reduced[0];
+  sums.correct = reduced[1];
+  sums.samples = reduced[2];
+  sums.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - in.start).count();
+  const double loss = sums.loss / sums.samples;
+  warn_comm_share(in);
   if (pg_.rank() == 0) {
-    if (language) {
-      record(
-          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"perplexity\": %.6g, "
-          "\"lr\": %.6g, %s\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, "
-          "\"flops_per_s\": %.4g, \"ms\": {\"forward\": %.3f, \"backward\": %.3f, "
-          "\"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
-          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-          std::exp(loss), lr, extra, tokens_per_s, tokens_per_s / pg_.size(), flops,
-          in.forward_ms / n, in.backward_ms / n, in.comm_ms / n, in.optimizer_ms / n,
-          in.check_ms / n);
-    } else {
-      record(
-          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.8g, \"accuracy\": %.6f, "
-          "\"lr\": %.6g, %s\"samples_per_s\": %.1f, \"samples_per_s_per_rank\": %.1f, "
-          "\"ms\": {\"forward\": %.3f, "
-          "\"backward\": %.3f, \"comm_wait\": %.3f, \"optimizer\": %.3f, \"check\": %.3f}}\n",
-          static_cast<long long>(state.step), static_cast<long long>(state.epoch + 1), loss,
-          accuracy, lr, extra, samples / seconds, samples / seconds / pg_.size(), in.forward_ms / n,
-          in.backward_ms / n, in.comm_ms / n, in.optimizer_ms / n, in.check_ms / n);
+    const auto fields = interval_fields(in, state, sums);
+    if (events_) {
+      for (const auto& f : fields)
+        if (f.tag != nullptr) events_->scalar(f.tag, f.value, state.step);
+      events_->flush();
     }
-    // What the line says after the loss: ppl and tokens/s, or accuracy and samples/s.
-    char rate[160];
-    if (language) {
-      std::snprintf(rate, sizeof rate,
-                    "ppl %.3f lr %.4g %.0f tokens/s (%.0f per rank) %.2f GFLOP/s", std::exp(loss),
-                    lr, tokens_per_s, tokens_per_s / pg_.size(), flops / 1e9);
-    } else {
-      std::snprintf(rate, sizeof rate, "acc %.4f lr %.4g %.0f samples/s", accuracy, lr,
-                    samples / seconds);
-    }
-    if (in.scaling) {
-      const size_t used = std::strlen(rate);
-      std::snprintf(
-          rate + used, sizeof rate - used, " scale %g%s", in.loss_scale,
-          in.skipped > 0 ? (" (" + std::to_string(in.skipped) + " skipped)").c_str() : "");
-    }
+    record("%s", json_record(fields).c_str());
+    const std::string rest = console_line(fields);  // after step, epoch and loss
     if (bar()) {
       const int width = 30;
       const int filled = static_cast<int>(width * state.step / std::max<int64_t>(total_steps, 1));
       std::printf("\r[%s%s] step %lld/%lld epoch %lld loss %.4f %s",
                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                   static_cast<long long>(state.step), static_cast<long long>(total_steps),
-                  static_cast<long long>(state.epoch + 1), loss, rate);
+                  static_cast<long long>(state.epoch + 1), loss, rest.c_str());
       std::fflush(stdout);
     } else {
       spdlog::info("step {}/{} epoch {} loss {:.5f} {}", state.step, total_steps, state.epoch + 1,
-                   loss, rate);
+                   loss, rest);
     }
   }
   in = Interval{};

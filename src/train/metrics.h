@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/io/tensorboard.h"
@@ -40,6 +41,8 @@ struct Interval {
 // Where an evaluation was taken: an epoch's end, every train.eval_every
 // steps, or a stop inside an epoch (train.max_steps: "partial").
 enum class EvalAt { kEpochEnd, kEvery, kStop };
+
+struct MetricField;  // metrics.cpp
 
 class Metrics {
  public:
@@ -72,6 +75,15 @@ class Metrics {
   // full disk) is cut back to the last complete record and reported once;
   // training goes on, and later records are written when writes work again.
   void record(const char* format, ...) __attribute__((format(printf, 2, 3)));
+  // An interval's global sums (one all-reduce) and its length.
+  struct IntervalSums {
+    double loss = 0, correct = 0, samples = 0, seconds = 0;
+  };
+  // Its figures, each named once for metrics.jsonl, TensorBoard and the
+  // progress line (Note [Metric fields], metrics.cpp).
+  std::vector<MetricField> interval_fields(const Interval& in, const TrainerState& state,
+                                            const IntervalSums& sums) const;
+  void warn_comm_share(const Interval& in);
   bool bar() const;
 
   LogConfig log_;

@@ -384,8 +384,11 @@ TEST_CASE("checkpoint: the GradScaler's state in state.yaml reads back exactly",
                   {"backoff_factor", 0.3},
                   {"growth_interval", 5},
                   {"_growth_tracker", 4}};
-  const auto folder =
-      checkpointer.save(state, state_dict_of(*model), {}, at::zeros({1, 4}, at::kByte), "x: 1\n");
+  const auto folder = checkpointer.save(state,
+                                        {{"model.pt", state_dict_of(*model)},
+                                         {"optimizer.pt", {}},
+                                         {"rng.pt", {{"", at::zeros({1, 4}, at::kByte)}}}},
+                                        "x: 1\n");
   const auto loaded = Checkpointer::load(folder, nullptr);
   CHECK(loaded.state.scaler == state.scaler);
   std::ifstream yaml(folder + "/state.yaml");

@@ -53,18 +53,51 @@ StateDict optim_of(Setup& s) {
 
 const at::Tensor kRng = torch::arange(0, 12, torch::kUInt8).reshape({2, 6});
 
+// What the trainer's Stateful parts give the checkpointer (run_stateful.h).
+std::vector<SavedPart> parts_of(Setup& s) {
+  return {{"model.pt", state_dict_of(*s.model)},
+          {"optimizer.pt", optim_of(s)},
+          {"rng.pt", {{"", kRng}}}};
+}
+
 bool exists(const std::string& path) {
   return std::filesystem::exists(path);
 }
 
 }  // namespace
 
+TEST_CASE("checkpoint: any Stateful part's file round-trips, and a folder without a required one is refused",
+          "[checkpoint]") {
+  TempDir dir;
+  Setup a;
+  Checkpointer checkpoints(dir.path, 3);
+  auto parts = parts_of(a);
+  const at::Tensor extra = torch::arange(5, torch::kFloat) * 0.25;
+  parts.push_back({"scheduler.pt", {{"last_epoch", torch::full({}, 7.0)}, {"values", extra}}});
+  const auto folder = checkpoints.save(state_at(5), parts, "x: 1\n");
+  const auto loaded = Checkpointer::load(folder, nullptr);
+  const StateDict& back = loaded.part("scheduler.pt");
+  REQUIRE(back.size() == 2);
+  CHECK(back[0].first == "last_epoch");
+  CHECK(back[0].second.item<double>() == 7.0);
+  CHECK(back[1].first == "values");
+  CHECK(torch::equal(back[1].second, extra));
+  CHECK(loaded.part("absent.pt").empty());
+  // rng.pt stays a bare tensor: what torch.load gives Python.
+  CHECK(torch::equal(loaded.rng_states(), kRng));
+  // Without rng.pt the checkpoint could not resume: never written.
+  parts = parts_of(a);
+  parts.pop_back();
+  CHECK_THROWS_WITH(checkpoints.save(state_at(6), parts, "x: 1\n"),
+                    Contains("checkpoint without rng.pt"));
+  CHECK_FALSE(exists(dir.path + "/checkpoints/step_00000006"));
+}
+
 TEST_CASE("checkpoint: the folder, its MANIFEST and a round trip", "[checkpoint]") {
   TempDir dir;
   Setup a;
   Checkpointer checkpoints(dir.path, 3);
-  const auto folder =
-      checkpoints.save(state_at(5), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  const auto folder = checkpoints.save(state_at(5), parts_of(a), "x: 1\n");
   CHECK(folder == dir.path + "/checkpoints/step_00000005");
   // MANIFEST: one line per file, each the SHA-256 of the file's bytes.
   std::ifstream manifest(folder + "/MANIFEST");
@@ -85,19 +118,19 @@ TEST_CASE("checkpoint: the folder, its MANIFEST and a round trip", "[checkpoint]
   CHECK(loaded.state.batch_in_epoch == 7);
   CHECK(loaded.state.world_size == 2);
   CHECK(loaded.state.model == "mlp");
-  CHECK(torch::equal(loaded.rng_states, kRng));
-  REQUIRE(loaded.model.size() == 2);
-  CHECK(loaded.model[0].first == "weight");
-  CHECK(torch::equal(loaded.model[0].second, a.model->weight));
-  CHECK(torch::equal(loaded.model[1].second, a.model->bias));
+  CHECK(torch::equal(loaded.rng_states(), kRng));
+  REQUIRE(loaded.part("model.pt").size() == 2);
+  CHECK(loaded.part("model.pt")[0].first == "weight");
+  CHECK(torch::equal(loaded.part("model.pt")[0].second, a.model->weight));
+  CHECK(torch::equal(loaded.part("model.pt")[1].second, a.model->bias));
   // The optimizer's momentum came back (the next step moves b as it moves a).
-  state_dict_load(*b.model, loaded.model, "test");
+  state_dict_load(*b.model, loaded.part("model.pt"), "test");
   // optimizer.pt: a state dict by parameter name (torch.load reads it).
-  REQUIRE(loaded.optimizer.size() == 2);
-  CHECK(loaded.optimizer[0].first == "weight.momentum_buffer");
-  CHECK(loaded.optimizer[1].first == "bias.momentum_buffer");
-  optimizer_load_state_dict(*b.optimizer, module_tensors(*b.model, false), loaded.optimizer, {},
-                            "test");
+  REQUIRE(loaded.part("optimizer.pt").size() == 2);
+  CHECK(loaded.part("optimizer.pt")[0].first == "weight.momentum_buffer");
+  CHECK(loaded.part("optimizer.pt")[1].first == "bias.momentum_buffer");
+  optimizer_load_state_dict(*b.optimizer, module_tensors(*b.model, false),
+                            loaded.part("optimizer.pt"), {}, "test");
   for (auto* s : {&a, &b}) {
     s->optimizer->zero_grad();
     s->model->forward(torch::ones({4, 3})).sum().backward();
@@ -111,8 +144,7 @@ TEST_CASE("checkpoint: a modified, missing or forged file is refused by name", "
   TempDir dir;
   Setup a;
   Checkpointer checkpoints(dir.path, 3);
-  const auto folder =
-      checkpoints.save(state_at(5), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  const auto folder = checkpoints.save(state_at(5), parts_of(a), "x: 1\n");
   const auto original = TempDir::read_file(folder + "/model.pt");
   auto bytes = original;
   bytes[bytes.size() / 2] ^= 1;
@@ -128,8 +160,7 @@ TEST_CASE("checkpoint: a modified, missing or forged file is refused by name", "
 
   // A forged state.yaml with a recomputed MANIFEST: the manifest proves the
   // files whole, not honest, so the values are still checked.
-  const auto other =
-      checkpoints.save(state_at(6), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  const auto other = checkpoints.save(state_at(6), parts_of(a), "x: 1\n");
   std::ofstream(other + "/state.yaml")
       << "step: abc\nepoch: 0\nbatch_in_epoch: 0\nworld_size: 2\nmodel: mlp\n";
   std::string manifest;
@@ -147,8 +178,7 @@ TEST_CASE("checkpoint: keep K removes only the oldest of our own folders", "[che
   std::filesystem::create_directories(dir.path + "/checkpoints/step_best_keep_me");
   std::filesystem::create_directories(dir.path + "/checkpoints/step_00000000");  // no MANIFEST
   Checkpointer checkpoints(dir.path, 2);
-  for (int64_t step : {1, 2, 3})
-    checkpoints.save(state_at(step), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  for (int64_t step : {1, 2, 3}) checkpoints.save(state_at(step), parts_of(a), "x: 1\n");
   const std::string c = dir.path + "/checkpoints/";
   CHECK_FALSE(exists(c + "step_00000001"));
   CHECK(exists(c + "step_00000002"));
@@ -169,12 +199,12 @@ Checkpointer::Loaded adam_like() {
   Checkpointer::Loaded l;
   l.folder = "ck";
   l.state.world_size = 2;
-  l.model = {{"weight", torch::ones({2, 3})}, {"bias", torch::zeros({2})}};
-  l.optimizer = {{"weight.exp_avg", torch::full({2, 3}, 0.5)},
-                 {"weight.exp_avg_sq", torch::full({2, 3}, 0.25)},
-                 {"weight.step", torch::full({}, 3.0)}};
-  l.state.comm_hook = {{"rank1.error.0", torch::zeros({4})}};
-  l.rng_states = torch::zeros({2, 6}, torch::kUInt8);
+  l.parts["model.pt"] = {{"weight", torch::ones({2, 3})}, {"bias", torch::zeros({2})}};
+  l.parts["optimizer.pt"] = {{"weight.exp_avg", torch::full({2, 3}, 0.5)},
+                             {"weight.exp_avg_sq", torch::full({2, 3}, 0.25)},
+                             {"weight.step", torch::full({}, 3.0)}};
+  l.parts["comm_hook.pt"] = {{"rank1.error.0", torch::zeros({4})}};
+  l.parts["rng.pt"] = {{"", torch::zeros({2, 6}, torch::kUInt8)}};
   return l;
 }
 
@@ -190,33 +220,33 @@ TEST_CASE(
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   auto l = adam_like();
-  l.optimizer[0].second[1][2] = nan;
+  l.parts["optimizer.pt"][0].second[1][2] = nan;
   CHECK_THROWS_WITH(
       Checkpointer::check_values(l, kParams, 6),
       Contains("ck/optimizer.pt: entry 'weight.exp_avg' is not finite: element 5 is nan"));
   l = adam_like();
-  l.optimizer[1].second[0][1] = -1e-12;
+  l.parts["optimizer.pt"][1].second[0][1] = -1e-12;
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("'weight.exp_avg_sq' is a second moment and cannot be negative"));
   l = adam_like();
-  l.optimizer[2].second.fill_(2.5);
+  l.parts["optimizer.pt"][2].second.fill_(2.5);
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("'weight.step' is a step count"));
   l = adam_like();
-  l.state.comm_hook[0].second[3] = 1e38;
+  l.parts["comm_hook.pt"][0].second[3] = 1e38;
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("ck/comm_hook.pt: entry 'rank1.error.0' is out of range"));
   l = adam_like();
-  l.state.comm_hook[0].second[0] = 1e19;  // large, but its square is still a float
+  l.parts["comm_hook.pt"][0].second[0] = 1e19;  // large, but its square is still a float
   CHECK_NOTHROW(Checkpointer::check_values(l, kParams, 6));
   l = adam_like();
-  l.model[1].second[0] = inf;
+  l.parts["model.pt"][1].second[0] = inf;
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("ck/model.pt: entry 'bias' is not finite"));
   // A buffer may hold -inf (a mask's), never NaN; running statistics are
   // finite and a variance is not negative.
   CHECK_NOTHROW(Checkpointer::check_values(l, {"weight"}, 6));
-  l.model[1].second[1] = nan;
+  l.parts["model.pt"][1].second[1] = nan;
   CHECK_THROWS_WITH(Checkpointer::check_values(l, {"weight"}, 6),
                     Contains("ck/model.pt: buffer 'bias' holds NaN: element 1 is nan"));
   StateDict bn{{"bn.running_var", torch::ones({3})}, {"bn.running_mean", torch::zeros({3})}};
@@ -229,12 +259,12 @@ TEST_CASE(
   CHECK_THROWS_WITH(Checkpointer::check_model_values(bn, {}, "m.pt"),
                     Contains("'bn.running_mean' is a running statistic and must be finite"));
   l = adam_like();
-  l.rng_states = torch::zeros({0, 6}, torch::kUInt8);  // "silently reseeded" before
+  l.parts["rng.pt"] = {{"", torch::zeros({0, 6}, torch::kUInt8)}};  // "silently reseeded" before
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("ck/rng.pt: holds 0 generator state(s) of 6 bytes; the 2 rank(s)"));
-  l.rng_states = torch::zeros({2, 5}, torch::kUInt8);
+  l.parts["rng.pt"] = {{"", torch::zeros({2, 5}, torch::kUInt8)}};
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6), Contains("of 6 bytes"));
-  l.rng_states = torch::zeros({2, 6}, torch::kFloat);
+  l.parts["rng.pt"] = {{"", torch::zeros({2, 6}, torch::kFloat)}};
   CHECK_THROWS_WITH(Checkpointer::check_values(l, kParams, 6),
                     Contains("rng.pt: not a [ranks, state bytes] uint8 tensor"));
 }
@@ -243,11 +273,9 @@ TEST_CASE("checkpoint: rotation never removes the checkpoint just written", "[ch
   TempDir dir;
   Setup a;
   Checkpointer old_run(dir.path, 5);
-  for (int64_t step : {300, 400, 460})
-    old_run.save(state_at(step), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  for (int64_t step : {300, 400, 460}) old_run.save(state_at(step), parts_of(a), "x: 1\n");
   Checkpointer checkpoints(dir.path, 2);
-  const auto folder =
-      checkpoints.save(state_at(30), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n");
+  const auto folder = checkpoints.save(state_at(30), parts_of(a), "x: 1\n");
   CHECK(exists(folder));  // was removed at once: 300, 400 and 460 sort after it
   const std::string c = dir.path + "/checkpoints/";
   CHECK_FALSE(exists(c + "step_00000300"));
@@ -263,10 +291,8 @@ TEST_CASE(
   Setup a;
   Checkpointer checkpoints(dir.path, 2);
   const std::string c = dir.path + "/checkpoints/";
-  checkpoints.save(state_at(10), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n",
-                   "metric: val_loss\nstep: 10\n");
-  checkpoints.save(state_at(20), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n",
-                   "metric: val_loss\nstep: 20\n");
+  checkpoints.save(state_at(10), parts_of(a), "x: 1\n", "metric: val_loss\nstep: 10\n");
+  checkpoints.save(state_at(20), parts_of(a), "x: 1\n", "metric: val_loss\nstep: 20\n");
   CHECK(Checkpointer::load(c + "best", nullptr).state.step == 20);
   for (const auto& entry : std::filesystem::directory_iterator(c))
     CHECK(entry.path().filename().string()[0] != '.');  // nothing aside is left
@@ -275,8 +301,7 @@ TEST_CASE(
   // new one complete under its temporary name, no best/. Dead writers'
   // pids (above pid_max) name them; a half-written step folder too.
   std::filesystem::rename(c + "best", c + ".old-best-99999999");
-  checkpoints.save(state_at(30), state_dict_of(*a.model), optim_of(a), kRng, "x: 1\n",
-                   "metric: val_loss\nstep: 30\n");
+  checkpoints.save(state_at(30), parts_of(a), "x: 1\n", "metric: val_loss\nstep: 30\n");
   std::filesystem::rename(c + "best", c + ".tmp-best-99999998");
   std::filesystem::create_directories(c + ".tmp-step_00000040-99999997");
   REQUIRE_FALSE(exists(c + "best"));

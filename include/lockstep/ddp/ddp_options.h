@@ -21,6 +21,10 @@ inline constexpr NameTable<CommHookKind, 4> kCommHookKindNames{
      {CommHookKind::kFp16, "fp16"},
      {CommHookKind::kBf16, "bf16"},
      {CommHookKind::kPowerSgd, "powersgd"}}};
+// Whether ddp.comm_hook's `name` is the built-in hook `kind`.
+inline bool is_comm_hook(std::string_view name, CommHookKind kind) {
+  return value_named(kCommHookKindNames, name) == kind;
+}
 
 // PowerSGD's settings (ddp/powersgd.h): PyTorch's PowerSGDState, defaults
 // included.

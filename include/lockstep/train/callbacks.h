@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/train/losses.h"  // register_loss, here since it was declared here first
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/run_state.h"
 #include "lockstep/train/step.h"
@@ -50,12 +51,5 @@ using CallbackFactory = std::function<std::shared_ptr<TrainerCallback>()>;
 void register_callback(const std::string& name, CallbackFactory factory);
 std::vector<std::shared_ptr<TrainerCallback>> callbacks_create();
 
-// (output, target) -> the mean loss over the batch, a scalar.
-using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
-void register_loss(const std::string& name, LossFunction loss);
-// train.loss: auto (the task's: cross-entropy, MSE, next-token
-// cross-entropy), cross_entropy, mse, or a registered name; ConfigError
-// listing the names otherwise.
-LossFunction loss_from_config(const std::string& name, TaskKind task);
 
 }  // namespace lockstep

@@ -35,6 +35,7 @@
 
 #include "lockstep/io/state_dict.h"
 #include "lockstep/train/run_state.h"
+#include "lockstep/train/stateful.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -56,9 +57,10 @@ class Checkpointer {
   // previous best replaced so that some best/ always exists: Note
   // [Replacing a checkpoint folder]), with best.yaml (metric, value, step)
   // in its MANIFEST.
-  std::string save(const TrainerState& state, const StateDict& model, const StateDict& optimizer,
-                   const at::Tensor& rng_states, const std::string& config_yaml,
-                   const std::string& best_yaml = "");
+  // `parts`: the Stateful parts' files (stateful.h), model.pt, optimizer.pt
+  // and rng.pt among them.
+  std::string save(const TrainerState& state, const std::vector<SavedPart>& parts,
+                   const std::string& config_yaml, const std::string& best_yaml = "");
 
   // The newest checkpoint folder, whether or not it verifies.
   std::optional<std::string> newest() const;
@@ -70,11 +72,15 @@ class Checkpointer {
 
   struct Loaded {
     TrainerState state;
-    StateDict model;
-    StateDict optimizer;            // empty when `legacy_optimizer`
+    // Each .pt file the MANIFEST lists, by file name (rng.pt: one entry
+    // named ""); optimizer.pt absent when `legacy_optimizer`.
+    std::map<std::string, StateDict> parts;
     bool legacy_optimizer = false;  // an archive, loaded into the optimizer given
-    at::Tensor rng_states;
     std::string folder;
+    // The file's entries; empty when the folder has no such file.
+    const StateDict& part(const std::string& file) const;
+    // rng.pt's tensor (undefined when absent).
+    at::Tensor rng_states() const;
   };
   // Verifies the manifest, then reads. An optimizer.pt of the older archive
   // form is loaded in place into `legacy` (nullptr: refused, DataError).
@@ -93,9 +99,9 @@ class Checkpointer {
                                  const std::string& file);
 
  private:
-  void write_folder(const std::string& tmp, const TrainerState& state, const StateDict& model,
-                    const StateDict& optimizer, const at::Tensor& rng_states,
-                    const std::string& config_yaml, const std::string& best_yaml);
+  void write_folder(const std::string& tmp, const TrainerState& state,
+                    const std::vector<SavedPart>& parts, const std::string& config_yaml,
+                    const std::string& best_yaml);
   void rotate(const std::string& just_written);
 
   std::string dir_;

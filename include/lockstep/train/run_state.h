@@ -42,7 +42,6 @@ struct TrainerState {
   std::string data_id;
   std::map<std::string, double> scaler;  // GradScaler::state_dict(); empty: none
   MetricWatch keep_best, early_stop;
-  StateDict comm_hook;  // comm_hook.pt: every rank's hook state; empty: none
 };
 
 struct TrainResult {
