@@ -172,30 +172,31 @@ std::shared_ptr<Classifier> builtin_model_create(BuiltinModel model, const Model
     case BuiltinModel::kCnn:
       return std::make_shared<Cnn>(config, as_image(sample_shape), classes);
     case BuiltinModel::kTransformer: {
-    if (features % config.token_size != 0) {
-      throw ConfigError("model.token_size=" + std::to_string(config.token_size) +
-                        " must divide the " + std::to_string(features) + " features");
+      if (features % config.token_size != 0) {
+        throw ConfigError("model.token_size=" + std::to_string(config.token_size) +
+                          " must divide the " + std::to_string(features) + " features");
+      }
+      if (config.hidden % config.heads != 0) {
+        throw ConfigError("model.heads=" + std::to_string(config.heads) +
+                          " must divide model.hidden=" + std::to_string(config.hidden));
+      }
+      return std::make_shared<Transformer>(config, features, classes);
     }
-    if (config.hidden % config.heads != 0) {
-      throw ConfigError("model.heads=" + std::to_string(config.heads) +
-                        " must divide model.hidden=" + std::to_string(config.hidden));
-    }
-    return std::make_shared<Transformer>(config, features, classes);
-  }
     case BuiltinModel::kGpt: {
-    if (sample_shape.size() != 1 || sample_shape[0] > config.block_size)
-      throw ConfigError("model.name: gpt reads windows of at most model.block_size=" +
-                        std::to_string(config.block_size) + " tokens (data.name: text or tokens)");
-    return std::make_shared<Gpt>(gpt_options(config, classes));
-  }
-    case BuiltinModel::kTorchScript: {
-    if (config.path.empty()) {
-      throw ConfigError(
-          "model.name=torchscript needs model.path: the file saved by "
-          "torch.jit.script(model).save(path)");
+      if (sample_shape.size() != 1 || sample_shape[0] > config.block_size)
+        throw ConfigError("model.name: gpt reads windows of at most model.block_size=" +
+                          std::to_string(config.block_size) +
+                          " tokens (data.name: text or tokens)");
+      return std::make_shared<Gpt>(gpt_options(config, classes));
     }
-    return torchscript_model(config.path, sample_shape, classes);
-  }
+    case BuiltinModel::kTorchScript: {
+      if (config.path.empty()) {
+        throw ConfigError(
+            "model.name=torchscript needs model.path: the file saved by "
+            "torch.jit.script(model).save(path)");
+      }
+      return torchscript_model(config.path, sample_shape, classes);
+    }
   }
   throw InternalError("unhandled built-in model");
 }

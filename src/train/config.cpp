@@ -594,8 +594,8 @@ void config_validate(const Config& c, int world_size) {
   const bool tokens = c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens;
   if (tokens && builtin && builtin != BuiltinModel::kGpt) {
     throw ConfigError(std::string("data.name: ") + name_of(kDatasetKindNames, c.data.name) +
-                        " gives windows of token ids for a language model: model.name: gpt (or "
-                        "one a program registered), not " +
+                      " gives windows of token ids for a language model: model.name: gpt (or "
+                      "one a program registered), not " +
                       c.model.name);
   }
   if (builtin == BuiltinModel::kTransformer && c.model.hidden % c.model.heads != 0) {
@@ -603,7 +603,8 @@ void config_validate(const Config& c, int world_size) {
                       " must divide model.hidden=" + std::to_string(c.model.hidden));
   }
   if (world_size < 1) throw ConfigError("world size must be >= 1");
-  if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd)) powersgd_validate(powersgd_options_from_config(c.ddp));
+  if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd))
+    powersgd_validate(powersgd_options_from_config(c.ddp));
   if (c.optim.zero == 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce)) {
     throw ConfigError(
         "optim.zero: 2 exchanges the gradients by reduce-scatter, so it takes no "

@@ -31,11 +31,13 @@ LossFunction loss_from_config(const std::string& name, TaskKind task) {
         break;
       case BuiltinLoss::kCrossEntropy:
         if (task == TaskKind::kRegression)
-          throw ConfigError("train.loss: cross_entropy needs class labels; this data is regression");
+          throw ConfigError(
+              "train.loss: cross_entropy needs class labels; this data is regression");
         break;
       case BuiltinLoss::kMse:
         if (task != TaskKind::kRegression)
-          throw ConfigError("train.loss: mse needs real-valued targets; this data has class labels");
+          throw ConfigError(
+              "train.loss: mse needs real-valued targets; this data has class labels");
         break;
     }
     return [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); };

@@ -92,10 +92,10 @@ void Interval::add(const StepStats& step) {
 struct MetricField {
   const char* key;  // in metrics.jsonl; "ms.forward" is "forward" inside "ms"; nullptr: not there
   double value;
-  const char* json = "%.6g";         // its format in metrics.jsonl
-  const char* tag = nullptr;         // its TensorBoard scalar; nullptr: none
-  const char* console = nullptr;     // its printf on the progress line; nullptr: none
-  double console_scale = 1;          // the progress line shows value x this
+  const char* json = "%.6g";          // its format in metrics.jsonl
+  const char* tag = nullptr;          // its TensorBoard scalar; nullptr: none
+  const char* console = nullptr;      // its printf on the progress line; nullptr: none
+  double console_scale = 1;           // the progress line shows value x this
   bool console_nonzero_only = false;  // ... and only when it is not 0
 };
 
@@ -149,13 +149,14 @@ std::string console_line(const std::vector<MetricField>& fields) {
 }  // namespace
 
 std::vector<MetricField> Metrics::interval_fields(const Interval& in, const TrainerState& state,
-                                            const IntervalSums& sums) const {
+                                                  const IntervalSums& sums) const {
   const double n = static_cast<double>(std::max<int64_t>(in.steps, 1));
   const double loss = sums.loss / sums.samples;
   const bool language = tokens_per_sample_ > 0;
   const double per_s = sums.samples * (language ? tokens_per_sample_ : 1.0) / sums.seconds;
   const double ranks = pg_.size();
-  const double step_ms = in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+  const double step_ms =
+      in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::vector<MetricField> f;
@@ -200,7 +201,8 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
 
 void Metrics::warn_comm_share(const Interval& in) {
   const double n = static_cast<double>(std::max<int64_t>(in.steps, 1));
-  const double step_ms = in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+  const double step_ms =
+      in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
   if (warned_comm_share_ || step_ms <= 0 || in.comm_ms / step_ms <= 0.2) return;
   warned_comm_share_ = true;
   spdlog::warn(

@@ -82,7 +82,7 @@ class Metrics {
   // Its figures, each named once for metrics.jsonl, TensorBoard and the
   // progress line (Note [Metric fields], metrics.cpp).
   std::vector<MetricField> interval_fields(const Interval& in, const TrainerState& state,
-                                            const IntervalSums& sums) const;
+                                           const IntervalSums& sums) const;
   void warn_comm_share(const Interval& in);
   bool bar() const;
 

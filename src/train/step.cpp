@@ -154,66 +154,52 @@ void TrainStep::stop_if_diverged(const at::Tensor& loss_sum, const at::Tensor& g
                       "resume from the last checkpoint; train.stop_on_nonfinite: false trains on)");
 }
 
-StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_batches) {
-  StepStats stats;
-  if (micro_batches < 0 || micro_batches > options_.accumulation_steps)
-    throw InternalError("TrainStep::run: " + std::to_string(micro_batches) +
-                        " micro-batches, outside [0, " +
-                        std::to_string(options_.accumulation_steps) + "]");
-  const int64_t acc = micro_batches > 0 ? micro_batches : options_.accumulation_steps;
-  optimizer_.zero_grad();
-  for (int64_t m = 0; m < acc; ++m) {
-    auto batch = next();
-    if (!batch) {
-      throw InternalError("the batches ran out in step " + std::to_string(step + 1) +
-                          " at micro-batch " + std::to_string(m + 1) + " of " +
-                          std::to_string(acc));
-    }
-    // Batches come from the host; the model may live on a GPU.
-    batch->x = batch->x.to(device_, /*non_blocking=*/true);
-    batch->y = batch->y.to(device_, /*non_blocking=*/true);
-    const bool synced = options_.synchronise && m == acc - 1;
-    std::optional<DdpCore::NoSyncGuard> guard;
-    if (!synced) guard.emplace(ddp_);
-    auto t = Clock::now();
-    at::Tensor out, loss;
-    const auto forward_and_loss = [&] {
-      out = ddp_.forward(batch->x);
-      loss = loss_(out, batch->y);
-    };
-    if (hooks.around_forward) {
-      hooks.around_forward(forward_and_loss);
-    } else {
-      forward_and_loss();
-    }
-    stats.forward_ms += ms_since(t);
-    trace("forward", t);
-    t = Clock::now();
-    const at::Tensor start = hooks.scale_loss ? hooks.scale_loss(loss) : loss;
-    (start / static_cast<double>(acc)).backward();
-    trace(synced ? "backward" : "backward (no_sync)", t);
-    double wait = 0;
-    if (synced && ddp_.reducer() != nullptr) {
-      const auto reduced = ddp_.reducer()->last_stats();
-      wait = reduced.wait_ms;
-      stats.comm_bytes += static_cast<double>(reduced.bytes);
-    }
-    stats.backward_ms += ms_since(t) - wait;
-    stats.comm_ms += wait;
-    const double rows = static_cast<double>(batch->x.size(0));
-    stats.loss_sum = add_to(stats.loss_sum, loss.detach().to(at::kDouble) * rows);
-    stats.samples += rows;
-    if (classification_) {
-      stats.correct =
-          add_to(stats.correct, (out.detach().argmax(1) == batch->y).sum().to(at::kDouble));
-    }
-  }
-  if (hooks.after_backward) hooks.after_backward();
+// One micro-batch: forward and loss (the precision's hook around them),
+// backward of loss / acc; the last one of a step (`synced`) waits for DDP's
+// exchange, whose wait is counted as communication, not backward.
+void TrainStep::micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& stats) {
+  // Batches come from the host; the model may live on a GPU.
+  batch.x = batch.x.to(device_, /*non_blocking=*/true);
+  batch.y = batch.y.to(device_, /*non_blocking=*/true);
+  std::optional<DdpCore::NoSyncGuard> guard;
+  if (!synced) guard.emplace(ddp_);
   auto t = Clock::now();
-  if (checks_) handle(checks_->before_update());  // before the weights change
-  stats.check_ms += ms_since(t);
-
+  at::Tensor out, loss;
+  const auto forward_and_loss = [&] {
+    out = ddp_.forward(batch.x);
+    loss = loss_(out, batch.y);
+  };
+  if (hooks.around_forward) {
+    hooks.around_forward(forward_and_loss);
+  } else {
+    forward_and_loss();
+  }
+  stats.forward_ms += ms_since(t);
+  trace("forward", t);
   t = Clock::now();
+  const at::Tensor start = hooks.scale_loss ? hooks.scale_loss(loss) : loss;
+  (start / static_cast<double>(acc)).backward();
+  trace(synced ? "backward" : "backward (no_sync)", t);
+  double wait = 0;
+  if (synced && ddp_.reducer() != nullptr) {
+    const auto reduced = ddp_.reducer()->last_stats();
+    wait = reduced.wait_ms;
+    stats.comm_bytes += static_cast<double>(reduced.bytes);
+  }
+  stats.backward_ms += ms_since(t) - wait;
+  stats.comm_ms += wait;
+  const double rows = static_cast<double>(batch.x.size(0));
+  stats.loss_sum = add_to(stats.loss_sum, loss.detach().to(at::kDouble) * rows);
+  stats.samples += rows;
+  if (classification_) {
+    stats.correct =
+        add_to(stats.correct, (out.detach().argmax(1) == batch.y).sum().to(at::kDouble));
+  }
+}
+
+// The learning rate of this step, then the gradients' norms (reported
+// every options_.grad_norm_every steps), the divergence stop, and clipping.
+void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
   if (hooks.before_clip) hooks.before_clip(optimizer_);
   stats.lr = lr_at(options_.optim, step, options_.total_steps);
   optimizer_set_lr(optimizer_, stats.lr);
@@ -260,17 +246,13 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
       }
     }
   }
-  if (hooks.optimizer_step) {
-    hooks.optimizer_step(optimizer_);
-  } else {
-    optimizer_.step();
-  }
-  stats.optimizer_ms += ms_since(t);
-  trace("optimizer step", t);
+}
 
-  const int64_t done = step + 1;
+// Every options_.check.every steps: the weights' cross-rank check started
+// (its verdict taken before a later update: StepChecks).
+void TrainStep::maybe_start_check(int64_t done, StepStats& stats) {
+  auto t = Clock::now();
   if (options_.check.every > 0 && done % options_.check.every == 0) {
-    t = Clock::now();
     sync_buffers_for_check();
     if (!checks_) {
       checks_ = std::make_unique<StepChecks>(pg_, options_.check.mode,
@@ -280,6 +262,42 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
     stats.check_ms += ms_since(t);
     trace("consistency check", t);
   }
+}
+
+StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_batches) {
+  StepStats stats;
+  if (micro_batches < 0 || micro_batches > options_.accumulation_steps)
+    throw InternalError("TrainStep::run: " + std::to_string(micro_batches) +
+                        " micro-batches, outside [0, " +
+                        std::to_string(options_.accumulation_steps) + "]");
+  const int64_t acc = micro_batches > 0 ? micro_batches : options_.accumulation_steps;
+  optimizer_.zero_grad();
+  for (int64_t m = 0; m < acc; ++m) {
+    auto batch = next();
+    if (!batch) {
+      throw InternalError("the batches ran out in step " + std::to_string(step + 1) +
+                          " at micro-batch " + std::to_string(m + 1) + " of " +
+                          std::to_string(acc));
+    }
+    micro_batch(*batch, options_.synchronise && m == acc - 1, acc, stats);
+  }
+  if (hooks.after_backward) hooks.after_backward();
+  auto t = Clock::now();
+  if (checks_) handle(checks_->before_update());  // before the weights change
+  stats.check_ms += ms_since(t);
+
+  t = Clock::now();
+  clip_gradients(step, stats);
+  if (hooks.optimizer_step) {
+    hooks.optimizer_step(optimizer_);
+  } else {
+    optimizer_.step();
+  }
+  stats.optimizer_ms += ms_since(t);
+  trace("optimizer step", t);
+
+  const int64_t done = step + 1;
+  maybe_start_check(done, stats);
   if (hooks.after_step) hooks.after_step(done);
   if (hooks.report) hooks.report(stats);
   return stats;

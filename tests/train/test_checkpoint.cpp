@@ -66,8 +66,10 @@ bool exists(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("checkpoint: any Stateful part's file round-trips, and a folder without a required one is refused",
-          "[checkpoint]") {
+TEST_CASE(
+    "checkpoint: any Stateful part's file round-trips, and a folder without a required one is "
+    "refused",
+    "[checkpoint]") {
   TempDir dir;
   Setup a;
   Checkpointer checkpoints(dir.path, 3);

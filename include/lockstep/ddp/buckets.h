@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "lockstep/ddp/ddp_options.h"
+
 namespace lockstep {
 
 struct BucketInput {
@@ -16,9 +18,9 @@ struct BucketInput {
 };
 
 struct BucketCaps {
-  size_t first_bytes = 1 << 20;  // the first bucket of each key: small, so
-                                 // the first all-reduce starts early
-  size_t bytes = 25u << 20;      // every later bucket
+  size_t first_bytes = kFirstBucketCapBytes;  // the first bucket of each key: small, so
+                                              // the first all-reduce starts early
+  size_t bytes = kBucketCapBytes;             // every later bucket
 };
 
 // Groups `inputs` (in the order gradients are expected to be ready: reverse

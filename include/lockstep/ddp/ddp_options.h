@@ -3,10 +3,10 @@
 // Plain data: no LibTorch or c10d headers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
-#include "lockstep/ddp/buckets.h"
 #include "lockstep/util/names.h"
 #include "lockstep/util/units.h"
 
@@ -44,11 +44,16 @@ struct PowerSgdOptions {
 // first iteration), min_compression_rate >= 0, epsilon >= 0.
 void powersgd_validate(const PowerSgdOptions& options);
 
+// PyTorch DDP's bucket caps (bucket_cap_mb 25, the first bucket 1 MiB);
+// BucketCaps (ddp/buckets.h) defaults to them too.
+inline constexpr size_t kBucketCapBytes = size_t{25} << 20;
+inline constexpr size_t kFirstBucketCapBytes = size_t{1} << 20;
+
 struct DdpOptions {
   // Cap of every bucket but the first.
-  double bucket_cap_mb = bytes_to_mib(BucketCaps{}.bytes);
+  double bucket_cap_mb = bytes_to_mib(kBucketCapBytes);
   // The first bucket: small, so the exchange starts early.
-  double first_bucket_cap_mb = bytes_to_mib(BucketCaps{}.first_bytes);
+  double first_bucket_cap_mb = bytes_to_mib(kFirstBucketCapBytes);
   bool gradient_as_bucket_view = true;
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // rank 0's buffers, before forwards that follow a synced one

@@ -13,13 +13,12 @@ namespace lockstep {
 // The built-in models (model.name); a program adds its own with
 // register_model (model/models.h), which never takes these names.
 enum class BuiltinModel { kMlp, kCnn, kTransformer, kGpt, kTorchScript };
-inline constexpr NameTable<BuiltinModel, 5> kBuiltinModelNames{{{BuiltinModel::kMlp, "mlp"},
-                                                               {BuiltinModel::kCnn, "cnn"},
-                                                               {BuiltinModel::kTransformer,
-                                                                "transformer"},
-                                                               {BuiltinModel::kGpt, "gpt"},
-                                                               {BuiltinModel::kTorchScript,
-                                                                "torchscript"}}};
+inline constexpr NameTable<BuiltinModel, 5> kBuiltinModelNames{
+    {{BuiltinModel::kMlp, "mlp"},
+     {BuiltinModel::kCnn, "cnn"},
+     {BuiltinModel::kTransformer, "transformer"},
+     {BuiltinModel::kGpt, "gpt"},
+     {BuiltinModel::kTorchScript, "torchscript"}}};
 // The built-in model `name` names; nullopt: a registered (or unknown) one.
 inline std::optional<BuiltinModel> builtin_model(const std::string& name) {
   return value_named(kBuiltinModelNames, name);

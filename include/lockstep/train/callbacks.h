@@ -51,5 +51,4 @@ using CallbackFactory = std::function<std::shared_ptr<TrainerCallback>()>;
 void register_callback(const std::string& name, CallbackFactory factory);
 std::vector<std::shared_ptr<TrainerCallback>> callbacks_create();
 
-
 }  // namespace lockstep

@@ -14,10 +14,10 @@ namespace lockstep {
 
 // auto: the task's own (cross-entropy, MSE, next-token cross-entropy).
 enum class BuiltinLoss { kAuto, kCrossEntropy, kMse };
-inline constexpr NameTable<BuiltinLoss, 3> kBuiltinLossNames{{{BuiltinLoss::kAuto, "auto"},
-                                                              {BuiltinLoss::kCrossEntropy,
-                                                               "cross_entropy"},
-                                                              {BuiltinLoss::kMse, "mse"}}};
+inline constexpr NameTable<BuiltinLoss, 3> kBuiltinLossNames{
+    {{BuiltinLoss::kAuto, "auto"},
+     {BuiltinLoss::kCrossEntropy, "cross_entropy"},
+     {BuiltinLoss::kMse, "mse"}}};
 
 // (output, target) -> the mean loss over the batch, a scalar.
 using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;

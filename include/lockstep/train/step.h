@@ -149,6 +149,9 @@ class TrainStep {
   void handle(const std::vector<ConsistencyReport>& reports);
   void trace(const char* name, std::chrono::steady_clock::time_point start);
   // Note [Diverged training]: throws on every rank alike. `step`: 1-based.
+  void micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& stats);
+  void clip_gradients(int64_t step, StepStats& stats);
+  void maybe_start_check(int64_t done, StepStats& stats);
   void stop_if_diverged(const at::Tensor& loss_sum, const at::Tensor& grad_norm, int64_t step);
 
   ProcessGroup& pg_;

@@ -12,7 +12,6 @@
 #include <string_view>
 #include <vector>
 
-#include "lockstep/util/error.h"
 
 namespace lockstep {
 
@@ -57,10 +56,14 @@ std::string names_listed(const NameTable<E, N>& table) {
 // The value named `text`; throws ConfigError "<what>: 'text' is not one of
 // a, b, c" otherwise. `what` names where the text came from (a config key
 // with its file, a command-line flag).
+// names.cpp: ConfigError "<what>: '<text>' is not one of <valid>".
+[[noreturn]] void throw_unknown_name(const std::string& what, std::string_view text,
+                                     const std::string& valid);
+
 template <typename E, std::size_t N>
 E parse_named(const NameTable<E, N>& table, std::string_view text, const std::string& what) {
   if (auto value = value_named(table, text)) return *value;
-  throw ConfigError(what + ": '" + std::string(text) + "' is not one of " + names_listed(table));
+  throw_unknown_name(what, text, names_listed(table));
 }
 
 }  // namespace lockstep

@@ -1,0 +1,147 @@
+// `lockstep bench ddp --modes`: what each mode name asks for, one table
+// (kBenchModeNames) for parsing, the error's list of valid names and the
+// flag's help.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lockstep/check/check_kinds.h"
+#include "lockstep/ddp/ddp_options.h"
+#include "lockstep/util/names.h"
+
+namespace lockstep::cli {
+
+// What a --modes name asks for: each mode is one row of kBenchModeNames, so
+// the names are parsed, listed and documented in one place.
+enum class BenchModeKind {
+  kLocal,
+  kLocalAmpBf16,
+  kDdp,
+  kDdpAmpBf16,
+  kDdpFp16,
+  kDdpBf16,
+  kDdpPowerSgd1,
+  kDdpPowerSgd2,
+  kDdpPowerSgd4,
+  kDdpBucket1,
+  kDdpBucket5,
+  kDdpBucket25,
+  kDdpBucket100,
+  kDdpAccum4,
+  kDdpCheck,
+  kDdpCheckInplace,
+  kDdpCheckSha256,
+  kExchangeBucketed,
+  kExchangeFlat
+};
+inline constexpr NameTable<BenchModeKind, 19> kBenchModeNames{{
+    {BenchModeKind::kLocal, "local"},
+    {BenchModeKind::kLocalAmpBf16, "local-amp-bf16"},
+    {BenchModeKind::kDdp, "ddp"},
+    {BenchModeKind::kDdpAmpBf16, "ddp-amp-bf16"},
+    {BenchModeKind::kDdpFp16, "ddp-fp16"},
+    {BenchModeKind::kDdpBf16, "ddp-bf16"},
+    {BenchModeKind::kDdpPowerSgd1, "ddp-powersgd1"},
+    {BenchModeKind::kDdpPowerSgd2, "ddp-powersgd2"},
+    {BenchModeKind::kDdpPowerSgd4, "ddp-powersgd4"},
+    {BenchModeKind::kDdpBucket1, "ddp-bucket1"},
+    {BenchModeKind::kDdpBucket5, "ddp-bucket5"},
+    {BenchModeKind::kDdpBucket25, "ddp-bucket25"},
+    {BenchModeKind::kDdpBucket100, "ddp-bucket100"},
+    {BenchModeKind::kDdpAccum4, "ddp-accum4"},
+    {BenchModeKind::kDdpCheck, "ddp+check"},
+    {BenchModeKind::kDdpCheckInplace, "ddp+check-inplace"},
+    {BenchModeKind::kDdpCheckSha256, "ddp+check-sha256"},
+    {BenchModeKind::kExchangeBucketed, "exchange-bucketed"},
+    {BenchModeKind::kExchangeFlat, "exchange-flat"},
+}};
+
+struct BenchMode {
+  std::string name;
+  bool ddp = true;        // false: the model alone (local)
+  bool autocast = false;  // forward and loss under bf16 autocast (train.precision: bf16)
+  std::optional<CommHookKind> hook;
+  int64_t powersgd_rank = 0;  // PowerSGD compressing from step 2, one bucket
+  double bucket_mb = 0;       // 0: --bucket-cap-mb
+  int micro = 1;              // micro-batches, no_sync on all but the last
+  bool check = false;         // the fingerprint check after every step (check.every: 1)
+  DigestMode digest = DigestMode::kXxh3;
+  bool inplace = false;   // hashed in the step, not where the trainer would
+  bool exchange = false;  // communication only
+  bool flat = false;      // ... as one flat all-reduce instead of DDP's buckets
+};
+
+inline BenchMode bench_mode(const std::string& name) {
+  BenchMode m;
+  m.name = name;
+  switch (parse_named(kBenchModeNames, name, "--modes")) {
+    case BenchModeKind::kLocal:
+      m.ddp = false;
+      break;
+    case BenchModeKind::kLocalAmpBf16:
+      m.ddp = false;
+      m.autocast = true;
+      break;
+    case BenchModeKind::kDdp:
+      break;
+    case BenchModeKind::kDdpAmpBf16:
+      m.autocast = true;
+      break;
+    case BenchModeKind::kDdpFp16:
+      m.hook = CommHookKind::kFp16;
+      break;
+    case BenchModeKind::kDdpBf16:
+      m.hook = CommHookKind::kBf16;
+      break;
+    case BenchModeKind::kDdpPowerSgd1:
+      m.hook = CommHookKind::kPowerSgd;
+      m.powersgd_rank = 1;
+      break;
+    case BenchModeKind::kDdpPowerSgd2:
+      m.hook = CommHookKind::kPowerSgd;
+      m.powersgd_rank = 2;
+      break;
+    case BenchModeKind::kDdpPowerSgd4:
+      m.hook = CommHookKind::kPowerSgd;
+      m.powersgd_rank = 4;
+      break;
+    case BenchModeKind::kDdpBucket1:
+      m.bucket_mb = 1;
+      break;
+    case BenchModeKind::kDdpBucket5:
+      m.bucket_mb = 5;
+      break;
+    case BenchModeKind::kDdpBucket25:
+      m.bucket_mb = 25;
+      break;
+    case BenchModeKind::kDdpBucket100:
+      m.bucket_mb = 100;
+      break;
+    case BenchModeKind::kDdpAccum4:
+      m.micro = 4;
+      break;
+    case BenchModeKind::kDdpCheck:
+      m.check = true;
+      break;
+    case BenchModeKind::kDdpCheckInplace:
+      m.check = true;
+      m.inplace = true;
+      break;
+    case BenchModeKind::kDdpCheckSha256:
+      m.check = true;
+      m.digest = DigestMode::kSha256;
+      break;
+    case BenchModeKind::kExchangeBucketed:
+      m.exchange = true;
+      break;
+    case BenchModeKind::kExchangeFlat:
+      m.exchange = true;
+      m.flat = true;
+      break;
+  }
+  return m;
+}
+
+}  // namespace lockstep::cli
