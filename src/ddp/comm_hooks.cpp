@@ -2,23 +2,11 @@
 
 #include <ATen/ATen.h>
 
-#include <map>
-#include <mutex>
-
 #include "lockstep/ddp/powersgd.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/registry.h"
 
 namespace lockstep {
-namespace {
-
-std::mutex registry_mu;
-std::map<std::string, CommHookFactory>& registry() {
-  static std::map<std::string, CommHookFactory> hooks;
-  return hooks;
-}
-
-}  // namespace
-
 HookWork CommHook::run(ProcessGroup&, at::Tensor&) {
   throw UsageError("comm hook '" + name() + "' implements neither run() nor run_bucket()");
 }
@@ -73,14 +61,12 @@ void register_comm_hook(const std::string& name, CommHookFactory factory) {
   if (value_named(kCommHookKindNames, name)) {
     throw ConfigError("register_comm_hook: '" + name + "' is a built-in hook's name");
   }
-  std::lock_guard<std::mutex> lock(registry_mu);
-  registry()[name] = std::move(factory);  // registered again: replaced
+  registry_of<CommHookFactory>().add(name, std::move(factory), /*replace=*/true);
 }
 
 std::vector<std::string> comm_hook_names() {
   auto names = names_of(kCommHookKindNames);
-  std::lock_guard<std::mutex> lock(registry_mu);
-  for (const auto& [name, factory] : registry()) names.push_back(name);
+  for (const auto& name : registry_of<CommHookFactory>().names()) names.push_back(name);
   return names;
 }
 
@@ -90,12 +76,8 @@ std::shared_ptr<CommHook> comm_hook_create(const std::string& name,
     if (*kind == CommHookKind::kAllreduce) return nullptr;
     return comm_hook_create(*kind, &powersgd);
   }
-  CommHookFactory factory;
-  {
-    std::lock_guard<std::mutex> lock(registry_mu);
-    const auto it = registry().find(name);
-    if (it != registry().end()) factory = it->second;
-  }
+  const CommHookFactory factory =
+      registry_of<CommHookFactory>().find(name).value_or(CommHookFactory{});
   if (!factory) {
     std::string valid;
     for (const auto& n : comm_hook_names()) valid += (valid.empty() ? "" : ", ") + n;

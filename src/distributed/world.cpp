@@ -109,16 +109,34 @@ void read_secret(const Reader& r, WorldInfo& w) {
   w.store_secret = *secret;
 }
 
-WorldInfo read_torchrun(const Reader& r) {
+// What a launcher names its variables: the world size and rank (required
+// together: `why`), and its local ones (optional: one node holds every rank).
+struct LauncherVariables {
+  WorldSource source;
+  const char* why;
+  const char* world_size;
+  const char* rank;
+  const char* local_world_size;
+  const char* local_rank;
+};
+
+WorldInfo read_launcher(const Reader& r, const LauncherVariables& v) {
   WorldInfo w;
-  w.source = WorldSource::kTorchrun;
-  const std::string why = "torchrun's variables are present: RANK and WORLD_SIZE go together";
-  w.world_size = r.required_int("WORLD_SIZE", why, 1, kMaxWorld);
-  w.rank = r.required_int("RANK", why, 0, kMaxWorld);
+  w.source = v.source;
+  w.world_size = r.required_int(v.world_size, v.why, 1, kMaxWorld);
+  w.rank = r.required_int(v.rank, v.why, 0, kMaxWorld);
+  w.local_world_size = r.optional_int(v.local_world_size, w.world_size, 1, kMaxWorld);
+  w.local_rank = r.optional_int(v.local_rank, w.rank, 0, kMaxWorld);
+  return w;
+}
+
+WorldInfo read_torchrun(const Reader& r) {
   // Hand-set environments (RANK/WORLD_SIZE only, as for PyTorch's env://)
   // describe one node holding every rank.
-  w.local_world_size = r.optional_int("LOCAL_WORLD_SIZE", w.world_size, 1, kMaxWorld);
-  w.local_rank = r.optional_int("LOCAL_RANK", w.rank, 0, kMaxWorld);
+  WorldInfo w =
+      read_launcher(r, {WorldSource::kTorchrun,
+                        "torchrun's variables are present: RANK and WORLD_SIZE go together",
+                        "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK"});
   w.node_rank = r.optional_int("GROUP_RANK", 0, 0, kMaxWorld);
   w.use_agent_store = r.optional_bool("TORCHELASTIC_USE_AGENT_STORE", false);
   w.restart_count = r.optional_int("TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxWorld);
@@ -144,13 +162,10 @@ WorldInfo read_slurm(const Reader& r) {
 }
 
 WorldInfo read_openmpi(const Reader& r) {
-  WorldInfo w;
-  w.source = WorldSource::kOpenMpi;
-  const std::string why = "OMPI_COMM_WORLD_RANK is set: mpirun sets both";
-  w.world_size = r.required_int("OMPI_COMM_WORLD_SIZE", why, 1, kMaxWorld);
-  w.rank = r.required_int("OMPI_COMM_WORLD_RANK", why, 0, kMaxWorld);
-  w.local_world_size = r.optional_int("OMPI_COMM_WORLD_LOCAL_SIZE", w.world_size, 1, kMaxWorld);
-  w.local_rank = r.optional_int("OMPI_COMM_WORLD_LOCAL_RANK", w.rank, 0, kMaxWorld);
+  WorldInfo w =
+      read_launcher(r, {WorldSource::kOpenMpi, "OMPI_COMM_WORLD_RANK is set: mpirun sets both",
+                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"});
   // Open MPI names no node index; with its default by-slot mapping the ranks
   // of one node are contiguous, so this is exact for uniform nodes.
   w.node_rank = w.rank / w.local_world_size;

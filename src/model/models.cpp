@@ -9,6 +9,7 @@
 
 #include "lockstep/model/gpt.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/registry.h"
 
 namespace lockstep {
 namespace {
@@ -139,24 +140,16 @@ std::vector<int64_t> as_image(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-namespace {
-std::map<std::string, ModelFactory>& registry() {
-  static std::map<std::string, ModelFactory> models;
-  return models;
-}
-}  // namespace
-
 void register_model(const std::string& name, ModelFactory factory) {
   if (name.empty() || !factory) throw ConfigError("register_model: empty name or factory");
-  if (builtin_model(name) || registry().count(name) != 0) {
+  if (builtin_model(name) ||
+      !registry_of<ModelFactory>().add(name, std::move(factory), /*replace=*/false))
     throw ConfigError("register_model: a model named '" + name + "' is already registered");
-  }
-  registry().emplace(name, std::move(factory));
 }
 
 std::vector<std::string> model_names() {
   std::vector<std::string> names = names_of(kBuiltinModelNames);
-  for (const auto& [name, factory] : registry()) names.push_back(name);
+  for (const auto& name : registry_of<ModelFactory>().names()) names.push_back(name);
   return names;
 }
 
@@ -208,9 +201,8 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
                                          int64_t classes) {
   if (const auto builtin = builtin_model(config.name))
     return builtin_model_create(*builtin, config, sample_shape, classes);
-  auto it = registry().find(config.name);
-  if (it != registry().end()) {
-    auto model = it->second(config, sample_shape, classes);
+  if (const auto factory = registry_of<ModelFactory>().find(config.name)) {
+    auto model = (*factory)(config, sample_shape, classes);
     if (!model) throw ConfigError("model '" + config.name + "': its factory returned no model");
     return model;
   }

@@ -5,31 +5,17 @@
 #include <utility>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/registry.h"
 
 namespace lockstep {
-namespace {
-
-std::vector<std::pair<std::string, CallbackFactory>>& callback_registry() {
-  static std::vector<std::pair<std::string, CallbackFactory>> registry;
-  return registry;
-}
-
-}  // namespace
-
 void register_callback(const std::string& name, CallbackFactory factory) {
   if (!factory) throw ConfigError("register_callback('" + name + "'): empty factory");
-  for (auto& [n, f] : callback_registry()) {
-    if (n == name) {
-      f = std::move(factory);  // registered again: replaced, as register_model does
-      return;
-    }
-  }
-  callback_registry().emplace_back(name, std::move(factory));
+  registry_of<CallbackFactory>().add(name, std::move(factory), /*replace=*/true);
 }
 
 std::vector<std::shared_ptr<TrainerCallback>> callbacks_create() {
   std::vector<std::shared_ptr<TrainerCallback>> out;
-  for (const auto& [name, factory] : callback_registry()) {
+  for (const auto& [name, factory] : registry_of<CallbackFactory>().entries()) {
     auto callback = factory();
     if (!callback) throw ConfigError("callback '" + name + "': its factory returned nothing");
     out.push_back(std::move(callback));

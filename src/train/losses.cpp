@@ -2,26 +2,17 @@
 
 #include <ATen/ATen.h>
 
-#include <map>
 #include <utility>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/registry.h"
 
 namespace lockstep {
-namespace {
-
-std::map<std::string, LossFunction>& loss_registry() {
-  static std::map<std::string, LossFunction> registry;
-  return registry;
-}
-
-}  // namespace
-
 void register_loss(const std::string& name, LossFunction loss) {
   if (!loss) throw ConfigError("register_loss('" + name + "'): empty function");
   if (value_named(kBuiltinLossNames, name))
     throw ConfigError("register_loss: '" + name + "' is a built-in loss's name");
-  loss_registry()[name] = std::move(loss);
+  registry_of<LossFunction>().add(name, std::move(loss), /*replace=*/true);
 }
 
 LossFunction loss_from_config(const std::string& name, TaskKind task) {
@@ -42,10 +33,9 @@ LossFunction loss_from_config(const std::string& name, TaskKind task) {
     }
     return [task](const at::Tensor& out, const at::Tensor& y) { return loss_for(task, out, y); };
   }
-  const auto it = loss_registry().find(name);
-  if (it != loss_registry().end()) return it->second;
+  if (auto loss = registry_of<LossFunction>().find(name)) return *loss;
   std::string names = names_listed(kBuiltinLossNames);
-  for (const auto& [n, f] : loss_registry()) names += ", " + n;
+  for (const auto& n : registry_of<LossFunction>().names()) names += ", " + n;
   throw ConfigError("train.loss: unknown loss '" + name + "' (valid: " + names +
                     "; register_loss adds your own)");
 }

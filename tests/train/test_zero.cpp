@@ -15,6 +15,7 @@
 #include "lockstep/ddp/zero_grad_hook.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/optim/zero.h"
+#include "lockstep/util/error.h"
 #include "support/thread_world.h"
 
 using namespace lockstep;
