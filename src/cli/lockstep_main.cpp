@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "lockstep/distributed/init.h"
+#include "lockstep/util/allocator.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep::cli {
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? kExitBadInput : kExitOk;
   }
   const std::string command = argv[1];
+  tune_allocator();  // Note [Allocator tuning]: before any tensor exists
   if (command == "check") return cmd_check(argc - 1, argv + 1);
   if (command == "bench") return cmd_bench(argc - 1, argv + 1);
   if (command == "train") return lockstep::train_main(argc - 1, argv + 1);

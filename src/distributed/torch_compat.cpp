@@ -28,14 +28,23 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
 #else
-  const int64_t t = q.size(-2);
-  auto att =
-      at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  const auto mask = at::ones({t, t}, q.options().dtype(at::kBool)).tril();
-  att = att.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  // One product does the scaling and the causal mask: baddbmm adds a
+  // [t, t] bias of 0 (kept) and -inf (masked) to scale x q k^T, the same
+  // values as the written-out matmul, scale and masked_fill that PyTorch's
+  // 1.13 GPT runs, without their two passes over the [b, h, t, t] scores
+  // forward and backward (docs/performance.md).
+  const int64_t t = q.size(-2), hs = q.size(-1);
+  const auto lead = q.sizes().slice(0, q.dim() - 2);
+  const auto rows = [&](const at::Tensor& z) { return z.reshape({-1, z.size(-2), z.size(-1)}); };
+  const auto bias = at::full({t, t}, -std::numeric_limits<double>::infinity(), q.options()).triu(1);
+  auto att = at::baddbmm(bias, rows(q), rows(k).transpose(1, 2), /*beta=*/1,
+                         /*alpha=*/1.0 / std::sqrt(static_cast<double>(hs)));
   att = at::softmax(att, -1);
   if (p > 0) att = at::dropout(att, p, /*train=*/true);
-  return at::matmul(att, v);
+  std::vector<int64_t> shape(lead.begin(), lead.end());
+  shape.push_back(t);
+  shape.push_back(v.size(-1));
+  return at::bmm(att, rows(v)).view(shape);
 #endif
 }
 

@@ -1,6 +1,7 @@
 // `lockstep train --config FILE.yaml [--set section.key=value ...]`, as a
 // library entry point (train_main.h).
 #include "lockstep/train/train_main.h"
+#include "lockstep/util/allocator.h"
 
 #include <spdlog/spdlog.h>
 #include <cxxopts.hpp>
@@ -42,7 +43,9 @@ int train_main(int argc, char** argv) {
       std::fputs(config_to_yaml(config).c_str(), stdout);
       return kExitOk;
     }
+    const std::string allocator = tune_allocator();  // Note [Allocator tuning]
     auto dist = init_distributed(init_options_from_config(config));
+    spdlog::debug("{}", allocator);
     if (args["config"].as<std::string>().empty() && dist.world.rank == 0) {
       spdlog::info(
           "no --config: training the built-in defaults (an MLP on the embedded 8x8 digits; "

@@ -1,0 +1,18 @@
+// The C library's allocator, set for training (Note [Allocator tuning],
+// allocator.cpp): a step's activations reuse the memory freed by the step
+// before instead of being mapped afresh, and page-faulted, every step.
+#pragma once
+
+#include <string>
+
+namespace lockstep {
+
+// Sets glibc's mmap and trim thresholds (once per process; later calls do
+// nothing), unless the environment already tunes malloc (GLIBC_TUNABLES
+// naming glibc.malloc, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) or
+// LOCKSTEP_MALLOC_TUNING=0. Returns what it did, one line, for the log.
+// lockstep's programs call it first thing; a program of yours that trains
+// with lockstep calls it before building the model.
+std::string tune_allocator();
+
+}  // namespace lockstep
