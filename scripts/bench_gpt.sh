@@ -7,13 +7,14 @@
 # for a like-for-like row, gloo; PyTorch's is gloo. lockstep's rows run
 # without the weight check, and once with it on every step (the demo's
 # setting), to show what that costs.
-#   scripts/bench_gpt.sh      (env: ROUNDS=3 STEPS=40 WARMUP=10 NPROC=2)
+#   scripts/bench_gpt.sh      (env: ROUNDS=3 STEPS=40 WARMUP=10 NPROC=2 PRECISION=fp32|bf16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-40}
 WARMUP=${WARMUP:-10}
 NPROC=${NPROC:-2}
+PRECISION=${PRECISION:-fp32}
 PYTHON=${PYTHON:-/usr/bin/python3}
 [ -x build/lockstep ] || scripts/setup.sh
 [ -f data/kjv.txt ] || scripts/make_text.sh
@@ -27,7 +28,7 @@ lockstep() {  # lockstep NAME LABEL ARGS...: one run; tokens/s over the interval
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 build/lockstep train \
     --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="$name" --set run.overwrite=true \
     --set train.max_steps=$((WARMUP + STEPS)) --set log.every="$WARMUP" --set checkpoint.every=0 \
-    --set data.validation_fraction=0.001 "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
+    --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
   "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$raw" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
@@ -39,17 +40,17 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   lockstep shm "lockstep (shm)" --set check.every=0
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
-    --text data/kjv.txt --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null | sed -n 's/^\[rank0\]: //p' >>"$raw"
+    --text data/kjv.txt --precision "$PRECISION" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null | sed -n 's/^\[rank0\]: //p' >>"$raw"
   lockstep gloo "lockstep (gloo)" --set check.every=0 --set dist.backend=gloo
   lockstep checked "lockstep (shm, check every step)" --set check.every=1
 done
-"$PYTHON" - "$raw" "$ROUNDS" <<'PY'
+"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 names = list(dict.fromkeys(r["impl"] for r in rows))
 med = {n: statistics.median(r["tokens_per_s"] for r in rows if r["impl"] == n) for n in names}
 torch = next(v for n, v in med.items() if n.startswith("pytorch"))
-print(f"GPT demo (configs/gpt-text.yaml), median of {sys.argv[2]} alternating rounds, tokens/s in all")
+print(f"GPT demo (configs/gpt-text.yaml, {sys.argv[3]}), median of {sys.argv[2]} alternating rounds, tokens/s in all")
 for n in names:
     print(f"{n:36} {med[n]:10.0f}   x{med[n] / torch:.3f} of PyTorch's")
 PY

@@ -27,6 +27,7 @@
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/matmul_peak.h"
 #include "lockstep/util/names.h"
 #include "lockstep/util/text.h"
 
@@ -217,6 +218,29 @@ double peak_rss_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
+// `lockstep bench matmul`: this core's product peak per dtype and size
+// (one process; the threads LibTorch is set to), the limit MFU is measured
+// against (log.mfu, scripts/bench_all.sh).
+int bench_matmul(const cxxopts::ParseResult& args) {
+  for (const auto& dtype_name : split(args["dtypes"].as<std::string>())) {
+    if (dtype_name != "fp32" && dtype_name != "bf16")
+      throw ConfigError("--dtypes: '" + dtype_name + "' is not one of fp32, bf16");
+    const auto dtype = dtype_name == "fp32" ? at::kFloat : at::kBFloat16;
+    for (const auto& size : split(args["sizes"].as<std::string>())) {
+      char* end = nullptr;
+      const long long n = std::strtoll(size.c_str(), &end, 10);
+      if (end == size.c_str() || *end != '\0' || n < 16 || n > 8192)
+        throw ConfigError("--sizes: '" + size + "' is not a whole number in [16, 8192]");
+      std::printf(
+          "{\"bench\": \"matmul\", \"dtype\": \"%s\", \"n\": %lld, \"threads\": %d, "
+          "\"gflops\": %.1f}\n",
+          dtype_name.c_str(), n, at::get_num_threads(), matmul_peak_gflops(dtype, n));
+      std::fflush(stdout);
+    }
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -238,6 +262,8 @@ int cmd_bench(int argc, char** argv) {
         ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
+        ("sizes", "matmul: n of the n x n x n products, comma-separated", cxxopts::value<std::string>()->default_value("512,1024,2048"))
+        ("dtypes", "matmul: fp32, bf16 (comma-separated)", cxxopts::value<std::string>()->default_value("fp32,bf16"))
         ("h,help", "this help");
     // clang-format on
     options.parse_positional({"what"});
@@ -249,8 +275,9 @@ int cmd_bench(int argc, char** argv) {
     }
     const std::string what = args.count("what") != 0 ? args["what"].as<std::string>() : "";
     if (what == "allreduce") return bench_allreduce(args);
+    if (what == "matmul") return bench_matmul(args);
     if (what != "ddp")
-      throw ConfigError("lockstep bench: say what to benchmark (valid: ddp, allreduce)");
+      throw ConfigError("lockstep bench: say what to benchmark (valid: ddp, allreduce, matmul)");
     const int warmup = args["warmup"].as<int>();
     const int steps = args["steps"].as<int>();
     if (warmup < 0 || steps < 1) throw ConfigError("--warmup must be >= 0 and --steps >= 1");

@@ -183,6 +183,9 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
     f.push_back({"tokens_per_s", per_s, "%.1f", "train/tokens_per_s", "%.0f tokens/s"});
     f.push_back({"tokens_per_s_per_rank", per_s / ranks, "%.1f", nullptr, "(%.0f per rank)"});
     f.push_back({"flops_per_s", per_s * flops_per_token_, "%.4g", nullptr, "%.2f GFLOP/s", 1e-9});
+    if (peak_gflops_ > 0)  // per rank, over one core's measured peak
+      f.push_back({"mfu", per_s * flops_per_token_ / ranks / (peak_gflops_ * 1e9), "%.4f",
+                   "train/mfu", "MFU %.1f%%", 100});
   } else {
     f.push_back({"samples_per_s", per_s, "%.1f", "train/samples_per_s", "%.0f samples/s"});
     f.push_back({"samples_per_s_per_rank", per_s / ranks, "%.1f"});

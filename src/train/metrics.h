@@ -69,6 +69,9 @@ class Metrics {
     tokens_per_sample_ = tokens_per_sample;
     flops_per_token_ = flops_per_token;
   }
+  // log.mfu: intervals also report "mfu", the achieved FLOP/s per rank over
+  // this peak (matmul_peak_gflops, util/matmul_peak.h).
+  void set_peak_gflops(double gflops) { peak_gflops_ = gflops; }
 
  private:
   // One metrics.jsonl record, written whole or not at all: a failed write (a
@@ -94,6 +97,7 @@ class Metrics {
   bool warned_comm_share_ = false;
   double tokens_per_sample_ = 0;  // 0: not a language model
   double flops_per_token_ = 0;
+  double peak_gflops_ = 0;  // 0: no MFU
 };
 
 }  // namespace lockstep

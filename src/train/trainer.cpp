@@ -36,6 +36,7 @@
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
+#include "lockstep/util/matmul_peak.h"
 #include "lockstep/util/module_tensors.h"
 #include "lockstep/util/sha256.h"
 #include "lockstep/util/text.h"
@@ -105,6 +106,13 @@ void Trainer::Impl::open_run_dir() {
   metrics = std::make_unique<Metrics>(config.log, *pg, run_dir);
   metrics->config_text(config_yaml);
   if (language_tokens > 0) metrics->set_language(language_tokens, language_flops);
+  if (language_tokens > 0 && config.log.mfu) {
+    const bool bf16 = config.train.precision == Precision::kBf16;
+    const double peak = matmul_peak_gflops(bf16 ? at::kBFloat16 : at::kFloat);
+    spdlog::info("log.mfu: this rank's {} matrix-product peak is {:.1f} GFLOP/s (1024^3)",
+                 bf16 ? "bf16" : "fp32", peak);
+    metrics->set_peak_gflops(peak);
+  }
 }
 
 std::string Trainer::Impl::job_identity() const {

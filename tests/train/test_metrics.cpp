@@ -69,6 +69,7 @@ TEST_CASE("metrics: a language model reports perplexity, tokens/s per rank and i
   auto outcomes = run_ranks<int>(2, [&](ProcessGroup& pg) {
     Metrics metrics(log, pg, dir.path);
     metrics.set_language(/*tokens per sample=*/128, /*flops per token=*/1e6);
+    metrics.set_peak_gflops(0.5);  // log.mfu: 5e8 FLOP/s per rank is all of it
     Interval in;
     in.start = std::chrono::steady_clock::now() - std::chrono::seconds(2);  // a 2 s interval
     StepStats step;
@@ -99,6 +100,8 @@ TEST_CASE("metrics: a language model reports perplexity, tokens/s per rank and i
   CHECK(number("tokens_per_s") == Approx(512).epsilon(0.05));
   CHECK(number("tokens_per_s_per_rank") == Approx(number("tokens_per_s") / 2).epsilon(1e-3));
   CHECK(number("flops_per_s") == Approx(number("tokens_per_s") * 1e6).epsilon(1e-3));
+  // Per rank, over the peak: (flops_per_s / 2 ranks) / 0.5 GFLOP/s.
+  CHECK(number("mfu") == Approx(number("flops_per_s") / 2 / 0.5e9).epsilon(1e-3));
   CHECK(train.find("accuracy") == std::string::npos);
   CHECK_THAT(val, Contains("\"val_perplexity\": 5,"));
 }

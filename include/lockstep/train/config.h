@@ -163,6 +163,7 @@ struct LogConfig {
   Progress progress = Progress::kAuto;
   bool trace = false;
   bool tensorboard = false;  // events.out.tfevents.* in the run directory (rank 0)
+  bool mfu = false;          // language models: the matmul peak measured at start, MFU reported
 };
 
 struct Config {

@@ -1,0 +1,17 @@
+// This core's matrix-product peak: the GFLOP/s of large square products
+// (LibTorch's own kernels: OpenBLAS or MKL in float32, oneDNN in bfloat16),
+// the limit a model's achieved FLOP/s is measured against (MFU).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace lockstep {
+
+// The best of a few timed n x n x n products (2 n^3 floating-point
+// operations each) over about `seconds`, after one untimed. Uses the
+// threads LibTorch is set to (1 per rank under lockstep-run).
+double matmul_peak_gflops(at::ScalarType dtype, int64_t n = 1024, double seconds = 0.5);
+
+}  // namespace lockstep
