@@ -1,14 +1,18 @@
-// A c10d backend whose collectives run one at a time, in issue order, on a
-// worker thread of its own, each as an asynchronous work with a future (as
-// Gloo's do): the base of the shm and hierarchical backends. After one
-// collective fails, every later one fails at once with the first reason.
+// A c10d backend whose collectives run one at a time, in issue order, each
+// as an asynchronous work with a future (as Gloo's do): the base of the shm
+// and hierarchical backends. A worker thread of its own runs them, and a
+// thread that waits for a work runs the queued ones itself, in order, while
+// the worker is idle (Note [Waiting runs the queue]). After one collective
+// fails, every later one fails at once with the first reason.
 #pragma once
 
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,16 +23,22 @@
 
 namespace lockstep {
 
+struct SerialQueue;
+
 class SerialWork : public C10dWork {
  public:
-  explicit SerialWork(std::vector<at::Tensor> outputs);
+  SerialWork(std::vector<at::Tensor> outputs, std::weak_ptr<SerialQueue> queue);
   void complete(std::exception_ptr error);
+  // Runs queued collectives up to this one on the calling thread where the
+  // worker is not running one, then waits as c10d's works do.
+  bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::weak_ptr<SerialQueue> queue_;
 };
 
 class SerialBackend : public C10dBackend {
@@ -44,12 +54,8 @@ class SerialBackend : public C10dBackend {
   std::atomic<bool> stop_{false};
 
  private:
-  void run();
   std::string name_;
-  std::string broken_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<c10::intrusive_ptr<SerialWork>, std::function<void()>>> queue_;
+  std::shared_ptr<SerialQueue> queue_;
   std::thread worker_;
 };
 
