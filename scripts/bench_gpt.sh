@@ -7,7 +7,10 @@
 # for a like-for-like row, gloo; PyTorch's is gloo. lockstep's rows run
 # without the weight check, and once with it on every step (the demo's
 # setting), to show what that costs.
-#   scripts/bench_gpt.sh      (env: ROUNDS=3 STEPS=40 WARMUP=10 NPROC=2 PRECISION=fp32|bf16)
+#   scripts/bench_gpt.sh      (env: ROUNDS=3 STEPS=40 WARMUP=10 NPROC=2 PRECISION=fp32|bf16
+#                              SHAPE="n_layer n_head n_embd block_size batch_size" (default: the
+#                              demo's "4 4 128 128 16") ONLY=shm: lockstep's shm row alone beside
+#                              PyTorch's; MFU=1: lockstep reports its model FLOP utilisation)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -15,6 +18,11 @@ STEPS=${STEPS:-40}
 WARMUP=${WARMUP:-10}
 NPROC=${NPROC:-2}
 PRECISION=${PRECISION:-fp32}
+read -r n_layer n_head n_embd block batch <<<"${SHAPE:-4 4 128 128 16}"
+shape_lockstep=(--set model.n_layer="$n_layer" --set model.n_head="$n_head" --set model.n_embd="$n_embd"
+                --set model.block_size="$block" --set data.batch_size="$batch" --set log.mfu="$([ "${MFU:-0}" = 1 ] && echo true || echo false)")
+shape_torch=(--n_layer "$n_layer" --n_head "$n_head" --n_embd "$n_embd" --block_size "$block"
+             --batch_size "$batch")
 PYTHON=${PYTHON:-/usr/bin/python3}
 [ -x build/lockstep ] || scripts/setup.sh
 [ -f data/kjv.txt ] || scripts/make_text.sh
@@ -28,29 +36,36 @@ lockstep() {  # lockstep NAME LABEL ARGS...: one run; tokens/s over the interval
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 build/lockstep train \
     --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="$name" --set run.overwrite=true \
     --set train.max_steps=$((WARMUP + STEPS)) --set log.every="$WARMUP" --set checkpoint.every=0 \
-    --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
+    --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "${shape_lockstep[@]}" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
   "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$raw" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 timed = [r for r in rows if r["step"] > int(sys.argv[3])]
-print(json.dumps({"impl": sys.argv[2], "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed)}))
+out = {"impl": sys.argv[2], "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed)}
+if "mfu" in timed[-1]:
+    out["mfu"] = sum(r["mfu"] for r in timed) / len(timed)
+print(json.dumps(out))
 PY
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   lockstep shm "lockstep (shm)" --set check.every=0
   build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
-    --text data/kjv.txt --precision "$PRECISION" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null | sed -n 's/^\[rank0\]: //p' >>"$raw"
+    --text data/kjv.txt --precision "$PRECISION" "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null | sed -n 's/^\[rank0\]: //p' >>"$raw"
+  [ "${ONLY:-}" = shm ] && continue
   lockstep gloo "lockstep (gloo)" --set check.every=0 --set dist.backend=gloo
   lockstep checked "lockstep (shm, check every step)" --set check.every=1
 done
-"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" <<'PY'
+"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" "$n_layer $n_head $n_embd $block $batch" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 names = list(dict.fromkeys(r["impl"] for r in rows))
 med = {n: statistics.median(r["tokens_per_s"] for r in rows if r["impl"] == n) for n in names}
 torch = next(v for n, v in med.items() if n.startswith("pytorch"))
-print(f"GPT demo (configs/gpt-text.yaml, {sys.argv[3]}), median of {sys.argv[2]} alternating rounds, tokens/s in all")
+print(f"GPT (configs/gpt-text.yaml; n_layer n_head n_embd block batch: {sys.argv[4]}; {sys.argv[3]}), "
+      f"median of {sys.argv[2]} alternating rounds, tokens/s in all")
 for n in names:
-    print(f"{n:36} {med[n]:10.0f}   x{med[n] / torch:.3f} of PyTorch's")
+    mfu = [r["mfu"] for r in rows if r["impl"] == n and "mfu" in r]
+    extra = f"   MFU {100 * statistics.median(mfu):.1f}%" if mfu else ""
+    print(f"{n:36} {med[n]:10.0f}   x{med[n] / torch:.3f} of PyTorch's{extra}")
 PY
