@@ -19,9 +19,10 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 export OMP_NUM_THREADS=1 USE_LIBUV=0
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+cores=$(nproc --all)
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 torch=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "?")
-echo "bench_all: $cpu, $(nproc) cores, PyTorch $torch" >&2
+echo "bench_all: $cpu, $cores cores, PyTorch $torch" >&2
 
 echo "== matmul peak" >&2
 build/lockstep bench matmul --sizes 1024 >"$out/matmul"

@@ -19,8 +19,14 @@ namespace lockstep {
 // before the next may start, as on the worker. The queue is shared with the
 // works, so a work waited for after its backend is gone finds the queue
 // stopped and fails rather than touching the backend.
+constexpr std::chrono::microseconds kGrace{50};
+
 struct SerialQueue {
-  using Job = std::pair<c10::intrusive_ptr<SerialWork>, std::function<void()>>;
+  struct Job {
+    c10::intrusive_ptr<SerialWork> work;
+    std::function<void()> body;
+    std::chrono::steady_clock::time_point queued;
+  };
   std::string name;
   std::mutex mutex;
   std::condition_variable cv;
@@ -41,12 +47,12 @@ struct SerialQueue {
       if (!broken.empty())
         throw CommError(name + " backend: an earlier collective failed: " + broken);
       if (stopping) throw CommError(name + " backend: the process group is shutting down");
-      job.second();
+      job.body();
     } catch (const std::exception& e) {
       if (broken.empty()) broken = e.what();
       error = std::current_exception();
     }
-    job.first->complete(error);
+    job.work->complete(error);
     job = Job();  // the body's captures released outside the lock
     lock.lock();
     running = false;
@@ -93,6 +99,11 @@ SerialBackend::SerialBackend(int rank, int size, std::string name)
         return (!queue->running && !queue->jobs.empty()) || (queue->stop && queue->jobs.empty());
       });
       if (queue->jobs.empty()) return;
+      const auto ready = queue->jobs.front().queued + kGrace;
+      if (!queue->stop && std::chrono::steady_clock::now() < ready) {
+        queue->cv.wait_until(lock, ready);  // a waiter may claim it meanwhile
+        continue;
+      }
       queue->run_front(lock);
     }
   });
@@ -116,7 +127,7 @@ Ptr<C10dWork> SerialBackend::enqueue(std::vector<at::Tensor> outputs, std::funct
   auto work = c10::make_intrusive<SerialWork>(std::move(outputs), queue_);
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->jobs.emplace_back(work, std::move(body));
+    queue_->jobs.push_back({work, std::move(body), std::chrono::steady_clock::now()});
   }
   queue_->cv.notify_all();
   return work;
