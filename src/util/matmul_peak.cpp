@@ -8,7 +8,6 @@
 namespace lockstep {
 
 double matmul_peak_gflops(at::ScalarType dtype, int64_t n, double seconds) {
-  at::NoGradGuard no_grad;
   const auto options = at::TensorOptions().dtype(dtype);
   const auto a = at::randn({n, n}).to(options);
   const auto b = at::randn({n, n}).to(options);
