@@ -1,5 +1,9 @@
 #include "serial_backend.h"
 
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+
 #include "lockstep/util/error.h"
 
 namespace lockstep {
@@ -36,29 +40,59 @@ struct SerialQueue {
   std::string broken;  // the first failure; read and written by the running thread only
 
   // With `lock` held: runs the front job, releasing the lock meanwhile.
+  // Whatever the job or its future's callbacks throw, `running` is
+  // released and the job's work completed.
   void run_front(std::unique_lock<std::mutex>& lock) {
     Job job = std::move(jobs.front());
     jobs.pop_front();
     running = true;
     const bool stopping = stop;
     lock.unlock();
+    struct Release {
+      SerialQueue& q;
+      std::unique_lock<std::mutex>& lock;
+      ~Release() {
+        lock.lock();
+        q.running = false;
+        q.cv.notify_all();
+      }
+    } release{*this, lock};
+    const RunningGuard inside(this);  // the body and the future's callbacks
     std::exception_ptr error;
     try {
       if (!broken.empty())
         throw CommError(name + " backend: an earlier collective failed: " + broken);
       if (stopping) throw CommError(name + " backend: the process group is shutting down");
+      // The same on whichever thread runs it: no autograd on the buffers.
+      c10::AutoGradMode no_grad(false);
       job.body();
     } catch (const std::exception& e) {
       if (broken.empty()) broken = e.what();
       error = std::current_exception();
+    } catch (...) {
+      if (broken.empty()) broken = "an exception that is not a std::exception";
+      error = std::current_exception();
     }
-    job.work->complete(error);
+    try {
+      job.work->complete(error);
+    } catch (...) {
+      // A future's callback threw: the work is complete; the queue goes on.
+    }
     job = Job();  // the body's captures released outside the lock
-    lock.lock();
-    running = false;
-    cv.notify_all();
   }
+
+  // The queue whose job this thread is running, if any: a wait from inside
+  // a job (or a callback of one) for a later work of the same queue could
+  // never be satisfied, and is refused instead of hanging.
+  static thread_local const SerialQueue* running_here;
+  struct RunningGuard {
+    const SerialQueue* before;
+    explicit RunningGuard(const SerialQueue* q) : before(running_here) { running_here = q; }
+    ~RunningGuard() { running_here = before; }
+  };
 };
+
+thread_local const SerialQueue* SerialQueue::running_here = nullptr;
 
 SerialWork::SerialWork(std::vector<at::Tensor> outputs, std::weak_ptr<SerialQueue> queue)
     : outputs_(std::move(outputs)),
@@ -77,12 +111,21 @@ void SerialWork::complete(std::exception_ptr error) {
 
 bool SerialWork::wait(std::chrono::milliseconds timeout) {
   if (auto queue = queue_.lock()) {
-    std::unique_lock<std::mutex> lock(queue->mutex);
-    while (!isCompleted()) {
-      if (!queue->running && !queue->jobs.empty()) {
-        queue->run_front(lock);
-      } else {
-        queue->cv.wait(lock);
+    if (SerialQueue::running_here == queue.get() && !isCompleted())
+      throw UsageError(queue->name +
+                       " backend: a collective waited for from inside another collective of the "
+                       "same process group (a job or a future callback) could never complete");
+    // c10d's kNoTimeout (0): as long as it takes (each job has its own
+    // timeout), running the queue meanwhile. A bounded wait leaves the jobs
+    // to the worker, so that it returns at its deadline.
+    if (timeout.count() <= 0) {
+      std::unique_lock<std::mutex> lock(queue->mutex);
+      while (!isCompleted()) {
+        if (!queue->running && !queue->jobs.empty()) {
+          queue->run_front(lock);
+        } else {
+          queue->cv.wait(lock);
+        }
       }
     }
   }
@@ -96,7 +139,10 @@ SerialBackend::SerialBackend(int rank, int size, std::string name)
     std::unique_lock<std::mutex> lock(queue->mutex);
     while (true) {
       queue->cv.wait(lock, [&] {
-        return (!queue->running && !queue->jobs.empty()) || (queue->stop && queue->jobs.empty());
+        // At a stop, not while a waiting thread still runs a job: the
+        // backend's state must outlive it (the join in stop_worker).
+        return (!queue->running && !queue->jobs.empty()) ||
+               (queue->stop && queue->jobs.empty() && !queue->running);
       });
       if (queue->jobs.empty()) return;
       const auto ready = queue->jobs.front().queued + kGrace;

@@ -105,12 +105,16 @@ Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
 // CheckpointManager composes MODEL, OPTIMIZER and the rest. save() writes
 // whatever parts it is given (refusing a folder without the required
 // three) and lists each in the MANIFEST; load() reads every .pt file the
-// verified MANIFEST lists, by name (Loaded::part). A new part is a new
-// Stateful in run_stateful_parts: nothing here changes. The loop's own
+// verified MANIFEST lists, by name (Loaded::part; the trainer asks only for
+// its parts' files). A new part is a new Stateful in run_stateful_parts:
+// nothing here changes. The loop's own
 // scalars (position, schedule, the GradScaler, the watched metrics) stay
 // in state.yaml, a file people read and Python's yaml loads. The trainer
 // saves the parts in order on every rank (their state_dict may be
-// collective) and restores them once DDP exists (trainer_resume.cpp).
+// collective) and restores them before DDP is built, whose broadcast then
+// starts every rank alike, except a part that needs the DDP wrapper (the
+// comm hook's per-bucket state), restored right after (trainer_resume.cpp).
+// Each part's entries are freed once it has taken them.
 
 // Note [Replacing a checkpoint folder]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -405,8 +409,8 @@ at::Tensor Checkpointer::Loaded::rng_states() const {
   return rng.size() == 1 ? rng[0].second : at::Tensor();
 }
 
-Checkpointer::Loaded Checkpointer::load(const std::string& folder,
-                                        torch::optim::Optimizer* legacy) {
+Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim::Optimizer* legacy,
+                                        const std::vector<std::string>& files) {
   verify(folder);
   Loaded loaded;
   loaded.folder = folder;
@@ -472,6 +476,7 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder,
   std::string hash, file;
   while (manifest >> hash >> file) {
     if (file.size() < 4 || file.compare(file.size() - 3, 3, ".pt") != 0) continue;
+    if (!files.empty() && std::find(files.begin(), files.end(), file) == files.end()) continue;
     if (file == "optimizer.pt") continue;  // below: an older lockstep's archive, perhaps
     if (file == "rng.pt") {
       loaded.parts[file] = {

@@ -91,6 +91,7 @@ class CommHookPart : public Stateful {
       : run_(run), pg_(pg), world_(world), saved_(saved) {}
   std::string file() const override { return "comm_hook.pt"; }
   bool required() const override { return false; }
+  bool needs_ddp() const override { return true; }
   StateDict state_dict() override {
     if (!run_.comm_hook) return {};
     return hook_state_gather(pg_, *run_.comm_hook, *run_.ddp);

@@ -229,10 +229,16 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   s.build_optimizer();
   // Under ZeRO a bad optimizer.pt entry fails only its owner's load: every
   // rank learns the verdict and leaves with the same error (exit 2 alike).
-  agree_on_failure(*s.pg, [&] { s.maybe_resume(); });
-  run_build_ddp(s.run, s.config, s.pg);
+  // Note [Stateful parts]: the parts are made before DDP (they reach the
+  // wrapper only when saved or restored); all but the comm hook's state are
+  // restored before DDP is built, so its broadcast starts every rank alike.
   s.parts = run_stateful_parts(s.run, s.config, *s.pg, s.world, s.state);
-  agree_on_failure(*s.pg, [&] { s.restore_parts(); });
+  agree_on_failure(*s.pg, [&] {
+    s.maybe_resume();
+    s.restore_parts(/*after_ddp=*/false);
+  });
+  run_build_ddp(s.run, s.config, s.pg);
+  agree_on_failure(*s.pg, [&] { s.restore_parts(/*after_ddp=*/true); });
   if (is_comm_hook(s.config.ddp.comm_hook, CommHookKind::kPowerSgd) && s.world.world_size > 1 &&
       s.config.ddp.powersgd_start_iter >= s.plan.total_steps) {
     spdlog::warn(

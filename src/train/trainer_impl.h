@@ -47,8 +47,8 @@ struct Trainer::Impl {
   ZeroOptimizer*& zero = run.zero;  // `optimizer`, when optim.zero is 1 or 2
   std::unique_ptr<MixedPrecision>& precision = run.precision;  // autocast, the GradScaler
   std::unique_ptr<Checkpointer> checkpointer;
-  // What a checkpoint saves besides state.yaml (Note [Stateful parts]),
-  // once DDP exists; the checkpoint read by maybe_resume until restored.
+  // What a checkpoint saves besides state.yaml (Note [Stateful parts]);
+  // the checkpoint read by maybe_resume until every part is restored.
   std::vector<std::unique_ptr<Stateful>> parts;
   std::optional<Checkpointer::Loaded> resumed;
   TrainerState state;
@@ -107,8 +107,10 @@ struct Trainer::Impl {
   bool check_data_unchanged(const TrainerState& saved, const std::string& folder) const;
   // checkpoint.resume: reads and checks the checkpoint, takes its position.
   void maybe_resume();
-  // Then, once DDP exists: every Stateful part takes its file's state.
-  void restore_parts();
+  // Then every Stateful part takes its file's state: those that need no
+  // DDP wrapper before it is built (`after_ddp` false), the rest after.
+  // Each part's entries are released once restored.
+  void restore_parts(bool after_ddp);
   // ------------------------------------------------------------ the loop
   std::unique_ptr<TrainStep>& step = run.step;  // the one step (train/step.h), with its checks
 

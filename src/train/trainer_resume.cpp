@@ -106,7 +106,9 @@ void Trainer::Impl::maybe_resume() {
     folder = *newest;
   }
   auto loaded = reading_key("checkpoint.resume", [&] {
-    return Checkpointer::load(folder, zero != nullptr ? nullptr : optimizer.get());
+    std::vector<std::string> files;  // only what the parts restore is read
+    for (const auto& part : parts) files.push_back(part->file());
+    return Checkpointer::load(folder, zero != nullptr ? nullptr : optimizer.get(), files);
   });
   const int64_t old_world = loaded.state.world_size;
   if (loaded.legacy_optimizer && old_world != world.world_size) {
@@ -177,9 +179,10 @@ void Trainer::Impl::maybe_resume() {
   spdlog::info("resumed from {} {}{}", folder, where, changed);
 }
 
-void Trainer::Impl::restore_parts() {
+void Trainer::Impl::restore_parts(bool after_ddp) {
   if (!resumed) return;
   for (const auto& part : parts) {
+    if (part->needs_ddp() != after_ddp) continue;
     const std::string file = part->file();
     // An older lockstep's optimizer archive was loaded in place already.
     if (file == "optimizer.pt" && resumed->legacy_optimizer) continue;
@@ -187,8 +190,9 @@ void Trainer::Impl::restore_parts() {
       part->load_state_dict(resumed->part(file), resumed->folder + "/" + file);
       return 0;
     });
+    resumed->parts.erase(file);  // its memory back before the next part's
   }
-  resumed.reset();
+  if (after_ddp) resumed.reset();
 }
 
 }  // namespace lockstep

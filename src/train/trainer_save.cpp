@@ -8,6 +8,7 @@
 
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/distributed/agree.h"
+#include "lockstep/util/allocator.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/module_tensors.h"
@@ -66,6 +67,8 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
       spdlog::info("best checkpoint: {} (step {})", absolute_path(folder), state.step);
     }
   });
+  saved.clear();
+  release_free_memory();  // the gathered state's peak, not kept resident (Note [Allocator tuning])
   if (!problem.empty()) {
     const bool disk = problem.find("ENOSPC") != std::string::npos ||
                       problem.find("cannot write") != std::string::npos ||

@@ -24,7 +24,9 @@ namespace lockstep {
 // set explicitly stops glibc's dynamic adjustment, so both are set:
 // blocks up to 256 MiB come from the heap, and up to 512 MiB free at its
 // top stay there for the next step. Larger blocks (a huge embedding, a
-// checkpoint's buffers) are still mapped and unmapped whole.
+// checkpoint's buffers) are still mapped and unmapped whole, and after a
+// one-off peak (a checkpoint's gathered state) release_free_memory() hands
+// what is free back (malloc_trim).
 namespace {
 constexpr int kMmapThreshold = 256 << 20;
 constexpr int kTrimThreshold = 512 << 20;
@@ -52,6 +54,10 @@ std::string tune_allocator() {
     }
   });
   return outcome;
+}
+
+void release_free_memory() {
+  malloc_trim(0);
 }
 
 }  // namespace lockstep

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <thread>
 
 #include "distributed/shm_segment.h"
 #include "lockstep/util/error.h"
@@ -149,6 +150,62 @@ TEST_CASE("shm: 8 ranks, async all-reduces in flight, broadcast, all-gather, bar
     CHECK(outcomes[r].result == "");
   }
   CHECK(our_segments().empty());
+}
+
+TEST_CASE(
+    "shm: works waited for last-first are run in issue order by the waiting thread, and a wait "
+    "from inside a collective's callback is refused, not hung",
+    "[shm]") {
+  auto outcomes = run_ranks<std::string>(
+      2,
+      [&](ProcessGroup& pg) {
+        std::string wrong;
+        // Note [Waiting runs the queue]: five all-reduces, the last waited
+        // for first; every one equals its closed form (issue order kept:
+        // a swapped pair would add the wrong sizes' buffers and throw).
+        std::vector<at::Tensor> ts;
+        std::vector<Ptr<C10dWork>> works;
+        for (int k = 0; k < 5; ++k) {
+          ts.push_back(values(pg.rank(), 1000 + 7 * k, at::kFloat));
+          works.push_back(pg.allreduce_async(ts.back(), ReduceKind::kSum));
+        }
+        for (int k = 4; k >= 0; --k) {
+          pg.wait(works[k], "allreduce");
+          if (!at::equal(ts[k], closed_form(2, 1000 + 7 * k, at::kFloat, ReduceKind::kSum)))
+            wrong += "all-reduce " + std::to_string(k) + " wrong; ";
+        }
+        // A callback of `first` that waits for `second`, issued after it,
+        // could never see it done (the queue runs `first`'s callbacks
+        // before `second`): refused with a UsageError. Rank 1 comes late,
+        // so rank 0's `first` is surely still pending when its callback is
+        // added (a callback added to a finished future runs at once, on
+        // the caller, where the wait is fine).
+        if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        auto a = values(pg.rank(), 64, at::kFloat), b = values(pg.rank(), 64, at::kFloat);
+        auto first = pg.allreduce_async(a, ReduceKind::kSum);
+        auto second = pg.allreduce_async(b, ReduceKind::kSum);
+        std::string refused;
+        first->getFuture()->addCallback([&](c10::ivalue::Future&) {
+          try {
+            second->wait();
+          } catch (const UsageError& e) {
+            refused = e.what();
+          }
+        });
+        pg.wait(second, "allreduce");
+        pg.wait(first, "allreduce");
+        if (pg.rank() == 0 &&
+            refused.find("waited for from inside another collective") == std::string::npos)
+          wrong += "callback's wait not refused (" + refused + "); ";
+        if (!at::equal(b, closed_form(2, 64, at::kFloat, ReduceKind::kSum))) wrong += "second; ";
+        return wrong;
+      },
+      kTimeout, kShm);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK(outcomes[r].result == "");
+  }
 }
 
 TEST_CASE("shm: sums of two ranks are the same bits as Gloo's", "[shm]") {

@@ -82,9 +82,12 @@ class Checkpointer {
     // rng.pt's tensor (undefined when absent).
     at::Tensor rng_states() const;
   };
-  // Verifies the manifest, then reads. An optimizer.pt of the older archive
-  // form is loaded in place into `legacy` (nullptr: refused, DataError).
-  static Loaded load(const std::string& folder, torch::optim::Optimizer* legacy);
+  // Verifies the manifest, then reads state.yaml and the .pt files named in
+  // `files` that the MANIFEST lists (empty: every .pt file it lists). An
+  // optimizer.pt of the older archive form is loaded in place into `legacy`
+  // (nullptr: refused, DataError).
+  static Loaded load(const std::string& folder, torch::optim::Optimizer* legacy,
+                     const std::vector<std::string>& files = {});
   // Throws DataError naming the first file whose SHA-256 differs.
   static void verify(const std::string& folder);
   // The values read as hostile (Note [Checkpoint values]): every floating

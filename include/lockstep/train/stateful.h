@@ -19,6 +19,10 @@ class Stateful {
   // Whether every checkpoint holds the file (false: only when the part has
   // state, as comm_hook.pt for a stateful hook).
   virtual bool required() const { return true; }
+  // Whether the part can take its state only once the DDP wrapper exists
+  // (a comm hook's state is per bucket); the others are restored before
+  // DDP is built, whose broadcast then starts every rank alike.
+  virtual bool needs_ddp() const { return false; }
   // Collective: every rank calls it, parts in the same order. Rank 0's
   // result is written; empty (on rank 0, for an optional part): no file.
   virtual StateDict state_dict() = 0;

@@ -15,4 +15,9 @@ namespace lockstep {
 // with lockstep calls it before building the model.
 std::string tune_allocator();
 
+// Hands the heap's free memory back to the kernel (malloc_trim), after a
+// one-off peak such as a checkpoint's gathered state: with the thresholds
+// above it would otherwise stay resident for the rest of the run.
+void release_free_memory();
+
 }  // namespace lockstep
