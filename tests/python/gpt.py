@@ -23,13 +23,17 @@ def causal_attention(q, k, v, dropout, training):
     p = dropout if training else 0.0
     if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.x, as lockstep on LibTorch 2.x
         return F.scaled_dot_product_attention(q, k, v, None, p, True)
-    t = q.size(-2)  # 1.13: the same product written out, as lockstep on LibTorch 1.13
-    att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    att = att.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    # 1.13: the same product written out as lockstep on LibTorch 1.13 writes it
+    # (src/distributed/torch_compat.cpp): one baddbmm adds the causal mask as a
+    # bias of 0 and -inf to scale x q k^T.
+    b, h, t, hs = q.shape
+    bias = torch.full((t, t), float("-inf"), dtype=q.dtype).triu(1)
+    att = torch.baddbmm(bias, q.reshape(-1, t, hs), k.reshape(-1, t, hs).transpose(1, 2),
+                        beta=1, alpha=1.0 / math.sqrt(hs))
     att = torch.softmax(att, -1)
     if p > 0:
         att = F.dropout(att, p, True)
-    return torch.matmul(att, v)
+    return torch.bmm(att, v.reshape(-1, t, v.size(-1))).view(b, h, t, v.size(-1))
 
 
 class Attention(nn.Module):
