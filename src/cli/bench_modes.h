@@ -3,7 +3,9 @@
 // flag's help.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -74,73 +76,33 @@ struct BenchMode {
 };
 
 inline BenchMode bench_mode(const std::string& name) {
+  using K = BenchModeKind;
+  const K kind = parse_named(kBenchModeNames, name, "--modes");
+  const auto any = [kind](std::initializer_list<K> kinds) {
+    return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+  };
   BenchMode m;
   m.name = name;
-  switch (parse_named(kBenchModeNames, name, "--modes")) {
-    case BenchModeKind::kLocal:
-      m.ddp = false;
-      break;
-    case BenchModeKind::kLocalAmpBf16:
-      m.ddp = false;
-      m.autocast = true;
-      break;
-    case BenchModeKind::kDdp:
-      break;
-    case BenchModeKind::kDdpAmpBf16:
-      m.autocast = true;
-      break;
-    case BenchModeKind::kDdpFp16:
-      m.hook = CommHookKind::kFp16;
-      break;
-    case BenchModeKind::kDdpBf16:
-      m.hook = CommHookKind::kBf16;
-      break;
-    case BenchModeKind::kDdpPowerSgd1:
-      m.hook = CommHookKind::kPowerSgd;
-      m.powersgd_rank = 1;
-      break;
-    case BenchModeKind::kDdpPowerSgd2:
-      m.hook = CommHookKind::kPowerSgd;
-      m.powersgd_rank = 2;
-      break;
-    case BenchModeKind::kDdpPowerSgd4:
-      m.hook = CommHookKind::kPowerSgd;
-      m.powersgd_rank = 4;
-      break;
-    case BenchModeKind::kDdpBucket1:
-      m.bucket_mb = 1;
-      break;
-    case BenchModeKind::kDdpBucket5:
-      m.bucket_mb = 5;
-      break;
-    case BenchModeKind::kDdpBucket25:
-      m.bucket_mb = 25;
-      break;
-    case BenchModeKind::kDdpBucket100:
-      m.bucket_mb = 100;
-      break;
-    case BenchModeKind::kDdpAccum4:
-      m.micro = 4;
-      break;
-    case BenchModeKind::kDdpCheck:
-      m.check = true;
-      break;
-    case BenchModeKind::kDdpCheckInplace:
-      m.check = true;
-      m.inplace = true;
-      break;
-    case BenchModeKind::kDdpCheckSha256:
-      m.check = true;
-      m.digest = DigestMode::kSha256;
-      break;
-    case BenchModeKind::kExchangeBucketed:
-      m.exchange = true;
-      break;
-    case BenchModeKind::kExchangeFlat:
-      m.exchange = true;
-      m.flat = true;
-      break;
+  m.ddp = !any({K::kLocal, K::kLocalAmpBf16});
+  m.autocast = any({K::kLocalAmpBf16, K::kDdpAmpBf16});
+  if (kind == K::kDdpFp16) m.hook = CommHookKind::kFp16;
+  if (kind == K::kDdpBf16) m.hook = CommHookKind::kBf16;
+  // ddp-powersgd<rank> and ddp-bucket<MiB>: the number the name ends in.
+  if (any({K::kDdpPowerSgd1, K::kDdpPowerSgd2, K::kDdpPowerSgd4})) {
+    m.hook = CommHookKind::kPowerSgd;
+    m.powersgd_rank = kind == K::kDdpPowerSgd1 ? 1 : kind == K::kDdpPowerSgd2 ? 2 : 4;
   }
+  if (any({K::kDdpBucket1, K::kDdpBucket5, K::kDdpBucket25, K::kDdpBucket100}))
+    m.bucket_mb = kind == K::kDdpBucket1    ? 1
+                  : kind == K::kDdpBucket5  ? 5
+                  : kind == K::kDdpBucket25 ? 25
+                                            : 100;
+  m.micro = kind == K::kDdpAccum4 ? 4 : 1;
+  m.check = any({K::kDdpCheck, K::kDdpCheckInplace, K::kDdpCheckSha256});
+  m.inplace = kind == K::kDdpCheckInplace;
+  m.digest = kind == K::kDdpCheckSha256 ? DigestMode::kSha256 : DigestMode::kXxh3;
+  m.exchange = any({K::kExchangeBucketed, K::kExchangeFlat});
+  m.flat = kind == K::kExchangeFlat;
   return m;
 }
 

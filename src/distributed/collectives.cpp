@@ -220,22 +220,25 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
 }
 
 Ptr<C10dWork> ProcessGroup::send_async(at::Tensor& tensor, int dst, int tag) {
-  std::vector<at::Tensor> tensors{tensor};
-  try {
-    return backend_->send(tensors, dst, tag);
-  } catch (const std::exception& e) {
-    throw CommError(describe("send to rank " + std::to_string(dst)) +
-                    " could not start: " + what_of(e));
-  }
+  return start_p2p(
+      "send to rank " + std::to_string(dst),
+      [&](std::vector<at::Tensor>& t) { return backend_->send(t, dst, tag); }, tensor);
 }
 
 Ptr<C10dWork> ProcessGroup::recv_async(at::Tensor& tensor, int src, int tag) {
+  return start_p2p(
+      "recv from rank " + std::to_string(src),
+      [&](std::vector<at::Tensor>& t) { return backend_->recv(t, src, tag); }, tensor);
+}
+
+Ptr<C10dWork> ProcessGroup::start_p2p(
+    const std::string& what, const std::function<Ptr<C10dWork>(std::vector<at::Tensor>&)>& start,
+    at::Tensor& tensor) {
   std::vector<at::Tensor> tensors{tensor};
   try {
-    return backend_->recv(tensors, src, tag);
+    return start(tensors);
   } catch (const std::exception& e) {
-    throw CommError(describe("recv from rank " + std::to_string(src)) +
-                    " could not start: " + what_of(e));
+    throw CommError(describe(what) + " could not start: " + what_of(e));
   }
 }
 

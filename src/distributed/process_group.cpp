@@ -105,19 +105,7 @@ const char* backend_kind_name(BackendKind kind) {
 }
 
 const char* reduce_kind_name(ReduceKind kind) {
-  switch (kind) {
-    case ReduceKind::kSum:
-      return "sum";
-    case ReduceKind::kAvg:
-      return "avg";
-    case ReduceKind::kMin:
-      return "min";
-    case ReduceKind::kMax:
-      return "max";
-    case ReduceKind::kProduct:
-      return "product";
-  }
-  return "?";
+  return name_of(kReduceKindNames, kind);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const Ptr<C10dStore>& store,

@@ -191,17 +191,7 @@ void validate(const WorldInfo& w, const char* rank_var, const char* local_var) {
 }  // namespace
 
 const char* world_source_name(WorldSource source) {
-  switch (source) {
-    case WorldSource::kSingle:
-      return "single process";
-    case WorldSource::kTorchrun:
-      return "torchrun-style env";
-    case WorldSource::kSlurm:
-      return "slurm";
-    case WorldSource::kOpenMpi:
-      return "openmpi";
-  }
-  return "?";
+  return name_of(kWorldSourceNames, source);
 }
 
 std::string WorldInfo::describe() const {

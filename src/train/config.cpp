@@ -79,14 +79,13 @@ void check_range(const Field& f, double v, const std::string& text, const std::s
   }
 }
 
-template <typename S, typename T>
-Field make_field(const char* section, const char* key, S Config::*sec, T S::*member, Type type,
-                 std::string help, double lo = -std::numeric_limits<double>::infinity(),
-                 double hi = std::numeric_limits<double>::infinity(),
-                 std::vector<std::string> choices = {}) {
+// A field of type T that `ref` finds in a Config.
+template <typename T, typename Ref>
+Field field_at(const char* section, const char* key, Ref ref, Type type, std::string help,
+               double lo, double hi, std::vector<std::string> choices) {
   Field f{section, key, type, std::move(help), lo, hi, std::move(choices), nullptr, nullptr};
-  f.get = [sec, member](const Config& c) -> std::string {
-    const T& v = c.*sec.*member;
+  f.get = [ref](const Config& c) -> std::string {
+    const T& v = ref(const_cast<Config&>(c));
     if constexpr (std::is_same_v<T, std::string>) {
       return v;
     } else if constexpr (std::is_same_v<T, bool>) {
@@ -98,8 +97,8 @@ Field make_field(const char* section, const char* key, S Config::*sec, T S::*mem
     }
   };
   const Field shape = f;
-  f.set = [sec, member, shape](Config& c, const std::string& text, const std::string& where) {
-    T& v = c.*sec.*member;
+  f.set = [ref, shape](Config& c, const std::string& text, const std::string& where) {
+    T& v = ref(c);
     if constexpr (std::is_same_v<T, std::string>) {
       if (!shape.choices.empty() &&
           std::find(shape.choices.begin(), shape.choices.end(), text) == shape.choices.end()) {
@@ -121,6 +120,27 @@ Field make_field(const char* section, const char* key, S Config::*sec, T S::*mem
     }
   };
   return f;
+}
+
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+
+template <typename S, typename T>
+Field make_field(const char* section, const char* key, S Config::*sec, T S::*member, Type type,
+                 std::string help, double lo = -kNoLimit, double hi = kNoLimit,
+                 std::vector<std::string> choices = {}) {
+  return field_at<T>(
+      section, key, [sec, member](Config& c) -> T& { return c.*sec.*member; }, type,
+      std::move(help), lo, hi, std::move(choices));
+}
+
+// A field of an options struct held whole in a section (ddp.powersgd.*:
+// PowerSgdOptions), so that the options need no copying field by field.
+template <typename S, typename U, typename T>
+Field make_field(const char* section, const char* key, S Config::*sec, U S::*sub, T U::*member,
+                 Type type, std::string help, double lo = -kNoLimit, double hi = kNoLimit) {
+  return field_at<T>(section, key,
+                     [sec, sub, member](Config& c) -> T& { return c.*sec.*sub.*member; }, type,
+                     std::move(help), lo, hi, {});
 }
 
 // A field that holds an enum: its names come from the enum's one table.
@@ -324,20 +344,24 @@ const std::vector<Field>& fields() {
       make_field("ddp", "comm_hook", &C::ddp, &DdpConfig::comm_hook, Type::kString,
                  "gradient exchange: allreduce, fp16, bf16, powersgd (ddp.powersgd.*), or a name "
                  "a program registered with lockstep::register_comm_hook"),
-      make_field("ddp", "powersgd.rank", &C::ddp, &DdpConfig::powersgd_rank, Type::kInt,
+      make_field("ddp", "powersgd.rank", &C::ddp, &DdpConfig::powersgd,
+                 &PowerSgdOptions::matrix_approximation_rank, Type::kInt,
                  "powersgd: matrix approximation rank (PyTorch's matrix_approximation_rank)", 1,
                  1 << 16),
-      make_field("ddp", "powersgd.start_iter", &C::ddp, &DdpConfig::powersgd_start_iter, Type::kInt,
+      make_field("ddp", "powersgd.start_iter", &C::ddp, &DdpConfig::powersgd,
+                 &PowerSgdOptions::start_iter, Type::kInt,
                  "powersgd: plain all-reduce for this many synchronised backwards first "
                  "(start_powerSGD_iter; >= 2 with error_feedback or warm_start)",
                  0, 1e15),
-      make_field("ddp", "powersgd.min_compression_rate", &C::ddp,
-                 &DdpConfig::powersgd_min_compression_rate, Type::kDouble,
+      make_field("ddp", "powersgd.min_compression_rate", &C::ddp, &DdpConfig::powersgd,
+                 &PowerSgdOptions::min_compression_rate, Type::kDouble,
                  "powersgd: a gradient is compressed only if it shrinks by more than this", 0, 1e9),
-      make_field("ddp", "powersgd.error_feedback", &C::ddp, &DdpConfig::powersgd_error_feedback,
-                 Type::kBool, "powersgd: add the last compression error to the gradient"),
-      make_field("ddp", "powersgd.warm_start", &C::ddp, &DdpConfig::powersgd_warm_start,
-                 Type::kBool, "powersgd: start from the last iteration's Q"),
+      make_field("ddp", "powersgd.error_feedback", &C::ddp, &DdpConfig::powersgd,
+                 &PowerSgdOptions::use_error_feedback, Type::kBool,
+                 "powersgd: add the last compression error to the gradient"),
+      make_field("ddp", "powersgd.warm_start", &C::ddp, &DdpConfig::powersgd,
+                 &PowerSgdOptions::warm_start, Type::kBool,
+                 "powersgd: start from the last iteration's Q"),
       make_field("check", "every", &C::check, &CheckConfig::every, Type::kInt,
                  "cross-rank weight fingerprint check every N optimizer steps (0: off)", 0, 1e15),
       make_choice("check", "mode", &C::check, &CheckConfig::mode, kDigestModeNames, "digest"),
@@ -570,13 +594,7 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
 }
 
 PowerSgdOptions powersgd_options_from_config(const DdpConfig& ddp) {
-  PowerSgdOptions o;
-  o.matrix_approximation_rank = ddp.powersgd_rank;
-  o.start_iter = ddp.powersgd_start_iter;
-  o.min_compression_rate = ddp.powersgd_min_compression_rate;
-  o.use_error_feedback = ddp.powersgd_error_feedback;
-  o.warm_start = ddp.powersgd_warm_start;
-  return o;
+  return ddp.powersgd;
 }
 
 void config_validate(const Config& c, int world_size) {

@@ -240,11 +240,11 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   run_build_ddp(s.run, s.config, s.pg);
   agree_on_failure(*s.pg, [&] { s.restore_parts(/*after_ddp=*/true); });
   if (is_comm_hook(s.config.ddp.comm_hook, CommHookKind::kPowerSgd) && s.world.world_size > 1 &&
-      s.config.ddp.powersgd_start_iter >= s.plan.total_steps) {
+      s.config.ddp.powersgd.start_iter >= s.plan.total_steps) {
     spdlog::warn(
         "ddp.powersgd.start_iter is {} and this run has {} steps: PowerSGD never compresses "
         "(it all-reduces plainly until then; PyTorch's default 1000 suits long runs)",
-        s.config.ddp.powersgd_start_iter, s.plan.total_steps);
+        s.config.ddp.powersgd.start_iter, s.plan.total_steps);
   }
   run_build_step(s.run, s.config, *s.pg, s.data.task,
                  step_options_from_config(s.config, s.plan.total_steps));

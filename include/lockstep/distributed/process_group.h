@@ -8,9 +8,12 @@
 // order on every rank. Async work may complete on backend threads.
 #pragma once
 
+#include "lockstep/util/names.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +29,11 @@ namespace lockstep {
 const char* backend_kind_name(BackendKind kind);
 
 enum class ReduceKind { kSum, kAvg, kMin, kMax, kProduct };
+inline constexpr NameTable<ReduceKind, 5> kReduceKindNames{{{ReduceKind::kSum, "sum"},
+                                                            {ReduceKind::kAvg, "avg"},
+                                                            {ReduceKind::kMin, "min"},
+                                                            {ReduceKind::kMax, "max"},
+                                                            {ReduceKind::kProduct, "product"}}};
 const char* reduce_kind_name(ReduceKind kind);
 
 struct ProcessGroupOptions {
@@ -132,6 +140,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   std::string describe(const std::string& what) const;
+  // A send or recv started by `start` on {tensor}; a failure to start is a
+  // CommError naming `what`.
+  Ptr<C10dWork> start_p2p(const std::string& what,
+                          const std::function<Ptr<C10dWork>(std::vector<at::Tensor>&)>& start,
+                          at::Tensor& tensor);
   std::string roll_call();
   void check_collective(uint64_t sequence, const std::string& signature);
 

@@ -14,6 +14,8 @@
 // MASTER_PORT come from the environment for them too (docs/environment.md).
 #pragma once
 
+#include "lockstep/util/names.h"
+
 #include <functional>
 #include <map>
 #include <optional>
@@ -22,6 +24,11 @@
 namespace lockstep {
 
 enum class WorldSource { kSingle, kTorchrun, kSlurm, kOpenMpi };
+inline constexpr NameTable<WorldSource, 4> kWorldSourceNames{
+    {{WorldSource::kSingle, "single process"},
+     {WorldSource::kTorchrun, "torchrun-style env"},
+     {WorldSource::kSlurm, "slurm"},
+     {WorldSource::kOpenMpi, "openmpi"}}};
 
 const char* world_source_name(WorldSource source);
 

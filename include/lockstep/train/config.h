@@ -126,11 +126,7 @@ struct DdpConfig {
   bool broadcast_buffers = DdpOptions{}.broadcast_buffers;
   std::string comm_hook = "allreduce";  // built-in (kCommHookKindNames) or registered
   // ddp.powersgd: PyTorch's PowerSGDState, defaults included (ddp/powersgd.h).
-  int64_t powersgd_rank = PowerSgdOptions{}.matrix_approximation_rank;
-  int64_t powersgd_start_iter = PowerSgdOptions{}.start_iter;
-  double powersgd_min_compression_rate = PowerSgdOptions{}.min_compression_rate;
-  bool powersgd_error_feedback = PowerSgdOptions{}.use_error_feedback;
-  bool powersgd_warm_start = PowerSgdOptions{}.warm_start;
+  PowerSgdOptions powersgd;  // ddp.powersgd.*: PyTorch's PowerSGDState defaults
 };
 
 PowerSgdOptions powersgd_options_from_config(const DdpConfig& ddp);
