@@ -7,6 +7,7 @@
 
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/util/error.h"
+#include "serial_backend.h"
 
 namespace lockstep {
 namespace {
@@ -163,6 +164,7 @@ Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
 }
 
 void ProcessGroup::allreduce(at::Tensor& tensor, ReduceKind op) {
+  const SerialBackend::WaitAtOnce at_once;  // Note [Waiting runs the queue]
   // Gloo has no AVG: SUM, then divide (truncating for integers, as NCCL does).
   const bool emulate_avg = op == ReduceKind::kAvg && kind_ != BackendKind::kNccl;
   const uint64_t seq = sequence_;
@@ -178,6 +180,7 @@ void ProcessGroup::allreduce(at::Tensor& tensor, ReduceKind op) {
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  const SerialBackend::WaitAtOnce at_once;  // Note [Waiting runs the queue]
   if (root < 0 || root >= size_) {
     throw CommError(describe("broadcast") + ": root " + std::to_string(root) + " is outside [0, " +
                     std::to_string(size_) + ")");
@@ -214,6 +217,7 @@ ProcessGroup::Gathering ProcessGroup::allgather_async(const at::Tensor& tensor) 
 }
 
 std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) {
+  const SerialBackend::WaitAtOnce at_once;  // Note [Waiting runs the queue]
   auto g = allgather_async(tensor);
   wait(g.work, "allgather #" + std::to_string(g.sequence));
   return g.outputs;
@@ -243,6 +247,7 @@ Ptr<C10dWork> ProcessGroup::start_p2p(
 }
 
 void ProcessGroup::barrier() {
+  const SerialBackend::WaitAtOnce at_once;  // Note [Waiting runs the queue]
   const uint64_t seq = sequence_++;
   if (size_ == 1) return;
   check_collective(seq, "barrier");

@@ -8,6 +8,7 @@
 
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/util/error.h"
+#include "serial_backend.h"
 
 namespace lockstep {
 namespace {
@@ -106,6 +107,7 @@ void ProcessGroup::wait(Scattering& s, const std::string& what) {
 }
 
 void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
+  const SerialBackend::WaitAtOnce at_once;  // Note [Waiting runs the queue]
   auto s = reduce_scatter_async(output, input);
   wait(s, "reduce_scatter #" + std::to_string(s.sequence));
 }
@@ -135,6 +137,7 @@ Ptr<C10dWork> ProcessGroup::all_gather_into_async(at::Tensor& output, const at::
 }
 
 void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  const SerialBackend::WaitAtOnce at_once;  // Note [Waiting runs the queue]
   const uint64_t seq = sequence_;
   wait(all_gather_into_async(output, input), "all_gather #" + std::to_string(seq));
 }

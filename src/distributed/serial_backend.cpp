@@ -24,6 +24,9 @@ namespace lockstep {
 // works, so a work waited for after its backend is gone finds the queue
 // stopped and fails rather than touching the backend.
 constexpr std::chrono::microseconds kGrace{50};
+// Set by ProcessGroup's blocking collectives around their launch
+// (WaitAtOnce): the job queued is waited for at once.
+thread_local bool waited_at_once = false;
 
 struct SerialQueue {
   struct Job {
@@ -33,7 +36,8 @@ struct SerialQueue {
   };
   std::string name;
   std::mutex mutex;
-  std::condition_variable cv;
+  std::condition_variable cv;         // waiters: a job finished
+  std::condition_variable worker_cv;  // the worker: a stop, or a job left to it
   std::deque<Job> jobs;
   bool running = false;
   bool stop = false;
@@ -55,6 +59,7 @@ struct SerialQueue {
         lock.lock();
         q.running = false;
         q.cv.notify_all();
+        if (!q.jobs.empty()) q.worker_cv.notify_one();
       }
     } release{*this, lock};
     const RunningGuard inside(this);  // the body and the future's callbacks
@@ -138,21 +143,29 @@ SerialBackend::SerialBackend(int rank, int size, std::string name)
   worker_ = std::thread([queue = queue_] {
     std::unique_lock<std::mutex> lock(queue->mutex);
     while (true) {
-      queue->cv.wait(lock, [&] {
-        // At a stop, not while a waiting thread still runs a job: the
-        // backend's state must outlive it (the join in stop_worker).
-        return (!queue->running && !queue->jobs.empty()) ||
-               (queue->stop && queue->jobs.empty() && !queue->running);
-      });
-      if (queue->jobs.empty()) return;
+      // At a stop, not while a waiting thread still runs a job: the
+      // backend's state must outlive it (the join in stop_worker).
+      if (queue->stop && queue->jobs.empty() && !queue->running) return;
+      if (queue->running || queue->jobs.empty()) {
+        queue->worker_cv.wait(lock);
+        continue;
+      }
       const auto ready = queue->jobs.front().queued + kGrace;
       if (!queue->stop && std::chrono::steady_clock::now() < ready) {
-        queue->cv.wait_until(lock, ready);  // a waiter may claim it meanwhile
+        queue->worker_cv.wait_until(lock, ready);  // a waiter may claim it meanwhile
         continue;
       }
       queue->run_front(lock);
     }
   });
+}
+
+SerialBackend::WaitAtOnce::WaitAtOnce() : before_(waited_at_once) {
+  waited_at_once = true;
+}
+
+SerialBackend::WaitAtOnce::~WaitAtOnce() {
+  waited_at_once = before_;
 }
 
 SerialBackend::~SerialBackend() {
@@ -166,6 +179,7 @@ void SerialBackend::stop_worker() {
     queue_->stop = true;
   }
   queue_->cv.notify_all();
+  queue_->worker_cv.notify_all();
   if (worker_.joinable()) worker_.join();
 }
 
@@ -175,7 +189,9 @@ Ptr<C10dWork> SerialBackend::enqueue(std::vector<at::Tensor> outputs, std::funct
     std::lock_guard<std::mutex> lock(queue_->mutex);
     queue_->jobs.push_back({work, std::move(body), std::chrono::steady_clock::now()});
   }
-  queue_->cv.notify_all();
+  // A collective a blocking call waits for at once is left to the waiting
+  // thread: the worker is not woken (Note [Waiting runs the queue]).
+  if (!waited_at_once) queue_->worker_cv.notify_one();
   return work;
 }
 

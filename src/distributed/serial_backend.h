@@ -47,6 +47,19 @@ class SerialBackend : public C10dBackend {
   ~SerialBackend() override;  // call stop_worker() first in derived destructors
   const std::string getBackendName() const override { return name_; }
 
+  // Around the launch of a collective the calling thread waits for at once
+  // (ProcessGroup's blocking calls): its job is not handed to the worker.
+  class WaitAtOnce {
+   public:
+    WaitAtOnce();
+    ~WaitAtOnce();
+    WaitAtOnce(const WaitAtOnce&) = delete;
+    WaitAtOnce& operator=(const WaitAtOnce&) = delete;
+
+   private:
+    bool before_;
+  };
+
  protected:
   // Queues `body`; its work completes (with body's exception, if any) after it ran.
   Ptr<C10dWork> enqueue(std::vector<at::Tensor> outputs, std::function<void()> body);
