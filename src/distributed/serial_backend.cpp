@@ -90,10 +90,20 @@ struct SerialQueue {
   // a job (or a callback of one) for a later work of the same queue could
   // never be satisfied, and is refused instead of hanging.
   static thread_local const SerialQueue* running_here;
+  // It also clears WaitAtOnce's mark for the job: a collective that a job
+  // body (the hierarchical backend's) or a callback launches is not the
+  // blocking call's, and may be left to a worker.
   struct RunningGuard {
     const SerialQueue* before;
-    explicit RunningGuard(const SerialQueue* q) : before(running_here) { running_here = q; }
-    ~RunningGuard() { running_here = before; }
+    bool hinted;
+    explicit RunningGuard(const SerialQueue* q) : before(running_here), hinted(waited_at_once) {
+      running_here = q;
+      waited_at_once = false;
+    }
+    ~RunningGuard() {
+      running_here = before;
+      waited_at_once = hinted;
+    }
   };
 };
 

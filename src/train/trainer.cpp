@@ -13,19 +13,14 @@
 
 #include <sys/resource.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <optional>
-#include <set>
 
 #include <spdlog/spdlog.h>
 
-#include "hook_state.h"
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
-#include "lockstep/ddp/zero_grad_hook.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/model/gpt.h"
 #include "lockstep/optim/optim.h"
@@ -47,8 +42,6 @@
 #include "metrics.h"
 #include "run_dir.h"
 #include "run_parts.h"
-#include "stop_signals.h"
-
 #include "run_stateful.h"
 #include "stop_signals.h"
 
