@@ -43,7 +43,8 @@ double lr_at(const OptimConfig& c, int64_t step, int64_t total_steps) {
     return c.lr * std::pow(c.gamma, static_cast<double>(after / c.step_size));
   }
   if (c.schedule == Schedule::kCosine) {
-    const int64_t span = std::max<int64_t>(1, total_steps - c.warmup_steps);
+    // The last step (total_steps - 1) runs at min_lr: the run ends there.
+    const int64_t span = std::max<int64_t>(1, total_steps - 1 - c.warmup_steps);
     const double progress = std::min(1.0, static_cast<double>(after) / static_cast<double>(span));
     return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }

@@ -80,7 +80,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   }
   auto sampler = sampler_from_config(config, world, data.train->size());
   const StepPlan plan = step_plan(config, sampler, data.train->size());
-  StepOptions step_options = step_options_from_config(config, plan.total_steps);
+  StepOptions step_options = step_options_from_config(config, plan.schedule_steps);
   step_options.synchronise = synchronise;
   run_build_step(run, config, *pg, data.task, step_options);
   TrainStep& step = *run.step;

@@ -278,7 +278,9 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
        << YAML::Key << "world_size" << YAML::Value << state.world_size << YAML::Key << "batch_size"
        << YAML::Value << state.batch_size << YAML::Key << "accumulation_steps" << YAML::Value
        << state.accumulation_steps << YAML::Key << "total_steps" << YAML::Value << state.total_steps
-       << YAML::Key << "zero" << YAML::Value << state.zero << YAML::Key << "model" << YAML::Value
+       << YAML::Key << "schedule_from" << YAML::Value
+       << name_of(kScheduleFromNames, state.schedule_from) << YAML::Key << "zero" << YAML::Value
+       << state.zero << YAML::Key << "model" << YAML::Value
        << state.model;
   if (state.data_size > 0) {
     yaml << YAML::Key << "data_size" << YAML::Value << state.data_size << YAML::Key << "data_id"
@@ -427,6 +429,13 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
     if (state["accumulation_steps"])
       loaded.state.accumulation_steps = state["accumulation_steps"].as<int64_t>();
     if (state["total_steps"]) loaded.state.total_steps = state["total_steps"].as<int64_t>();
+    if (const YAML::Node from = state["schedule_from"]) {  // since optim.decay_steps
+      const auto value = value_named(kScheduleFromNames, from.as<std::string>());
+      if (!value)
+        throw YAML::Exception(from.Mark(),
+                              "schedule_from: one of " + names_listed(kScheduleFromNames));
+      loaded.state.schedule_from = *value;
+    }
     loaded.state.model = state["model"].as<std::string>();
     if (state["data_size"]) loaded.state.data_size = state["data_size"].as<int64_t>();
     if (state["data_id"]) loaded.state.data_id = state["data_id"].as<std::string>();

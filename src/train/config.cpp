@@ -325,6 +325,11 @@ const std::vector<Field>& fields() {
                  "step schedule: factor", 0, 1),
       make_field("optim", "min_lr", &C::optim, &OptimConfig::min_lr, Type::kDouble,
                  "cosine schedule: final learning rate", 0, 1e6),
+      make_field("optim", "decay_steps", &C::optim, &OptimConfig::decay_steps, Type::kInt,
+                 "the schedule's length in steps, warm-up included (nanoGPT's lr_decay_iters; "
+                 "past it the cosine stays at min_lr); 0: train.max_steps when set, else the "
+                 "epochs' steps",
+                 0, 1e15),
       make_field("optim", "zero", &C::optim, &OptimConfig::zero, Type::kInt,
                  "ZeRO stage: 0 every rank keeps the whole optimizer state; 1 each rank keeps "
                  "its parameters' share; 2 also reduce-scatters the gradients to their owners "

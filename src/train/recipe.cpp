@@ -224,7 +224,37 @@ StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int6
         ", and data.drop_last drops the rest: no optimizer step would run");
   }
   plan.total_steps = plan.steps_per_epoch * config.train.epochs;
+  plan_schedule(config, plan);
   return plan;
+}
+
+int64_t stop_step(const Config& config, int64_t epochs_end) {
+  const int64_t max_steps = config.train.max_steps;
+  return max_steps > 0 ? std::min(max_steps, epochs_end) : epochs_end;
+}
+
+// Note [Schedule length]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A warm-up, cosine or step schedule runs over `schedule_steps` optimizer
+// steps: optim.decay_steps when set (nanoGPT's lr_decay_iters), else the
+// steps the run trains (train.max_steps, capped by the epochs' end), else
+// the epochs' steps. So a run stopped by max_steps ends at min_lr, as
+// nanoGPT's does; past the length the cosine stays at min_lr. A resume
+// (trainer_resume.cpp) keeps the checkpoint's length when the length came
+// from max_steps or decay_steps and the resuming config sets neither;
+// otherwise it follows the config: a length from the epochs is the steps
+// done plus the steps left at the new world size.
+void plan_schedule(const Config& config, StepPlan& plan) {
+  if (config.optim.decay_steps > 0) {
+    plan.schedule_steps = config.optim.decay_steps;
+    plan.schedule_from = ScheduleFrom::kDecaySteps;
+  } else if (config.train.max_steps > 0) {
+    plan.schedule_steps = stop_step(config, plan.total_steps);
+    plan.schedule_from = ScheduleFrom::kMaxSteps;
+  } else {
+    plan.schedule_steps = plan.total_steps;
+    plan.schedule_from = ScheduleFrom::kEpochs;
+  }
 }
 
 at::Device device_from_config(const Config& config, const WorldInfo& world, BackendKind backend,

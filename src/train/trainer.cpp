@@ -236,14 +236,14 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   run_build_ddp(s.run, s.config, s.pg);
   agree_on_failure(*s.pg, [&] { s.restore_parts(/*after_ddp=*/true); });
   if (is_comm_hook(s.config.ddp.comm_hook, CommHookKind::kPowerSgd) && s.world.world_size > 1 &&
-      s.config.ddp.powersgd.start_iter >= s.plan.total_steps) {
+      s.config.ddp.powersgd.start_iter >= s.stop_step()) {
     spdlog::warn(
         "ddp.powersgd.start_iter is {} and this run has {} steps: PowerSGD never compresses "
         "(it all-reduces plainly until then; PyTorch's default 1000 suits long runs)",
-        s.config.ddp.powersgd.start_iter, s.plan.total_steps);
+        s.config.ddp.powersgd.start_iter, s.stop_step());
   }
   run_build_step(s.run, s.config, *s.pg, s.data.task,
-                 step_options_from_config(s.config, s.plan.total_steps));
+                 step_options_from_config(s.config, s.plan.schedule_steps));
   s.callbacks = callbacks_create();
   s.open_run_dir();
   if (s.config.log.trace) {
@@ -285,10 +285,7 @@ TrainResult Trainer::run() {
   return result;
 }
 
-int64_t Trainer::Impl::stop_step() const {
-  const int64_t max_steps = config.train.max_steps > 0 ? config.train.max_steps : plan.total_steps;
-  return std::min(max_steps, plan.total_steps);
-}
+int64_t Trainer::Impl::stop_step() const { return lockstep::stop_step(config, plan.total_steps); }
 
 bool Trainer::Impl::train_epoch(TrainResult& result, Interval& interval, int64_t stop) {
   sampler->set_epoch(state.epoch);

@@ -127,7 +127,7 @@ struct Trainer::Impl {
   // `best_yaml` non-empty: the best checkpoint (checkpoint.keep_best).
   void save_checkpoint(const std::string& best_yaml = "");
   void end_interval(Interval& in, TrainResult& result) {
-    result.last_loss = metrics->end_interval(in, state, plan.total_steps);
+    result.last_loss = metrics->end_interval(in, state, stop_step());
   }
 
   // Evaluates the validation split (train.eval_batches bounds each rank's

@@ -29,8 +29,9 @@ namespace lockstep {
 // no sample of the epoch is repeated or skipped beyond what the padding
 // of a DistributedSampler repeats anyway. The next epochs are the
 // sampler's for W'. The step count and the optimizer state continue;
-// the schedule's length becomes the steps done plus the steps left at W'
-// (so a cosine still ends at the last step). Generators: ranks below W
+// a schedule whose length came from the epochs becomes the steps done
+// plus the steps left at W' (so a cosine still ends at the last step;
+// Note [Schedule length]). Generators: ranks below W
 // restore theirs, the others are seeded afresh (run.seed, rank).
 void Trainer::Impl::remap_epoch(int64_t old_world) {
   SamplerOptions o;
@@ -172,9 +173,23 @@ void Trainer::Impl::maybe_resume() {
         "; optim.zero " + std::to_string(state.zero) + " -> " + std::to_string(config.optim.zero);
   }
   plan.total_steps = state.step + steps_left();
-  if (state.total_steps > 0 && plan.total_steps != state.total_steps) {
+  // Note [Schedule length] (recipe.cpp): a length the writer's config chose
+  // is kept unless this config chooses one.
+  plan_schedule(config, plan);
+  const bool chosen_now = config.optim.decay_steps > 0 || config.train.max_steps > 0;
+  if (!chosen_now && state.schedule_from != ScheduleFrom::kEpochs && state.total_steps > 0) {
+    plan.schedule_steps = state.total_steps;
+    plan.schedule_from = state.schedule_from;
+  }
+  if (state.total_steps > 0 && plan.schedule_steps != state.total_steps) {
     changed += "; schedule length " + std::to_string(state.total_steps) + " -> " +
-               std::to_string(plan.total_steps) + " steps";
+               std::to_string(plan.schedule_steps) + " steps (from " +
+               (plan.schedule_from == ScheduleFrom::kEpochs
+                    ? std::string("the epochs")
+                    : std::string(plan.schedule_from == ScheduleFrom::kMaxSteps
+                                      ? "train.max_steps"
+                                      : "optim.decay_steps")) +
+               ")";
   }
   spdlog::info("resumed from {} {}{}", folder, where, changed);
 }

@@ -41,7 +41,8 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
   state.zero = config.optim.zero;
   state.batch_size = config.data.batch_size;
   state.accumulation_steps = config.train.accumulation_steps;
-  state.total_steps = plan.total_steps;
+  state.total_steps = plan.schedule_steps;
+  state.schedule_from = plan.schedule_from;
   state.model = config.model.name;
   state.data_size = data.train->size();
   state.data_id = data_id;

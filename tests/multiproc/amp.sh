@@ -63,7 +63,8 @@ if [ "$fp16_ok" = 1 ]; then
   precision=fp16
   scaler=(--set train.loss_scale=16777216 --set train.loss_scale_growth_interval=30)
 fi
-common=(--set train.precision=$precision "${scaler[@]}" --set model.dropout=0.1 --set checkpoint.every=0)
+common=(--set train.precision=$precision "${scaler[@]}" --set model.dropout=0.1 --set checkpoint.every=0
+  --set optim.decay_steps=60)
 train "${common[@]}" --set run.name=straight --set train.max_steps=60
 straight=$(weights)
 train "${common[@]}" --set run.name=resumed --set train.max_steps=25

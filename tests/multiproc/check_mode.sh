@@ -21,7 +21,10 @@ done
 
 # (b) runs the trainer's own step: with accumulation, clipping and a schedule
 # its weights are those of `lockstep train` stopped after as many steps.
-same=(--set train.accumulation_steps=2 --set train.clip_grad_norm=0.5 --set optim.schedule=cosine --set optim.warmup_steps=2 --set model.dropout=0.1)
+# A schedule longer than the 25 steps checked: train's max_steps would
+# otherwise end it at step 25, check's config runs the epochs' length.
+same=(--set train.accumulation_steps=2 --set train.clip_grad_norm=0.5 --set optim.schedule=cosine --set optim.warmup_steps=2 --set model.dropout=0.1
+  --set optim.decay_steps=60)
 check 2 --steps 25 "${same[@]}"
 expect_eq "$?" 0 "check with accumulation, clipping and a schedule passes"
 checked=$(sed -n 's/.*(b).s final weights \([0-9a-f]*\) .*/\1/p' "$WORK/out")

@@ -109,7 +109,7 @@ train() {  # train ARGS... -> $WORK/out
     --set check.every=1 --set checkpoint.every=30 "$@" >"$WORK/out" 2>&1
 }
 weights() { sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/out"; }
-train --set run.name=ts --set train.max_steps=60
+train --set run.name=ts --set train.max_steps=60 --set optim.decay_steps=60
 expect_eq "$?" 0 "lockstep train trains a TorchScript model on 2 ranks"
 expect_grep "$WORK/out" "trained 60 steps: validation accuracy 0\.[6-9]" "it learns the digits (accuracy >= 0.6 after 60 steps)"
 straight=$(weights)
@@ -123,8 +123,8 @@ print('keys', ' '.join(sorted(sd)))
 " >"$WORK/py.out" 2>&1
 expect_eq "$?" 0 "the checkpoint's model.pt loads into the Python module (load_state_dict, strict)"
 expect_grep "$WORK/py.out" "keys 1.bias 1.weight 3.bias 3.weight" "under the module's own names"
-train --set run.name=ts2 --set train.max_steps=30
-train --set run.name=ts2 --set train.max_steps=60 --set checkpoint.resume=auto
+train --set run.name=ts2 --set train.max_steps=30 --set optim.decay_steps=60
+train --set run.name=ts2 --set train.max_steps=60 --set checkpoint.resume=auto --set optim.decay_steps=60
 expect_grep "$WORK/out" "resumed from .*step_00000030 at step 30" "a TorchScript run resumes"
 [ -n "$straight" ] && expect_eq "$(weights)" "$straight" "and ends bit-identical to the straight run"
 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" \

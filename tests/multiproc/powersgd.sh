@@ -23,7 +23,7 @@ train() {  # train NAME ARGS... (stdout+stderr to $WORK/NAME.out)
   shift
   "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
     --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name="$name" \
-    --set log.progress=plain --set log.every=10 --set train.max_steps=200 "$@" \
+    --set log.progress=plain --set log.every=10 --set train.max_steps=200 --set optim.decay_steps=460 "$@" \
     >"$WORK/$name.out" 2>&1
 }
 accuracy() { grep -o "validation accuracy [0-9.]*" "$WORK/$1.out" | tail -1 | awk '{print $3}'; }

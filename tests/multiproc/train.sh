@@ -58,8 +58,10 @@ for png in loss step_time comm_share training; do
 done
 
 # 2. Resume: 25 steps + resume to 50 ends bit-identical to 50 straight
-#    (dropout on, so the per-rank generators must be restored too).
-common=(--set model.dropout=0.1 --set checkpoint.every=0)
+#    (dropout on, so the per-rank generators must be restored too). The
+#    schedule's length is set apart from max_steps, as nanoGPT's
+#    lr_decay_iters (Note [Schedule length]), so both halves decay alike.
+common=(--set model.dropout=0.1 --set checkpoint.every=0 --set optim.decay_steps=50)
 train 2 "${common[@]}" --set run.name=straight --set train.max_steps=50
 straight=$(weights)
 train 2 "${common[@]}" --set run.name=resumed --set train.max_steps=25
@@ -67,6 +69,34 @@ train 2 "${common[@]}" --set run.name=resumed --set train.max_steps=50 --set che
 expect_grep "$WORK/out" "resumed from .*step_00000025 at step 25" "the second half resumed at step 25"
 resumed=$(weights)
 [ -n "$straight" ] && expect_eq "$resumed" "$straight" "resumed run ends bit-identical to the uninterrupted one"
+
+# 2b. Schedules by steps (Note [Schedule length]): a run stopped by
+#     max_steps ends its cosine at min_lr on its last step; a resume keeps
+#     that length when the config does not choose one (past it, min_lr);
+#     a new max_steps is a new length, and the log says so.
+lr_of() {  # RUN STEP: the lr of that step's training record
+  grep "^{\"step\": $2, .*\"lr\"" "$runs/$1/metrics.jsonl" | head -1 | grep -o '"lr": [0-9.e+-]*' | awk '{print $2}'
+}
+same_lr() { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a != "" && a == b)}'; }
+sched=(--set optim.min_lr=0.001 --set log.every=1 --set checkpoint.every=10 --set log.progress=plain)
+train 2 "${sched[@]}" --set run.name=sched --set train.max_steps=30
+same_lr "$(lr_of sched 30)" 0.001 && pass "the cosine reaches min_lr on the last of max_steps (step 30)" ||
+  fail "the lr of step 30 is '$(lr_of sched 30)', not min_lr 0.001"
+awk -v a="$(lr_of sched 29)" 'BEGIN{exit !(a > 0.0011)}' && pass "and is above it the step before" ||
+  fail "step 29's lr '$(lr_of sched 29)' is already min_lr"
+train 2 "${sched[@]}" --set run.name=kept --set train.epochs=2 \
+  --set checkpoint.resume="$runs/sched/checkpoints/step_00000010"
+expect_grep "$WORK/out" "done: 46 steps" "resumed without max_steps, it trains to the epochs' end"
+grep -q "schedule length" "$WORK/out" && fail "the resume changed the schedule's length: $(grep -o 'schedule length[^;]*' "$WORK/out")" ||
+  pass "the resume keeps the checkpoint's length (from max_steps)"
+same_lr "$(lr_of kept 20)" "$(lr_of sched 20)" && same_lr "$(lr_of kept 30)" 0.001 &&
+  same_lr "$(lr_of kept 46)" 0.001 && pass "its lr follows the 30-step curve, then stays at min_lr" ||
+  fail "lr at steps 20/30/46: $(lr_of kept 20) $(lr_of kept 30) $(lr_of kept 46), expected $(lr_of sched 20) 0.001 0.001"
+train 2 "${sched[@]}" --set run.name=longer --set train.max_steps=40 \
+  --set checkpoint.resume="$runs/sched/checkpoints/step_00000010"
+expect_grep "$WORK/out" "schedule length 30 -> 40 steps \(from train.max_steps\)" "a new max_steps is a new length, said in the log"
+same_lr "$(lr_of longer 40)" 0.001 && pass "that run ends at min_lr on its step 40" ||
+  fail "step 40's lr is '$(lr_of longer 40)'"
 
 # 2b. The shm backend (auto's choice on one host) and Gloo train the same
 #     bits: two ranks' sums do not depend on the order.

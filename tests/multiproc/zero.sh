@@ -125,6 +125,10 @@ expect_lt 1e-3 "$far" "a run on another sample order differs by far more ($far)"
 # Across epoch ends, plain DDP: 2 -> 3 -> 1 with Adam, to the end of 6 epochs.
 adam=(--set optim.name=adam --set optim.lr=0.003 --set train.epochs=6)
 train long 2 "${adam[@]}" --set data.batch_size=48
+# max_steps interrupts here: the schedule keeps the uninterrupted run's
+# length (optim.decay_steps), as a run stopped by a failure would.
+long_steps=$(grep -o "done: [0-9]* steps" "$WORK/long.out" | tail -1 | awk '{print $2}')
+adam+=(--set optim.decay_steps="${long_steps:-1}")
 train ellong 2 "${adam[@]}" --set data.batch_size=48 --set train.max_steps=20 --set checkpoint.every=20
 train ellong 3 "${adam[@]}" --set data.batch_size=32 --set train.max_steps=50 --set checkpoint.every=50 \
   --set checkpoint.resume=auto

@@ -26,9 +26,12 @@ TEST_CASE("learning-rate schedules: warmup, step, cosine", "[optim]") {
   CHECK(lr_at(c, 34, 100) == Approx(0.125));
   c.schedule = Schedule::kCosine;
   c.min_lr = 0.1;
-  CHECK(lr_at(c, 4, 104) == Approx(1.0));
-  CHECK(lr_at(c, 54, 104) == Approx(0.55));
-  CHECK(lr_at(c, 104, 104) == Approx(0.1));
+  // 105 steps, 4 of warm-up: the cosine spans steps 4..104, min_lr at 104.
+  CHECK(lr_at(c, 4, 105) == Approx(1.0));
+  CHECK(lr_at(c, 54, 105) == Approx(0.55));
+  CHECK(lr_at(c, 104, 105) == Approx(0.1));
+  CHECK(lr_at(c, 103, 105) > 0.1 + 1e-6);
+  CHECK(lr_at(c, 300, 105) == Approx(0.1));  // past the length: min_lr
   auto param = torch::zeros({2}, torch::requires_grad());
   for (const auto& [kind, name] : kOptimizerKindNames) {
     c.name = kind;

@@ -245,6 +245,26 @@ TEST_CASE("the recipe: the step plan, and each section converted once", "[step][
   CHECK(plan.micro_per_epoch == 23);
   CHECK(plan.steps_per_epoch == 12);
   CHECK(plan.total_steps == 36);
+  // Note [Schedule length]: the epochs' steps, else max_steps (capped by
+  // the epochs' end), else optim.decay_steps.
+  CHECK(plan.schedule_steps == 36);
+  CHECK(plan.schedule_from == ScheduleFrom::kEpochs);
+  {
+    Config c = config;
+    c.train.max_steps = 20;
+    const StepPlan p = step_plan(c, sampler, split.train.size());
+    CHECK(p.total_steps == 36);
+    CHECK(p.schedule_steps == 20);
+    CHECK(p.schedule_from == ScheduleFrom::kMaxSteps);
+    CHECK(stop_step(c, p.total_steps) == 20);
+    c.train.max_steps = 500;  // past the epochs: the run and its schedule end with them
+    CHECK(step_plan(c, sampler, split.train.size()).schedule_steps == 36);
+    CHECK(stop_step(c, 36) == 36);
+    c.optim.decay_steps = 50;
+    const StepPlan d = step_plan(c, sampler, split.train.size());
+    CHECK(d.schedule_steps == 50);
+    CHECK(d.schedule_from == ScheduleFrom::kDecaySteps);
+  }
   config.data.drop_last = true;  // whole batches and whole windows only: 22 fill 11 steps
   const auto dropping = sampler_from_config(config, world, split.train.size());
   CHECK(step_plan(config, dropping, split.train.size()).micro_per_epoch == 22);

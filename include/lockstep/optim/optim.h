@@ -15,7 +15,8 @@ namespace lockstep {
 std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& config,
                                                           const std::vector<at::Tensor>& params);
 
-// The learning rate for optimizer step `step` (0-based) of `total_steps`.
+// The learning rate for optimizer step `step` (0-based) of `total_steps`:
+// a cosine reaches min_lr at the last one (step total_steps - 1) and stays.
 double lr_at(const OptimConfig& config, int64_t step, int64_t total_steps);
 
 void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr);

@@ -23,6 +23,14 @@ enum class Schedule { kConstant, kStep, kCosine };
 inline constexpr NameTable<Schedule, 3> kScheduleNames{
     {{Schedule::kConstant, "constant"}, {Schedule::kStep, "step"}, {Schedule::kCosine, "cosine"}}};
 
+// Where a run's schedule length came from (saved in state.yaml: a resume
+// keeps a length the config chose unless it chooses again).
+enum class ScheduleFrom { kEpochs, kMaxSteps, kDecaySteps };
+inline constexpr NameTable<ScheduleFrom, 3> kScheduleFromNames{
+    {{ScheduleFrom::kEpochs, "epochs"},
+     {ScheduleFrom::kMaxSteps, "max_steps"},
+     {ScheduleFrom::kDecaySteps, "decay_steps"}}};
+
 struct OptimConfig {
   OptimizerKind name = OptimizerKind::kSgd;
   double lr = 0.1;
@@ -37,6 +45,9 @@ struct OptimConfig {
   int64_t step_size = 100;
   double gamma = 0.1;
   double min_lr = 0;
+  // The schedule's length (nanoGPT's lr_decay_iters); 0: train.max_steps
+  // when set, else the epochs' steps (Note [Schedule length], recipe.cpp).
+  int64_t decay_steps = 0;
   int64_t zero = 0;  // ZeRO stage: 0 none, 1 optimizer state, 2 and gradients (optim/zero.h)
 };
 

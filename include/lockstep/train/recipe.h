@@ -105,10 +105,18 @@ std::string data_identity(const Dataset& train);
 struct StepPlan {
   int64_t micro_per_epoch = 0;  // micro-batches trained per epoch per rank (Note [Epoch tail])
   int64_t steps_per_epoch = 0;
-  int64_t total_steps = 0;  // steps_per_epoch x train.epochs: the schedule's length
+  int64_t total_steps = 0;     // steps_per_epoch x train.epochs: where the epochs end
+  int64_t schedule_steps = 0;  // the learning-rate schedule's length (Note [Schedule length])
+  ScheduleFrom schedule_from = ScheduleFrom::kEpochs;
 };
 // Throws ConfigError when an epoch holds no optimizer step.
 StepPlan step_plan(const Config& config, const DistributedSampler& sampler, int64_t train_size);
+// The steps a run trains: train.max_steps when set, capped by the epochs'
+// end (`epochs_end`, the step at which the last epoch ends).
+int64_t stop_step(const Config& config, int64_t epochs_end);
+// Sets plan.schedule_steps and schedule_from from the config
+// (optim.decay_steps, else train.max_steps, else the epochs' end).
+void plan_schedule(const Config& config, StepPlan& plan);
 
 // The device train.device asks for on this rank; throws ConfigError for
 // cuda where this LibTorch has no CUDA or no GPU is visible, naming `what`

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lockstep/io/state_dict.h"
+#include "lockstep/optim/optim_config.h"
 
 namespace lockstep {
 
@@ -34,7 +35,8 @@ struct TrainerState {
   // length (0: unknown, an older checkpoint: the resuming run's are used).
   int64_t batch_size = 0;
   int64_t accumulation_steps = 0;
-  int64_t total_steps = 0;
+  int64_t total_steps = 0;  // the schedule's length
+  ScheduleFrom schedule_from = ScheduleFrom::kEpochs;
   std::string model;
   // The training split the writer trained on: its size (examples) and
   // data_identity() (0 and empty: unknown, an older checkpoint).
