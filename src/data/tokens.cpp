@@ -74,9 +74,14 @@ ssize_t read_at(int fd, unsigned char* out, std::size_t n, int64_t offset) {
 
 }  // namespace
 
+std::string TokenFile::described() const {
+  return std::string(format_ == TokenFormat::kBytes ? "text" : "token") + " file '" + path_ + "'";
+}
+
 std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenFormat format) {
   auto fail = [&](const std::string& why) {
-    return DataError("token file '" + path + "': " + why);
+    return DataError(std::string(format == TokenFormat::kBytes ? "text" : "token") + " file '" +
+                     path + "': " + why);
   };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw fail(std::strerror(errno));
@@ -161,7 +166,7 @@ void TokenFile::check_unchanged() const {
       what = "another file was put in its place";
   }
   if (!what.empty())
-    throw DataError("token file '" + path_ + "' changed under the running job: " + what +
+    throw DataError(described() + " changed under the running job: " + what +
                     ". Do not rewrite a dataset a job reads; restart the job on the new data "
                     "(checkpoint.resume with checkpoint.allow_data_change: true to continue "
                     "from a checkpoint)");
@@ -169,14 +174,14 @@ void TokenFile::check_unchanged() const {
 
 void TokenFile::read(int64_t begin, int64_t n, int64_t* out) const {
   if (begin < 0 || n < 0 || begin > count_ - n)
-    throw InternalError("token file '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
+    throw InternalError(described() + ": tokens [" + std::to_string(begin) + ", " +
                         std::to_string(begin + n) + ") outside its " + std::to_string(count_));
   const auto bytes = static_cast<std::size_t>(n) * static_cast<std::size_t>(width_);
   std::vector<unsigned char> buf(bytes);
   const ssize_t got = read_at(fd_, buf.data(), bytes, offset_ + begin * width_);
   if (got != static_cast<ssize_t>(bytes)) {
     check_unchanged();  // the usual reason: it shrank
-    throw DataError("token file '" + path_ + "': cannot read tokens [" + std::to_string(begin) +
+    throw DataError(described() + ": cannot read tokens [" + std::to_string(begin) +
                     ", " + std::to_string(begin + n) +
                     "): " + (got < 0 ? std::strerror(errno) : "the file ends early"));
   }
@@ -218,7 +223,7 @@ void TokenWindows::fill(int64_t index, int64_t* window) const {
   file_->read(start, block_size_ + 1, window);
   for (int64_t i = 0; i <= block_size_; ++i) {
     if (window[i] >= vocab_size_)
-      throw DataError("token file '" + file_->path() + "': token " + std::to_string(window[i]) +
+      throw DataError(file_->described() + ": token " + std::to_string(window[i]) +
                       " at position " + std::to_string(start + i) +
                       " is outside the vocabulary of " + std::to_string(vocab_size_) +
                       " (data.vocab_size)");

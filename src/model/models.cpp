@@ -206,9 +206,8 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
     if (!model) throw ConfigError("model '" + config.name + "': its factory returned no model");
     return model;
   }
-  std::string valid;
-  for (const auto& name : model_names()) valid += (valid.empty() ? "" : ", ") + name;
-  throw ConfigError("model.name: unknown model '" + config.name + "' (valid: " + valid + ")");
+  throw ConfigError("model.name: unknown model '" + config.name + "' (" +
+                    near_miss(config.name, model_names()) + ")");
 }
 
 }  // namespace lockstep

@@ -423,38 +423,6 @@ const std::vector<Field>& fields() {
   return table;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// "did you mean 'x'?" when a valid name is a near miss (at most 2 edits,
-// and fewer than the name's length: 'amp' is not a typo of 'epochs'),
-// else every valid name: "(valid: a, b, c)".
-std::string suggestion(const std::string& wrong, const std::vector<std::string>& valid,
-                       const std::string& prefix) {
-  std::string best, all;
-  size_t best_distance = std::numeric_limits<size_t>::max();
-  for (const auto& v : valid) {
-    const size_t d = edit_distance(wrong, v);
-    if (d < best_distance) best_distance = d, best = v;
-    all += (all.empty() ? "" : ", ") + prefix + v;
-  }
-  if (best_distance <= 2 && best_distance < wrong.size())
-    return "did you mean '" + prefix + best + "'?";
-  return "valid: " + all;
-}
-
 const Field& find_field(const std::string& section, const std::string& key,
                         const std::string& where) {
   std::vector<std::string> sections, keys;
@@ -467,10 +435,10 @@ const Field& find_field(const std::string& section, const std::string& key,
   }
   if (keys.empty()) {
     throw ConfigError(where + ": unknown section '" + section + "' (" +
-                      suggestion(section, sections, "") + ")");
+                      near_miss(section, sections, "") + ")");
   }
   throw ConfigError(where + ": unknown key '" + section + "." + key + "' (" +
-                    suggestion(key, keys, section + ".") + ")");
+                    near_miss(key, keys, section + ".") + ")");
 }
 
 std::string mark(const std::string& path, const YAML::Node& node) {
@@ -498,91 +466,154 @@ std::string resolved_against(const std::string& config_path, const std::string& 
   return (error ? folder / value : absolute).lexically_normal().string();
 }
 
+// Note [Config includes]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A config's top-level `include:` names a file or a list of files (paths
+// relative to the including file's folder), each loaded, with its own
+// includes, before the file's own keys: a later file overrides an earlier
+// one, the including file overrides them all, and --set overrides every
+// file. Precedence: --set > the file > its includes (the last listed
+// first) > defaults. Every key remembers where it was set
+// (Config::origin: "file:line" or "--set"), and an error in an included
+// file names that file and line. A cycle, or more than kMaxIncludeDepth
+// nested includes, is an error naming the chain.
+constexpr size_t kMaxIncludeDepth = 16;
+
+YAML::Node config_root(const std::string& path, const std::string& where) {
+  std::string text;
+  try {
+    text = read_regular_file(path);
+  } catch (const DataError& e) {
+    throw ConfigError(where + "cannot read config '" + path + "': " + e.what());
+  }
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError("config " + path + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
+  }
+  if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
+    throw ConfigError(where + "config " + path +
+                      " is empty (give at least one section, e.g. run:)");
+  }
+  if (documents.size() > 1) {
+    throw ConfigError("config " + path + " holds " + std::to_string(documents.size()) +
+                      " YAML documents (---); one is read, so give one");
+  }
+  if (!documents[0].IsMap()) {
+    throw ConfigError("config " + path + ": the top level must map sections to their keys");
+  }
+  return documents[0];
+}
+
+std::string chain_text(const std::vector<std::string>& chain, const std::string& last) {
+  std::string out;
+  for (const auto& file : chain) out += file + " -> ";
+  return out + last;
+}
+
+void apply_config_file(Config& config, const std::string& path, std::vector<std::string>& chain,
+                       const std::string& where) {
+  std::error_code error;
+  const std::string identity =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(path), error).string();
+  if (std::find(chain.begin(), chain.end(), identity) != chain.end()) {
+    throw ConfigError(where + "include cycle: " + chain_text(chain, identity));
+  }
+  if (chain.size() >= kMaxIncludeDepth) {
+    throw ConfigError(where + "more than " + std::to_string(kMaxIncludeDepth) +
+                      " nested includes: " + chain_text(chain, identity));
+  }
+  const YAML::Node root = config_root(path, where);
+  chain.push_back(identity);
+  if (const YAML::Node include = root["include"]) {
+    std::vector<YAML::Node> files;
+    if (include.IsScalar()) {
+      files.push_back(include);
+    } else if (include.IsSequence()) {
+      for (const auto& file : include) files.push_back(file);
+    }
+    if (files.empty()) {
+      throw ConfigError(mark(path, include) +
+                        ": include: a config file's path, or a list of them");
+    }
+    for (const auto& file : files) {
+      if (!file.IsScalar() || file.Scalar().empty()) {
+        throw ConfigError(mark(path, file) + ": include: each entry must be a file's path");
+      }
+      apply_config_file(config, resolved_against(path, file.Scalar()), chain,
+                        mark(path, file) + ": include '" + file.Scalar() + "': ");
+    }
+  }
+  chain.pop_back();
+  std::set<std::string> sections_seen;
+  for (const auto& section : root) {
+    if (!section.first.IsScalar()) {
+      throw ConfigError(mark(path, section.first) + ": a section name must be plain text");
+    }
+    const std::string name = section.first.Scalar();
+    if (name == "include") continue;  // applied above
+    if (!sections_seen.insert(name).second) {
+      throw ConfigError(mark(path, section.first) + ": section '" + name +
+                        "' appears twice (merge them)");
+    }
+    if (!section.second.IsMap()) {
+      bool known = false;
+      for (const auto& f : fields()) known = known || f.section == name;
+      if (!known) find_field(name, "", mark(path, section.first));  // throws: unknown section
+      throw ConfigError(mark(path, section.second) + ": section '" + name +
+                        "' must be a mapping of keys to values");
+    }
+    std::set<std::string> keys_seen;
+    // A nested mapping (train: {early_stop: {metric: ...}}) names the
+    // dotted keys (train.early_stop.metric); one level deep.
+    struct Item {
+      YAML::Node at;  // for the message's line and column
+      std::string key;
+      YAML::Node value;
+    };
+    std::vector<Item> items;
+    for (const auto& item : section.second) {
+      if (!item.first.IsScalar()) {
+        throw ConfigError(mark(path, item.first) + ": a key must be plain text");
+      }
+      if (!item.second.IsMap() || item.second.size() == 0) {  // {}: "must be a single value"
+        items.push_back({item.first, item.first.Scalar(), item.second});
+        continue;
+      }
+      for (const auto& sub : item.second) {
+        if (!sub.first.IsScalar()) {
+          throw ConfigError(mark(path, sub.first) + ": a key must be plain text");
+        }
+        items.push_back({sub.first, item.first.Scalar() + "." + sub.first.Scalar(), sub.second});
+      }
+    }
+    for (const auto& item : items) {
+      const std::string where = mark(path, item.at);
+      const std::string& key = item.key;
+      if (!keys_seen.insert(key).second) {
+        throw ConfigError(where + ": " + name + "." + key + " is set twice");
+      }
+      const Field& f = find_field(name, key, where);
+      if (!item.value.IsScalar()) {
+        throw ConfigError(where + ": " + f.path() + " must be a single value");
+      }
+      const std::string value = item.value.Scalar();
+      f.set(config, is_input_path(f) ? resolved_against(path, value) : value,
+            where + ": " + f.path());
+      config.origin[f.path()] = where;
+    }
+  }
+}
+
 }  // namespace
 
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
   Config config;
   if (!path.empty()) {
-    std::string text;
-    try {
-      text = read_regular_file(path);
-    } catch (const DataError& e) {
-      throw ConfigError("cannot read config '" + path + "': " + e.what());
-    }
-    std::vector<YAML::Node> documents;
-    try {
-      documents = YAML::LoadAll(text);
-    } catch (const YAML::ParserException& e) {
-      throw ConfigError("config " + path + ":" + std::to_string(e.mark.line + 1) + ":" +
-                        std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
-    }
-    if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
-      throw ConfigError("config " + path + " is empty (give at least one section, e.g. run:)");
-    }
-    if (documents.size() > 1) {
-      throw ConfigError("config " + path + " holds " + std::to_string(documents.size()) +
-                        " YAML documents (---); one is read, so give one");
-    }
-    const YAML::Node& root = documents[0];
-    if (!root.IsMap()) {
-      throw ConfigError("config " + path + ": the top level must map sections to their keys");
-    }
-    std::set<std::string> sections_seen;
-    for (const auto& section : root) {
-      if (!section.first.IsScalar()) {
-        throw ConfigError(mark(path, section.first) + ": a section name must be plain text");
-      }
-      const std::string name = section.first.Scalar();
-      if (!sections_seen.insert(name).second) {
-        throw ConfigError(mark(path, section.first) + ": section '" + name +
-                          "' appears twice (merge them)");
-      }
-      if (!section.second.IsMap()) {
-        bool known = false;
-        for (const auto& f : fields()) known = known || f.section == name;
-        if (!known) find_field(name, "", mark(path, section.first));  // throws: unknown section
-        throw ConfigError(mark(path, section.second) + ": section '" + name +
-                          "' must be a mapping of keys to values");
-      }
-      std::set<std::string> keys_seen;
-      // A nested mapping (train: {early_stop: {metric: ...}}) names the
-      // dotted keys (train.early_stop.metric); one level deep.
-      struct Item {
-        YAML::Node at;  // for the message's line and column
-        std::string key;
-        YAML::Node value;
-      };
-      std::vector<Item> items;
-      for (const auto& item : section.second) {
-        if (!item.first.IsScalar()) {
-          throw ConfigError(mark(path, item.first) + ": a key must be plain text");
-        }
-        if (!item.second.IsMap() || item.second.size() == 0) {  // {}: "must be a single value"
-          items.push_back({item.first, item.first.Scalar(), item.second});
-          continue;
-        }
-        for (const auto& sub : item.second) {
-          if (!sub.first.IsScalar()) {
-            throw ConfigError(mark(path, sub.first) + ": a key must be plain text");
-          }
-          items.push_back({sub.first, item.first.Scalar() + "." + sub.first.Scalar(), sub.second});
-        }
-      }
-      for (const auto& item : items) {
-        const std::string where = mark(path, item.at);
-        const std::string& key = item.key;
-        if (!keys_seen.insert(key).second) {
-          throw ConfigError(where + ": " + name + "." + key + " is set twice");
-        }
-        const Field& f = find_field(name, key, where);
-        if (!item.value.IsScalar()) {
-          throw ConfigError(where + ": " + f.path() + " must be a single value");
-        }
-        const std::string value = item.value.Scalar();
-        f.set(config, is_input_path(f) ? resolved_against(path, value) : value,
-              where + ": " + f.path());
-      }
-    }
+    std::vector<std::string> chain;
+    apply_config_file(config, path, chain, "");
   }
   for (const auto& assignment : overrides) {
     const auto eq = assignment.find('=');
@@ -593,9 +624,17 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
     }
     const std::string section = assignment.substr(0, dot);
     const std::string key = assignment.substr(dot + 1, eq - dot - 1);
-    find_field(section, key, where).set(config, assignment.substr(eq + 1), where);
+    const Field& f = find_field(section, key, where);
+    f.set(config, assignment.substr(eq + 1), where);
+    config.origin[f.path()] = "--set";
   }
   return config;
+}
+
+std::string config_origin(const Config& config, const std::string& key) {
+  const auto it = config.origin.find(key);
+  if (it == config.origin.end()) return "";
+  return it->second == "--set" ? " (set by --set)" : " (set at " + it->second + ")";
 }
 
 PowerSgdOptions powersgd_options_from_config(const DdpConfig& ddp) {
@@ -616,7 +655,8 @@ void config_validate(const Config& c, int world_size) {
       c.data.name != DatasetKind::kTokens) {
     throw ConfigError(std::string("model.name: gpt is a language model: it needs data.name: text "
                                   "or tokens (not ") +
-                      name_of(kDatasetKindNames, c.data.name) + ")");
+                      name_of(kDatasetKindNames, c.data.name) + config_origin(c, "data.name") +
+                      ")");
   }
   const bool tokens = c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens;
   if (tokens && builtin && builtin != BuiltinModel::kGpt) {
@@ -627,7 +667,8 @@ void config_validate(const Config& c, int world_size) {
   }
   if (builtin == BuiltinModel::kTransformer && c.model.hidden % c.model.heads != 0) {
     throw ConfigError("model.heads=" + std::to_string(c.model.heads) +
-                      " must divide model.hidden=" + std::to_string(c.model.hidden));
+                      config_origin(c, "model.heads") + " must divide model.hidden=" +
+                      std::to_string(c.model.hidden) + config_origin(c, "model.hidden"));
   }
   if (world_size < 1) throw ConfigError("world size must be >= 1");
   if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd))
@@ -636,7 +677,8 @@ void config_validate(const Config& c, int world_size) {
     throw ConfigError(
         "optim.zero: 2 exchanges the gradients by reduce-scatter, so it takes no "
         "ddp.comm_hook (it is '" +
-        c.ddp.comm_hook + "'); use optim.zero: 1 with a comm hook");
+        c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
+        "); use optim.zero: 1 with a comm hook");
   }
   if (c.optim.zero > 0 && c.check.optimizer_state) {
     throw ConfigError(

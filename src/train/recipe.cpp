@@ -18,8 +18,26 @@
 
 namespace lockstep {
 
+namespace {
+// A data.path that is not there: named with where it was set, and how a
+// relative path in a file was read (Note [Paths in a config], config.cpp).
+void require_data_path(const Config& config) {
+  const std::string& path = config.data.path;
+  if (path.empty() || path_exists(path)) return;
+  const std::string origin = config_origin(config, "data.path");
+  const bool in_file = !origin.empty() && origin != " (set by --set)";
+  throw DataError("data.path: '" + path + "' does not exist" + origin +
+                  (in_file ? "; a relative path in a config file is resolved against that "
+                             "file's folder (a copied config reads from its new folder: give "
+                             "an absolute path or --set data.path=...)"
+                           : ""));
+}
+}  // namespace
+
 DatasetSplit dataset_from_config(const Config& config) {
   const auto& d = config.data;
+  if (d.name != DatasetKind::kDigits && d.name != DatasetKind::kSynthetic)
+    require_data_path(config);
   if (d.name == DatasetKind::kMnist) {
     return reading_key("data.path", [&] {
       return DatasetSplit{dataset_mnist(d.path, true), dataset_mnist(d.path, false)};
@@ -68,6 +86,7 @@ std::string count_text(int64_t n) {
 
 TrainData language_data(const Config& config) {
   const auto& d = config.data;
+  require_data_path(config);
   const int64_t block = config.model.block_size;
   const bool text = d.name == DatasetKind::kText;
   std::string train_path = d.path, val_path;

@@ -79,7 +79,7 @@ expect_grep "$WORK/out" "ddp.comm_hook: unknown hook 'countng' \(valid: allreduc
 "$WORK/custom_model/custom_trainer" --config "$root/examples/custom_model/tiny.yaml" \
   --set run.dir="$WORK/runs" --set model.name=tiyn >"$WORK/out" 2>&1
 expect_eq "$?" 2 "an unknown model name exits 2"
-expect_grep "$WORK/out" "unknown model 'tiyn' \(valid: mlp, cnn, transformer, gpt, torchscript, tiny\)" "and lists the registered ones"
+expect_grep "$WORK/out" "unknown model 'tiyn' \(did you mean 'tiny'\?\)" "and suggests the registered one it nearly names"
 
 # 3. Python -> C++ -> Python.
 mkdir -p "$WORK/ts"

@@ -460,7 +460,7 @@ TEST_CASE(
     CHECK_NOTHROW(windows.get_batch({0, 398}));
     REQUIRE(truncate(path.c_str(), 100) == 0);  // a memory map would fault on window 399
     CHECK_THROWS_AS(windows.get_batch({398}), DataError);
-    CHECK_THROWS_WITH(windows.get(0), Contains("token file '" + path +
+    CHECK_THROWS_WITH(windows.get(0), Contains("text file '" + path +
                                                "' changed under the running job: its size "
                                                "changed from 4000 to 100 bytes"));
   }

@@ -38,6 +38,9 @@ class TokenFile {
   int64_t size() const { return count_; }  // tokens
   TokenFormat format() const { return format_; }
   const std::string& path() const { return path_; }
+  // "text file '<path>'" (data.name: text, read as bytes) or "token file
+  // '<path>'", for messages.
+  std::string described() const;
   // Tokens [begin, begin + n) as int64 into `out`; checked against the
   // count. Throws DataError naming the file when it changed since open
   // (shrunk, rewritten or replaced: Note [Token files]).

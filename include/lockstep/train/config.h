@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -173,10 +174,15 @@ struct Config {
   CheckConfig check;
   CheckpointConfig checkpoint;
   LogConfig log;
+  // Where each key set away from its default was set: "file:line" or
+  // "--set" (Note [Config includes], config.cpp); config_origin() reads it.
+  std::map<std::string, std::string> origin;
 };
+// " (set at base.yaml:12)" for a key set in a file or by --set; "" for a default.
+std::string config_origin(const Config& config, const std::string& key);
 
-// Loads `path` (empty: defaults only), then applies "section.key=value"
-// overrides. Throws ConfigError: malformed YAML with line and column, an
+// Loads `path` (empty: defaults only) after the files its `include:` names
+// (Note [Config includes]), then applies "section.key=value" overrides. Throws ConfigError: malformed YAML with line and column, an
 // unknown key with the nearest valid one, a wrong type or out-of-range value
 // with its path and value.
 Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});

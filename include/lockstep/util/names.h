@@ -57,12 +57,19 @@ std::string names_listed(const NameTable<E, N>& table) {
 // with its file, a command-line flag).
 // names.cpp: ConfigError "<what>: '<text>' is not one of <valid>".
 [[noreturn]] void throw_unknown_name(const std::string& what, std::string_view text,
-                                     const std::string& valid);
+                                     const std::vector<std::string>& valid);
+
+// The edits (insert, delete, replace, swap two neighbours) from `a` to `b`.
+size_t edit_distance(const std::string& a, const std::string& b);
+// "did you mean '<prefix>x'?" when a valid name is a near miss (at most 2
+// edits, and fewer than the name's length), else "valid: <prefix>a, ...".
+std::string near_miss(const std::string& wrong, const std::vector<std::string>& valid,
+                      const std::string& prefix = "");
 
 template <typename E, std::size_t N>
 E parse_named(const NameTable<E, N>& table, std::string_view text, const std::string& what) {
   if (auto value = value_named(table, text)) return *value;
-  throw_unknown_name(what, text, names_listed(table));
+  throw_unknown_name(what, text, names_of(table));
 }
 
 }  // namespace lockstep
