@@ -120,13 +120,15 @@ std::string verdict(bool ok) {
 
 }  // namespace
 
-CheckRunResult check_run(const Config& config, const WorldInfo& world,
+CheckRunResult check_run(const Config& asked, const WorldInfo& world,
                          const std::shared_ptr<ProcessGroup>& pg, const CheckRunOptions& options) {
   if (options.steps < 1) throw ConfigError("--steps must be >= 1");
   if (options.fault_rank >= world.world_size) {
     throw ConfigError("--fault-rank " + std::to_string(options.fault_rank) + " is outside [0, " +
                       std::to_string(world.world_size) + ")");
   }
+  Config config = asked;  // train.precision: auto resolved as lockstep train would
+  resolve_precision(config, device_from_config(config, world, pg->kind()), *pg);
   // (a)
   CommCheckOptions comm;
   comm.sizes = {1, 1001, 65536};

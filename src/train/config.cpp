@@ -292,7 +292,9 @@ const std::vector<Field>& fields() {
                  "non-finite loss or gradient norm (fp16: the GradScaler skips such steps)"),
       make_choice("train", "precision", &C::train, &TrainConfig::precision, kPrecisionNames,
                   "the forward's arithmetic: fp32, or autocast to bf16 (no loss scaling) or fp16 "
-                  "(with the GradScaler); weights and optimizer state stay fp32"),
+                  "(with the GradScaler); weights and optimizer state stay fp32; auto: bf16 where "
+                  "a start-up probe finds its products at least 1.2x fp32's (on CUDA: bf16), "
+                  "else fp32; a CPU run with bf16/fp16 slower than fp32 is warned of"),
       make_field("train", "loss_scale", &C::train, &TrainConfig::loss_scale, Type::kDouble,
                  "fp16: the GradScaler's initial loss scale (halved on inf/NaN gradients)", 1e-30,
                  3e38),

@@ -40,6 +40,8 @@ at::ScalarType precision_dtype(Precision precision) {
       return at::kHalf;
     case Precision::kFp32:
       break;
+    case Precision::kAuto:
+      throw InternalError("precision_dtype: train.precision auto was not resolved (resolve_precision)");
   }
   return at::kFloat;
 }
@@ -47,6 +49,8 @@ at::ScalarType precision_dtype(Precision precision) {
 MixedPrecision::MixedPrecision(const TrainConfig& train, at::Device device, ProcessGroup* pg)
     : precision_(train.precision), device_(device.type()) {
   if (precision_ == Precision::kFp32) return;
+  if (precision_ == Precision::kAuto)
+    throw InternalError("MixedPrecision: train.precision auto was not resolved (resolve_precision)");
   const std::string why = autocast_unsupported(device_, precision_dtype(precision_));
   if (!why.empty()) {
     throw ConfigError(std::string("train.precision: ") + name_of(kPrecisionNames, precision_) +

@@ -56,6 +56,11 @@ void Trainer::Impl::agree_on_config() {
     throw ConfigError("the resolved configuration of rank(s) " + differ +
                       " differs from rank 0's (same file and --set on every rank?)");
   }
+  // Note [Precision that knows the CPU]: auto resolved (every rank alike),
+  // a slow bf16 warned of; the saved configuration says what runs.
+  const Precision asked = config.train.precision;
+  resolve_precision(config, device_from_config(config, world, pg->kind()), *pg);
+  if (config.train.precision != asked) config_yaml = config_to_yaml(config);
 }
 
 void Trainer::Impl::prepare_run_dir() {

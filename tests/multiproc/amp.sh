@@ -27,6 +27,31 @@ if ! "$LOCKSTEP" train --set train.precision=fp16 --set train.max_steps=1 --set 
   fp16_ok=0
 fi
 
+# 0. Precision that knows the CPU (Note [Precision that knows the CPU]):
+#    auto picks by a probe and says which, every rank alike; bf16 on a CPU
+#    whose bf16 products are slower than fp32's is warned of. oneDNN capped
+#    at AVX512_CORE has no native bf16 (emulated: ~0.65x of fp32 on an AMX
+#    Xeon; an AVX2-only CPU is slower still natively), which makes that CPU.
+train --set run.name=auto --set train.precision=auto --set train.max_steps=3
+expect_eq "$?" 0 "train.precision: auto trains"
+line=$(grep -o "train.precision: auto chose [a-z0-9]*: .* (\([0-9.]*\)x" "$WORK/out" | head -1)
+chose=$(echo "$line" | sed -n 's/.*auto chose \([a-z0-9]*\):.*/\1/p')
+ratio=$(echo "$line" | sed -n 's/.*(\([0-9.]*\)x$/\1/p')
+want=$(awk -v r="$ratio" 'BEGIN{print (r != "" && r >= 1.2) ? "bf16" : "fp32"}')
+expect_eq "${chose:-none}" "$want" "auto chose by the measured ratio ($ratio: $want)"
+if [ "$want" = bf16 ]; then
+  expect_eq "$(grep -c "precision: bf16 autocast on cpu" "$WORK/out")" 2 "and both ranks run bf16"
+else
+  expect_eq "$(grep -c "precision: bf16 autocast" "$WORK/out")" 0 "and no rank runs bf16"
+fi
+expect_grep "$runs/auto/config.yaml" "^  precision: \"$want\"\$" "the saved config holds the precision that ran"
+ONEDNN_MAX_CPU_ISA=AVX512_CORE train --set run.name=slowbf --set train.precision=bf16 --set train.max_steps=3
+expect_eq "$?" 0 "bf16 on a CPU without native bf16 trains"
+expect_grep "$WORK/out" "\[warning\] train.precision: bf16 is slower than fp32 here: this CPU's bf16 products ran at [0-9.]+ GFLOP/s against [0-9.]+ in fp32 \(0\.[0-9]+x, 384\^3; .*set train.precision: fp32 \(or auto" "and is warned of, with the ratio and the flag"
+expect_eq "$(grep -c "bf16 is slower than fp32" "$WORK/out")" 1 "once (rank 0)"
+ONEDNN_MAX_CPU_ISA=AVX512_CORE train --set run.name=slowauto --set train.precision=auto --set train.max_steps=3
+expect_grep "$WORK/out" "train.precision: auto chose fp32: this CPU's bf16 products ran at .*\(0\.[0-9]+x" "where bf16 is slower, auto picks fp32"
+
 # 1. Accuracy: 10 epochs of the digits in each precision.
 common=(--set train.epochs=10 --set checkpoint.every=0)
 train "${common[@]}" --set run.name=fp32

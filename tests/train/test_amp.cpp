@@ -477,3 +477,39 @@ TEST_CASE("causal attention under bf16 autocast on the CPU", "[amp][gpt]") {
     CHECK(at::allclose(out.to(at::kFloat), reference, 0.02, 0.02));  // the bf16 product
   }
 }
+
+TEST_CASE("train.precision knows the CPU: the verdict of a probe", "[amp]") {
+  // Note [Precision that knows the CPU]: an AVX2-only EPYC's figures (bf16
+  // 4 GFLOP/s against 58), an AMX Xeon's (996 against 177), and one between.
+  const PrecisionProbe slow{58.0, 4.0, 384}, fast{177.0, 996.0, 384}, close{100.0, 110.0, 384};
+  auto v = precision_verdict(Precision::kBf16, slow, "");
+  CHECK(v.chosen == Precision::kBf16);  // asked for: kept, but warned of
+  CHECK(v.warn);
+  CHECK_THAT(v.message, Contains("bf16 is slower than fp32 here: this CPU's bf16 products ran at "
+                                 "4.0 GFLOP/s against 58.0 in fp32 (0.07x, 384^3; no avx512_bf16 "
+                                 "or amx_bf16 flag); set train.precision: fp32 (or auto"));
+  v = precision_verdict(Precision::kBf16, fast, "avx512_bf16 amx_bf16");
+  CHECK_FALSE(v.warn);
+  CHECK_THAT(v.message, Contains("(5.63x, 384^3; native: avx512_bf16 amx_bf16)"));
+  v = precision_verdict(Precision::kAuto, slow, "");
+  CHECK(v.chosen == Precision::kFp32);
+  CHECK_FALSE(v.warn);
+  CHECK_THAT(v.message, Contains("auto chose fp32: this CPU's bf16 products ran at 4.0"));
+  CHECK(precision_verdict(Precision::kAuto, fast, "amx_bf16").chosen == Precision::kBf16);
+  // 1.1x is not worth bf16's rounding: auto wants kAutoBf16Speedup (1.2x).
+  CHECK(precision_verdict(Precision::kAuto, close, "").chosen == Precision::kFp32);
+  CHECK(precision_verdict(Precision::kAuto, PrecisionProbe{100.0, 120.0, 384}, "").chosen ==
+        Precision::kBf16);
+  v = precision_verdict(Precision::kFp16, PrecisionProbe{100.0, 30.0, 384}, "");
+  CHECK(v.warn);
+  CHECK_THAT(v.message, Contains("fp16 is slower than fp32 here: this CPU's fp16 products ran at "
+                                 "30.0 GFLOP/s against 100.0 in fp32 (0.30x, 384^3; no "
+                                 "avx512_fp16 or amx_fp16 flag)"));
+  CHECK(precision_verdict(Precision::kFp32, slow, "").message.empty());
+  // This machine's flags, as /proc/cpuinfo has them (a word of its flags line).
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  const std::string all((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+  const std::string flags = cpu_low_precision_flags(Precision::kBf16);
+  CHECK((flags.empty() || all.find(" " + flags.substr(0, flags.find(' '))) != std::string::npos));
+  CHECK(flags.find("fp16") == std::string::npos);
+}

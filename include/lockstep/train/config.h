@@ -40,9 +40,13 @@ inline constexpr NameTable<DeviceKind, 3> kDeviceKindNames{
     {{DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}}};
 // train.precision: the forward's arithmetic (Note [Mixed precision] in
 // train/precision.h). Weights, gradients and optimizer state stay float32.
-enum class Precision { kFp32, kBf16, kFp16 };
-inline constexpr NameTable<Precision, 3> kPrecisionNames{
-    {{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}}};
+// auto: bf16 where this machine's bf16 products beat fp32's, else fp32,
+// decided at start (Note [Precision that knows the CPU], precision_choice.cpp).
+enum class Precision { kFp32, kBf16, kFp16, kAuto };
+inline constexpr NameTable<Precision, 4> kPrecisionNames{{{Precision::kFp32, "fp32"},
+                                                          {Precision::kBf16, "bf16"},
+                                                          {Precision::kFp16, "fp16"},
+                                                          {Precision::kAuto, "auto"}}};
 // A validation metric: what checkpoint.keep_best and train.early_stop watch.
 enum class WatchedMetric { kNone, kValLoss, kValAccuracy, kValPerplexity };
 inline constexpr NameTable<WatchedMetric, 4> kWatchedMetricNames{

@@ -59,6 +59,34 @@ class AutocastGuard {
 
 }  // namespace amp
 
+// Note [Precision that knows the CPU] (precision_choice.cpp): the speeds of
+// a start-up probe, and what they decide for train.precision.
+struct PrecisionProbe {
+  double fp32_gflops = 0;
+  double low_gflops = 0;  // bf16's (fp16's when fp16 was asked for)
+  int64_t n = 0;          // the n x n x n products timed
+};
+struct PrecisionVerdict {
+  Precision chosen = Precision::kFp32;
+  std::string message;  // "" when there is nothing to say
+  bool warn = false;    // the asked-for precision is slower than fp32
+};
+// auto picks bf16 from this speed-up of its products over fp32's.
+inline constexpr double kAutoBf16Speedup = 1.2;
+// Pure: what `asked` becomes on a CPU that measured `probe`; `flags` names
+// the CPU's native low-precision flags ("" none), for the message.
+PrecisionVerdict precision_verdict(Precision asked, const PrecisionProbe& probe,
+                                   const std::string& flags);
+// The CPU's native bf16 (or fp16) flags from /proc/cpuinfo, e.g.
+// "avx512_bf16 amx_bf16"; "" when none or unreadable.
+std::string cpu_low_precision_flags(Precision precision);
+// Collective: on the CPU, with train.precision bf16, fp16 or auto, rank 0
+// times fp32 against the lower precision (~0.1 s) and every rank learns
+// the verdict: `config.train.precision` becomes the precision to run (auto
+// resolved), and rank 0 logs the message (a warning when slower). On CUDA
+// auto becomes bf16. fp32 costs nothing.
+void resolve_precision(Config& config, at::Device device, ProcessGroup& pg);
+
 // The autocast dtype of a precision (fp32: none, kFloat).
 at::ScalarType precision_dtype(Precision precision);
 
