@@ -25,6 +25,7 @@ Dist dist_setup(const cxxopts::ParseResult& args);
 int cmd_check(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 int bench_allreduce(const cxxopts::ParseResult& args);
 
 }  // namespace lockstep::cli

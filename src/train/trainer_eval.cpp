@@ -11,6 +11,7 @@
 #include "lockstep/util/error.h"
 
 #include "lockstep/distributed/agree.h"
+#include "lockstep/train/evaluate.h"
 
 namespace lockstep {
 
@@ -19,39 +20,13 @@ bool Trainer::Impl::evaluate(TrainResult& result, EvalAt at, bool record) {
   if (val_size == 0) return false;     // the same on every rank: the split is deterministic
   if (data.validation->file_backed())  // Note [Token files]: every rank alike
     agree_on_failure(*pg, [&] { data.validation->check_unchanged(); });
-  model->eval();
-  at::NoGradGuard no_grad;
   // Language windows are large: the training batch; rows otherwise.
   const int64_t rows = data.task == TaskKind::kLanguage ? config.data.batch_size : 256;
-  std::vector<int64_t> mine;  // unpadded shard: exact global counts
-  for (int64_t i = world.rank; i < val_size; i += world.world_size) mine.push_back(i);
-  if (config.train.eval_batches > 0 &&
-      static_cast<int64_t>(mine.size()) > config.train.eval_batches * rows) {
-    mine.resize(static_cast<size_t>(config.train.eval_batches * rows));
-  }
-  double loss_sum = 0, correct = 0;
-  if (!mine.empty()) {
-    BatchLoader loader(data.validation, mine, LoaderOptions{rows, false, false});
-    while (auto batch = loader.next()) {
-      const auto x = batch->x.to(device), y = batch->y.to(device);
-      at::Tensor out, loss;
-      precision->run([&] {  // as the training forward
-        out = model->forward(x);
-        loss = loss_for(data.task, out, y);
-      });
-      loss_sum += loss.item<double>() * x.size(0);
-      if (data.task == TaskKind::kClassification)
-        correct += (out.argmax(1) == y).sum().item<double>();
-      if (data.task == TaskKind::kLanguage)  // next-token accuracy, a share per window
-        correct += (out.argmax(-1) == y).to(at::kDouble).mean(1).sum().item<double>();
-    }
-  }
-  const auto sums = sum_over_ranks(*pg, {loss_sum, correct, static_cast<double>(mine.size())});
-  const double count = std::max(1.0, sums[2]);
-  result.val_loss = sums[0] / count;
-  result.val_accuracy = sums[1] / count;
-  result.val_examples = static_cast<int64_t>(sums[2]);
-  model->train();
+  const EvalResult r = evaluate_split(*model, *data.validation, data.task, *precision, *pg, world,
+                                      device, rows, config.train.eval_batches);
+  result.val_loss = r.loss;
+  result.val_accuracy = r.accuracy;
+  result.val_examples = r.examples;
   if (!record) return true;
   metrics->validation(state, result.val_loss, result.val_accuracy, result.val_examples, at);
   for (auto& c : callbacks) c->on_evaluation_end(state, result);

@@ -19,6 +19,22 @@ expect_grep "$WORK/train.out" "data: text \(200,000 bytes of .*kjv-head.txt, the
 expect_grep "$WORK/train.out" "\[rank0\]: .*model: gpt with [0-9]+ parameters" "the model is a gpt"
 expect_grep "$WORK/train.out" "validation: loss [0-3]\.[0-9]+" "validation loss under 4 nats/byte after 30 steps (ln(256) = 5.5 at the start)"
 run="$WORK/runs/gpt-text"
+# lockstep eval on the GPT: perplexity = exp(loss), and the figures are the
+# trainer's last evaluation of the same weights (2 ranks there, 2 here).
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" eval --checkpoint "$run" \
+  --output "$WORK/eval.json" >"$WORK/eval.out" 2>&1
+expect_eq "$?" 0 "lockstep eval on the GPT's checkpoint, 2 ranks"
+/usr/bin/python3 - "$WORK/eval.json" "$run/metrics.jsonl" <<'PY' >"$WORK/eval.check" 2>&1
+import json, math, sys
+e = json.load(open(sys.argv[1]))
+val = [json.loads(l) for l in open(sys.argv[2]) if '"val_loss"' in l][-1]
+assert e["step"] == 30 and e["examples"] == val.get("val_examples", e["examples"]), (e, val)
+assert abs(e["perplexity"] - math.exp(e["loss"])) < 1e-6 * e["perplexity"], e
+assert abs(e["loss"] - val["val_loss"]) < 2e-6, (e["loss"], val["val_loss"])
+assert abs(e["accuracy"] - val["val_accuracy"]) < 2e-6, (e["accuracy"], val["val_accuracy"])
+print("loss", e["loss"], "perplexity", e["perplexity"])
+PY
+expect_eq "$?" 0 "its loss, next-token accuracy and perplexity are the trainer's ($(tail -1 "$WORK/eval.check"))"
 
 gen() { "$LOCKSTEP" generate --checkpoint "$@"; }
 gen "$run" --prompt "In the beginning" --max-new-tokens 60 --seed 3 >"$WORK/g1" 2>"$WORK/g1.err"

@@ -11,7 +11,10 @@
 #   holds the config and the same scalars as metrics.jsonl;
 # - train.early_stop: every rank stops at the same step, with a final
 #   checkpoint and the reason; a run interrupted and resumed stops at the
-#   same step (the watch is in state.yaml); bad keys exit 2.
+#   same step (the watch is in state.yaml); bad keys exit 2;
+# - lockstep eval: a checkpoint's validation figures as JSON on 1, 2 and 3
+#   ranks, equal to the trainer's own evaluation of the same weights; bad
+#   input exits 2.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 PY=/usr/bin/python3
@@ -165,4 +168,50 @@ expect_eq "$?" 2 "a MANIFEST that is a FIFO exits 2 (no hang)"
 train 1 --set run.name=bad --set train.early_stop.metric=loss
 expect_eq "$?" 2 "an unknown metric exits 2"
 expect_grep "$WORK/out" "none, val_loss, val_accuracy, val_perplexity" "listing the valid ones"
+# lockstep eval (docs/training.md, "Evaluating a checkpoint"): the JSON
+# equals the trainer's final evaluation of the same weights (metrics.jsonl,
+# written by 2 ranks), on any number of ranks.
+train 2 --set run.name=evals --set train.max_steps=40 --set checkpoint.every=20
+val=$(grep '"val_loss"' "$runs/evals/metrics.jsonl" | tail -1)
+"$LOCKSTEP" eval --checkpoint "$runs/evals" >"$WORK/eval1.json" 2>"$WORK/eval1.err"
+expect_eq "$?" 0 "lockstep eval on one process"
+for n in 2 3; do
+  "$LOCKSTEP_RUN" --nproc-per-node $n --master-port 0 "$LOCKSTEP" eval --checkpoint "$runs/evals" \
+    --output "$WORK/eval$n.json" >"$WORK/out" 2>&1
+  expect_eq "$?" 0 "lockstep eval on $n ranks"
+done
+$PY - "$WORK" "$val" <<'PY' >"$WORK/eval.check" 2>&1
+import json, sys
+work, val = sys.argv[1], json.loads(sys.argv[2])
+for n in (1, 2, 3):
+    e = json.load(open(f"{work}/eval{n}.json"))
+    assert e["ranks"] == n and e["step"] == 40 and e["split"] == "validation", e
+    assert e["checkpoint"].endswith("/step_00000040"), e
+    assert e["examples"] == 359, e
+    assert abs(e["loss"] - val["val_loss"]) < 2e-6, (n, e["loss"], val["val_loss"])
+    assert abs(e["accuracy"] - val["val_accuracy"]) < 2e-6, (n, e["accuracy"], val["val_accuracy"])
+    assert "perplexity" not in e and e["precision"] == "fp32", e
+print("same figures", val["val_loss"], val["val_accuracy"])
+PY
+expect_eq "$?" 0 "eval's loss and accuracy on 1, 2 and 3 ranks equal the trainer's ($(tail -1 "$WORK/eval.check"))"
+"$LOCKSTEP" eval --checkpoint "$runs/evals/checkpoints/step_00000020" >"$WORK/eval20.json" 2>/dev/null
+$PY -c "
+import json, sys
+a, b = json.load(open('$WORK/eval20.json')), json.load(open('$WORK/eval1.json'))
+assert a['step'] == 20 and a['loss'] > b['loss'] + 0.01, (a, b)
+" && pass "an older checkpoint gives its own step and a higher loss" || fail "step 20's figures: $(cat "$WORK/eval20.json")"
+"$LOCKSTEP" eval --checkpoint "$WORK/nowhere" >"$WORK/out" 2>&1
+expect_eq "$?" 2 "eval of a missing checkpoint exits 2"
+expect_grep "$WORK/out" "nowhere': neither a checkpoint folder .*does not exist" "naming it"
+"$LOCKSTEP" eval --checkpoint "$runs/evals" --set model.hidden=64 >"$WORK/out" 2>&1
+expect_eq "$?" 2 "eval with a model that is not the checkpoint's exits 2"
+expect_grep "$WORK/out" "model.pt" "naming model.pt"
+"$LOCKSTEP" eval --checkpoint "$runs/evals" --set data.validation_fraction=0 >"$WORK/out" 2>&1
+expect_eq "$?" 2 "eval without a validation split exits 2"
+expect_grep "$WORK/out" "the validation split is empty" "saying so"
+cp -r "$runs/evals/checkpoints/step_00000040" "$WORK/tampered"
+printf 'x' | dd of="$WORK/tampered/model.pt" bs=1 seek=100 conv=notrunc 2>/dev/null
+"$LOCKSTEP" eval --checkpoint "$WORK/tampered" >"$WORK/out" 2>&1
+expect_eq "$?" 2 "eval of a checkpoint whose model.pt changed exits 2"
+expect_grep "$WORK/out" "model.pt" "naming the file"
 finish

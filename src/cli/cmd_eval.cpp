@@ -1,0 +1,95 @@
+// `lockstep eval --checkpoint DIR [--config FILE] [--set section.key=value]`:
+// a checkpoint's validation loss, accuracy and perplexity on any number of
+// ranks, without training; one JSON object on stdout (rank 0).
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "common.h"
+#include "lockstep/train/evaluate.h"
+#include "lockstep/train/generate.h"
+#include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";  // JSON has no NaN/inf: a diverged model
+  char text[40];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  return text;
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+int cmd_eval(int argc, char** argv) {
+  return run_guarded("eval", [&] {
+    cxxopts::Options options(
+        "lockstep eval",
+        "Evaluates a checkpoint on the validation split (any number of ranks, no training); "
+        "prints one JSON object on stdout.");
+    // clang-format off
+    options.add_options()
+        ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
+        ("config", "the run's configuration (default: the checkpoint's own config.yaml); its model must be the checkpoint's", cxxopts::value<std::string>()->default_value(""))
+        ("output", "also write the JSON to this file (rank 0; under a launcher, whose stdout tags each line)", cxxopts::value<std::string>()->default_value(""))
+        ("set", "override one field: section.key=value (repeatable; e.g. data.path, train.eval_batches, train.precision)", cxxopts::value<std::vector<std::string>>())
+        ("h,help", "this help");
+    // clang-format on
+    const auto args = options.parse(argc, argv);
+    if (args.count("help") != 0) {
+      std::fputs(options.help().c_str(), stdout);
+      return kExitOk;
+    }
+    if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
+    const std::string folder = checkpoint_folder(args["checkpoint"].as<std::string>());
+    std::vector<std::string> overrides;
+    if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
+    const std::string given = args["config"].as<std::string>();
+    const Config config = config_load(given.empty() ? folder + "/config.yaml" : given, overrides);
+    auto dist = init_distributed(init_options_from_config(config));
+    config_validate(config, dist.world.world_size);
+    const CheckpointEval eval = evaluate_checkpoint(config, folder, dist.world, *dist.pg);
+    if (dist.world.rank == 0) {
+      const EvalResult& r = eval.result;
+      std::string json = "{\"checkpoint\": " + json_string(folder) +
+                         ", \"step\": " + std::to_string(eval.step) +
+                         ", \"split\": \"validation\", \"examples\": " + std::to_string(r.examples) +
+                         ", \"loss\": " + json_number(r.loss);
+      if (eval.task != TaskKind::kRegression) json += ", \"accuracy\": " + json_number(r.accuracy);
+      if (eval.task == TaskKind::kLanguage)
+        json += ", \"perplexity\": " + json_number(std::exp(r.loss));
+      json += ", \"ranks\": " + std::to_string(dist.world.world_size) +
+              ", \"precision\": " + json_string(eval.precision) + "}\n";
+      std::fputs(json.c_str(), stdout);
+      std::fflush(stdout);
+      if (const std::string output = args["output"].as<std::string>(); !output.empty())
+        write_file(output, json);
+      spdlog::info("evaluated {} at step {} on {} rank(s): {} examples", folder, eval.step,
+                   dist.world.world_size, r.examples);
+    }
+    dist.shutdown();
+    return kExitOk;
+  });
+}
+
+}  // namespace lockstep::cli
