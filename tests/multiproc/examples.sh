@@ -19,8 +19,10 @@ build=${3:?usage: examples.sh LOCKSTEP LOCKSTEP_RUN BUILD_DIR}
 PY=/usr/bin/python3
 prefix="$WORK/prefix"
 
+before=$(git -C "$root" status --porcelain 2>/dev/null | sha256sum)
 cmake --install "$build" --prefix "$prefix" >"$WORK/install.log" 2>&1
 expect_eq "$?" 0 "cmake --install into a temporary prefix"
+expect_eq "$(git -C "$root" status --porcelain 2>/dev/null | sha256sum)" "$before" "installing writes nothing into the source tree"
 for f in lib/cmake/lockstep/lockstepConfig.cmake lib/cmake/lockstep/lockstepConfigVersion.cmake \
   include/lockstep/ddp/ddp.h include/lockstep/distributed/init.h bin/lockstep bin/lockstep-run; do
   [ -e "$prefix/$f" ] && pass "installed $f" || fail "not installed: $f"
@@ -45,6 +47,18 @@ done
 expect_eq "$?" 0 "the examples build against the installed package"
 [ -s "$WORK/build.log" ] && grep -E "error" "$WORK/build.log" | head -5
 
+# The build tree is a package as well (export(EXPORT)): the same example
+# configured with CMAKE_PREFIX_PATH=<build>, headers from the source tree.
+cmake -S "$root/examples/custom_model" -B "$WORK/from_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$build" >"$WORK/from_build.configure" 2>&1
+expect_eq "$?" 0 "examples/custom_model configures with CMAKE_PREFIX_PATH=<build tree>"
+expect_grep "$WORK/from_build/CMakeCache.txt" "^lockstep_DIR:PATH=$build\$" "finding the build tree's lockstepConfig.cmake"
+cmake --build "$WORK/from_build" --target custom_model -j 2 >"$WORK/from_build.log" 2>&1
+expect_eq "$?" 0 "and builds against it"
+(cd "$WORK" && "$run" --nproc-per-node 2 --master-port 0 "$WORK/from_build/custom_model") >"$WORK/out" 2>&1
+expect_eq "$?" 0 "that build runs on 2 ranks"
+from_build=$(sed -n 's/.*rank 0: .*weights \([0-9a-f]*\)$/\1/p' "$WORK/out")
+
 # 1. Own model and loop.
 (cd "$WORK" && "$run" --nproc-per-node 2 --master-port 0 "$WORK/custom_model/custom_model") >"$WORK/out" 2>&1
 expect_eq "$?" 0 "custom_model on 2 ranks exits 0"
@@ -52,6 +66,7 @@ expect_grep "$WORK/out" "rank 0: 24 steps, every one checked; accuracy 0\.9[0-9]
 w0=$(sed -n 's/.*rank 0: .*weights \([0-9a-f]*\)$/\1/p' "$WORK/out")
 w1=$(sed -n 's/.*rank 1: .*weights \([0-9a-f]*\)$/\1/p' "$WORK/out")
 [ -n "$w0" ] && expect_eq "$w1" "$w0" "both ranks end with the same weights" || fail "no weights line"
+expect_eq "${from_build:-none}" "${w0:-missing}" "the build-tree build ends with the installed build's weights"
 
 # 2. A registered model in the whole trainer.
 (cd "$WORK" && "$run" --nproc-per-node 2 --master-port 0 "$WORK/custom_model/custom_trainer" \
