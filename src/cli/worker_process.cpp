@@ -3,6 +3,7 @@
 
 #include "lockstep/util/error.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -40,13 +41,14 @@ ExecPlan make_exec_plan(const std::vector<std::string>& command,
 }
 
 // In the forked child: async-signal-safe calls only.
-[[noreturn]] void exec_child(const ExecPlan& plan, int out_fd, int err_fd, pid_t parent,
-                             const sigset_t& mask) {
+[[noreturn]] void exec_child(const ExecPlan& plan, int out_fd, int err_fd, int keep_fd,
+                             pid_t parent, const sigset_t& mask) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the launcher died before prctl
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
+  if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);  // survives the exec, at its own number
   for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) signal(sig, SIG_DFL);
   sigprocmask(SIG_SETMASK, &mask, nullptr);
   execvpe(plan.argv[0], plan.argv.data(), plan.envp.data());
@@ -61,14 +63,14 @@ ExecPlan make_exec_plan(const std::vector<std::string>& command,
 
 pid_t worker_spawn(const std::vector<std::string>& command,
                    const std::vector<std::pair<std::string, std::string>>& env, int out_fd,
-                   int err_fd) {
+                   int err_fd, int keep_fd) {
   const ExecPlan plan = make_exec_plan(command, env);
   const pid_t parent = getpid();
   sigset_t all, previous;
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, &previous);
   const pid_t pid = fork();
-  if (pid == 0) exec_child(plan, out_fd, err_fd, parent, previous);  // never returns
+  if (pid == 0) exec_child(plan, out_fd, err_fd, keep_fd, parent, previous);  // never returns
   const int fork_errno = errno;
   sigprocmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) throw SystemError(std::string("fork: ") + std::strerror(fork_errno));

@@ -23,9 +23,11 @@ namespace lockstep::launch {
 // a worker that has not exec'd yet must kill it, not run our handler in its
 // copy of the launcher. A program that cannot be executed exits 127 after
 // "lockstep-run: cannot execute 'PROG': <reason>" on its stderr.
+// `keep_fd` >= 0: a descriptor the program keeps open at its number
+// (lockstep-run's progress pipe); every other one of ours is close-on-exec.
 // Throws SystemError when fork fails.
 pid_t worker_spawn(const std::vector<std::string>& command,
                    const std::vector<std::pair<std::string, std::string>>& env, int out_fd,
-                   int err_fd);
+                   int err_fd, int keep_fd = -1);
 
 }  // namespace lockstep::launch

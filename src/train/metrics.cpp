@@ -2,10 +2,15 @@
 
 #include <cmath>
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdarg>
 #include <cstring>
 
@@ -16,9 +21,33 @@
 
 namespace lockstep {
 
+namespace {
+// lockstep-run's progress pipe (Note [Progress line]); -1 when absent or not
+// a pipe (a stray LOCKSTEP_PROGRESS_FD must not make us write into a file
+// or a terminal).
+int progress_pipe() {
+  const char* text = std::getenv(kProgressFdEnv);
+  if (text == nullptr || *text == '\0') return -1;
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  struct stat st {};
+  if (*end != '\0' || fd <= 2 || fd > 65535 || fstat(static_cast<int>(fd), &st) != 0 ||
+      !S_ISFIFO(st.st_mode)) {
+    spdlog::warn("{}={}: not a pipe of lockstep-run's; no progress records are sent",
+                 kProgressFdEnv, text);
+    return -1;
+  }
+  const int flags = fcntl(static_cast<int>(fd), F_GETFL);
+  fcntl(static_cast<int>(fd), F_SETFL, flags | O_NONBLOCK);
+  fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  return static_cast<int>(fd);
+}
+}  // namespace
+
 Metrics::Metrics(const LogConfig& log, ProcessGroup& pg, const std::string& run_dir)
     : log_(log), pg_(pg) {
   if (pg_.rank() != 0) return;
+  progress_fd_ = progress_pipe();
   const std::string path = run_dir + "/metrics.jsonl";
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
@@ -65,8 +94,39 @@ void Metrics::record(const char* format, ...) {
 }
 
 bool Metrics::bar() const {
+  if (progress_fd_ >= 0 && log_.progress != Progress::kPlain) return false;  // the launcher draws
   return log_.progress == Progress::kBar ||
          (log_.progress == Progress::kAuto && isatty(STDOUT_FILENO) != 0);
+}
+
+void Metrics::step_done(const TrainerState& state, int64_t total_steps, double samples) {
+  if (pg_.rank() != 0) return;
+  units_ += samples * pg_.size() * (tokens_per_sample_ > 0 ? tokens_per_sample_ : 1);
+  ProgressRecord r;
+  r.step = state.step;
+  r.total = std::max(total_steps, state.step);
+  r.epoch = state.epoch + 1;
+  r.loss = last_loss_;
+  r.units = units_;
+  r.tokens = tokens_per_sample_ > 0;
+  if (progress_fd_ >= 0 && log_.progress != Progress::kPlain) {
+    const std::string line = progress_record_line(r);
+    // Non-blocking: a full pipe (a launcher not reading) drops the record.
+    if (write(progress_fd_, line.data(), line.size()) < 0 && errno == EPIPE) {
+      close(progress_fd_);
+      progress_fd_ = -1;
+    }
+    return;
+  }
+  if (!bar()) return;
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  view_.update(r, now);
+  if (now - last_drawn_s_ < 0.1 && state.step < r.total) return;  // at most 10 redraws a second
+  last_drawn_s_ = now;
+  struct winsize size {};
+  const int columns = ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
+  std::printf("\r\033[K%s", view_.render(columns, now).c_str());
+  std::fflush(stdout);
 }
 
 void Interval::add(const StepStats& step) {
@@ -236,15 +296,8 @@ double Metrics::end_interval(Interval& in, const TrainerState& state, int64_t to
     }
     record("%s", json_record(fields).c_str());
     const std::string rest = console_line(fields);  // after step, epoch and loss
-    if (bar()) {
-      const int width = 30;
-      const int filled = static_cast<int>(width * state.step / std::max<int64_t>(total_steps, 1));
-      std::printf("\r[%s%s] step %lld/%lld epoch %lld loss %.4f %s",
-                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                  static_cast<long long>(state.step), static_cast<long long>(total_steps),
-                  static_cast<long long>(state.epoch + 1), loss, rest.c_str());
-      std::fflush(stdout);
-    } else {
+    last_loss_ = loss;
+    if (!bar()) {
       spdlog::info("step {}/{} epoch {} loss {:.5f} {}", state.step, total_steps, state.epoch + 1,
                    loss, rest);
     }
@@ -268,7 +321,7 @@ void Metrics::validation(const TrainerState& state, double loss, double accuracy
   const char* field = at == EvalAt::kEpochEnd ? ""
                       : at == EvalAt::kStop   ? ", \"partial\": true"
                                               : ", \"at\": \"eval_every\"";
-  if (bar()) std::printf("\n");
+  if (bar()) std::printf("\r\033[K");  // the log line takes the progress line's place
   if (tokens_per_sample_ > 0) {
     spdlog::info(
         "epoch {}{} validation: loss {:.5f} perplexity {:.3f} next-token accuracy {:.4f} ({} "

@@ -4,6 +4,10 @@
 // validation record.
 #pragma once
 
+#include <chrono>
+
+#include "lockstep/util/progress.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
@@ -69,6 +73,12 @@ class Metrics {
     tokens_per_sample_ = tokens_per_sample;
     flops_per_token_ = flops_per_token;
   }
+  // After every optimizer step (rank 0 acts; no collective): the live
+  // progress line (Note [Progress line], util/progress.h): a record to
+  // lockstep-run's pipe, or rank 0's own line on its terminal. `samples`:
+  // this rank's samples in the step.
+  void step_done(const TrainerState& state, int64_t total_steps, double samples);
+
   // log.mfu: intervals also report "mfu", the achieved FLOP/s per rank over
   // this peak (matmul_peak_gflops, util/matmul_peak.h).
   void set_peak_gflops(double gflops) { peak_gflops_ = gflops; }
@@ -98,6 +108,12 @@ class Metrics {
   double tokens_per_sample_ = 0;  // 0: not a language model
   double flops_per_token_ = 0;
   double peak_gflops_ = 0;  // 0: no MFU
+  // Note [Progress line]: lockstep-run's pipe (-1: none), or this rank's own
+  // live line when bar() (a terminal of its own).
+  int progress_fd_ = -1;
+  ProgressView view_;
+  double units_ = 0, last_loss_ = -1, last_drawn_s_ = -1;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace lockstep

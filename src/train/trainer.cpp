@@ -304,6 +304,7 @@ bool Trainer::Impl::train_epoch(TrainResult& result, Interval& interval, int64_t
     if (data.train->file_backed())  // Note [Token files]: every rank alike, before reading
       agree_on_failure(*pg, [&] { data.train->check_unchanged(); });
     const StepStats stats = train_step(loader, interval, micro - state.batch_in_epoch);
+    last_step_samples = stats.samples;
     for (auto& c : callbacks) c->on_step_end(state, stats);
     if (after_step(result, interval, stop, micro)) return true;
   }
@@ -315,6 +316,7 @@ bool Trainer::Impl::after_step(TrainResult& result, Interval& interval, int64_t 
   const bool end = state.step == stop;
   const bool logged = state.step % config.log.every == 0 || end;
   if (logged) end_interval(interval, result);
+  metrics->step_done(state, stop, last_step_samples);
   // Evaluations come before any checkpoint of this step, so that the
   // checkpoint holds their effect on the watches (a resume from it makes
   // the decisions an uninterrupted run makes): an epoch's end, a

@@ -120,6 +120,7 @@ struct Trainer::Impl {
   // such weights are never saved. Every rank holds the same weights (the
   // check above), so every rank decides alike without a collective.
   void refuse_nonfinite_weights() const;
+  double last_step_samples = 0;         // this rank's, for the progress line
   std::string last_best;                // checkpoints/best, once written
   int64_t saves = 0, failed_saves = 0;  // this run's checkpoints (not best/)
   std::string last_save_problem;        // checkpoint.on_error: warn

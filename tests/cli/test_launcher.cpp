@@ -10,9 +10,11 @@
 #include "cli/launcher.h"
 #include "cli/process_tree.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/progress.h"
 
 using namespace lockstep::launch;
 using lockstep::testing::Contains;
+using namespace lockstep;
 
 TEST_CASE("launcher: each worker gets torchrun's environment and the job's secret", "[launcher]") {
   LaunchOptions o;
@@ -112,4 +114,76 @@ TEST_CASE("launcher: output is split into lines, and a line without end into bou
     CHECK(big.held() < 64 * 1024);
   }
   CHECK(pieces == 256);
+}
+
+TEST_CASE("progress: records round-trip, hostile lines are refused", "[launcher][progress]") {
+  ProgressRecord r;
+  r.step = 150;
+  r.total = 500;
+  r.epoch = 2;
+  r.loss = 1.2345;
+  r.units = 245760;
+  r.tokens = true;
+  const std::string line = progress_record_line(r);
+  CHECK(line == "progress step=150 total=500 epoch=2 loss=1.2345 units=245760 unit=tokens\n");
+  const auto back = parse_progress_record(line.substr(0, line.size() - 1));
+  REQUIRE(back);
+  CHECK(back->step == 150);
+  CHECK(back->total == 500);
+  CHECK(back->epoch == 2);
+  CHECK(back->loss == 1.2345);
+  CHECK(back->units == 245760);
+  CHECK(back->tokens);
+  const char* bad[] = {
+      "",
+      "progress",
+      "progress step=1 total=2 epoch=1 loss=1 units=0",                         // a key missing
+      "progress step=3 total=2 epoch=1 loss=1 units=0 unit=samples",            // step > total
+      "progress step=1 step=1 total=2 epoch=1 loss=1 units=0 unit=samples",     // repeated
+      "progress step=-1 total=2 epoch=1 loss=1 units=0 unit=samples",           // negative
+      "progress step=1 total=99999999999999999999 epoch=1 loss=1 units=0 unit=samples",
+      "progress step=1 total=2 epoch=0 loss=1 units=0 unit=samples",            // epochs from 1
+      "progress step=1 total=2 epoch=1 loss=nan units=0 unit=samples",
+      "progress step=1 total=2 epoch=1 loss=1 units=0 unit=bytes",
+      "progress step=1 total=2 epoch=1 loss=1 units=0 unit=samples extra=1",
+      "progress step=1x total=2 epoch=1 loss=1 units=0 unit=samples",
+      "[rank0]: progress step=1 total=2 epoch=1 loss=1 units=0 unit=samples",
+  };
+  for (const char* text : bad) {
+    INFO(text);
+    CHECK_FALSE(parse_progress_record(text));
+  }
+  CHECK_FALSE(parse_progress_record("progress step=1 total=2 epoch=1 loss=1 units=0 unit=samples" +
+                                    std::string(300, ' ')));
+}
+
+TEST_CASE("progress: the line's rate and ETA over the records' window", "[launcher][progress]") {
+  CHECK(duration_text(7) == "0:07");
+  CHECK(duration_text(754) == "12:34");
+  CHECK(duration_text(3723) == "1:02:03");
+  ProgressView view;
+  CHECK(view.render(120, 0).empty());
+  ProgressRecord r;
+  r.total = 500;
+  r.tokens = true;
+  r.step = 100;  // a resumed run: the first record is at step 100
+  r.units = 0;
+  view.update(r, 5.0);
+  CHECK_THAT(view.render(120, 5.0), Contains("step 100/500 20% | ETA ? | 0:00 elapsed | epoch 1"));
+  r.step = 150;  // 50 steps and 200,000 tokens in 10 s: 0.2 s a step, 350 left
+  r.units = 200000;
+  r.loss = 2.5;
+  view.update(r, 15.0);
+  const std::string line = view.render(120, 15.0);
+  CHECK(line == "[######..............] step 150/500 30% | ETA 1:10 | 0:10 elapsed | loss 2.5000 | "
+                "20.0k tokens/s | epoch 1");
+  // A narrow terminal: no bar, the tail cut, never a wrap.
+  const std::string narrow = view.render(40, 15.0);
+  CHECK(narrow == "step 150/500 30% | ETA 1:10 | 0:10 elap");
+  CHECK(narrow.size() == 39);
+  r.step = 500;
+  r.units = 900000;
+  view.update(r, 85.0);
+  CHECK_THAT(view.render(120, 85.0), Contains("step 500/500 100% | done | 1:20 elapsed"));
+  CHECK(view.render(120, 85.0).rfind("[####################] ", 0) == 0);
 }

@@ -12,6 +12,9 @@
 # - train.early_stop: every rank stops at the same step, with a final
 #   checkpoint and the reason; a run interrupted and resumed stops at the
 #   same step (the watch is in state.yaml); bad keys exit 2;
+# - the live progress line (Note [Progress line]): under a pseudo-terminal
+#   lockstep-run draws one line from rank 0's records with an ETA, log
+#   lines above it, nothing garbled; none without a terminal;
 # - lockstep eval: a checkpoint's validation figures as JSON on 1, 2 and 3
 #   ranks, equal to the trainer's own evaluation of the same weights; bad
 #   input exits 2.
@@ -168,6 +171,36 @@ expect_eq "$?" 2 "a MANIFEST that is a FIFO exits 2 (no hang)"
 train 1 --set run.name=bad --set train.early_stop.metric=loss
 expect_eq "$?" 2 "an unknown metric exits 2"
 expect_grep "$WORK/out" "none, val_loss, val_accuracy, val_perplexity" "listing the valid ones"
+# The live progress line. `script` gives lockstep-run a pseudo-terminal;
+# tests/python/terminal.py replays what the terminal shows.
+gpt=(--config "$root/configs/gpt-text.yaml" --set model.n_layer=2 --set model.n_embd=64
+     --set train.max_steps=40 --set log.every=20 --set checkpoint.every=0 --set check.every=0)
+script -qfec "stty cols 132 rows 50; OMP_NUM_THREADS=1 '$LOCKSTEP_RUN' --nproc-per-node 2 --master-port 0 '$LOCKSTEP' train ${gpt[*]} --set run.dir='$runs' --set run.name=pty" \
+  /dev/null >"$WORK/typescript" 2>&1
+expect_eq "$?" 0 "a GPT run under a pseudo-terminal"
+grep -q $'\r\033\[K\[#*\.*\] step ' "$WORK/typescript" && pass "lockstep-run redraws one live line in place" ||
+  fail "no live line in: $(head -c 600 "$WORK/typescript" | cat -v)"
+$PY "$root/tests/python/terminal.py" "$WORK/typescript" >"$WORK/screen"
+$PY "$root/tests/python/terminal.py" "$WORK/typescript" --until "\[#+\.+\] step (2[4-9]|3[0-9])/40 [^\r]*epoch 1" >"$WORK/screen30"
+expect_grep "$WORK/screen30" "^\[#+\.+\] step (2[4-9]|3[0-9])/40 [0-9]+% \| ETA [0-9]+:[0-9]{2} \| [0-9]+:[0-9]{2} elapsed \| loss [0-9.]+ \| [0-9.]+k? tokens/s \| epoch 1" "mid-run it shows step/total, an ETA, elapsed, loss and tokens/s"
+expect_grep "$WORK/screen" "^\[#{20}\] step 40/40 100% \| done \| " "the last state stays on the screen"
+bad=$(grep -v -E "^(\[rank[01]\]: |lockstep-run: |\[#+\.*\] step )" "$WORK/screen" | head -3)
+expect_eq "$bad" "" "every line on the screen is whole: a log line above, the live line below"
+expect_grep "$WORK/screen" "^\[rank1\]: .*done: 40 steps" "the other rank's lines are there too"
+expect_grep "$WORK/screen" "^\[rank0\]: .*step 20/40 epoch 1 loss" "and the plain step lines every log.every"
+# Without a terminal, as before: plain lines, no escape sequences.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train "${gpt[@]}" --set run.dir="$runs" \
+  --set run.name=piped >"$WORK/out" 2>&1
+expect_eq "$?" 0 "the same run into a pipe"
+grep -q $'\033' "$WORK/out" && fail "escape sequences in piped output" || pass "no escape sequences without a terminal"
+expect_grep "$WORK/out" "step 40/40 epoch 1 loss" "the plain step lines"
+# A stray LOCKSTEP_PROGRESS_FD (not lockstep-run's pipe) is ignored, said once.
+LOCKSTEP_PROGRESS_FD=1 "$LOCKSTEP" train "${gpt[@]}" --set run.dir="$runs" --set run.name=stray \
+  --set train.max_steps=2 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 0 "a stray LOCKSTEP_PROGRESS_FD does not stop a run"
+expect_grep "$WORK/err" "LOCKSTEP_PROGRESS_FD=1: not a pipe of lockstep-run's" "and is named"
+grep -q "^progress step=" "$WORK/out" && fail "records written to stdout" || pass "no record reaches stdout"
+
 # lockstep eval (docs/training.md, "Evaluating a checkpoint"): the JSON
 # equals the trainer's final evaluation of the same weights (metrics.jsonl,
 # written by 2 ranks), on any number of ranks.
