@@ -71,10 +71,10 @@ int cmd_eval(int argc, char** argv) {
     const CheckpointEval eval = evaluate_checkpoint(config, folder, dist.world, *dist.pg);
     if (dist.world.rank == 0) {
       const EvalResult& r = eval.result;
-      std::string json = "{\"checkpoint\": " + json_string(folder) +
-                         ", \"step\": " + std::to_string(eval.step) +
-                         ", \"split\": \"validation\", \"examples\": " + std::to_string(r.examples) +
-                         ", \"loss\": " + json_number(r.loss);
+      std::string json =
+          "{\"checkpoint\": " + json_string(folder) + ", \"step\": " + std::to_string(eval.step) +
+          ", \"split\": \"validation\", \"examples\": " + std::to_string(r.examples) +
+          ", \"loss\": " + json_number(r.loss);
       if (eval.task != TaskKind::kRegression) json += ", \"accuracy\": " + json_number(r.accuracy);
       if (eval.task == TaskKind::kLanguage)
         json += ", \"perplexity\": " + json_number(std::exp(r.loss));

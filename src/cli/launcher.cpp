@@ -37,8 +37,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -160,7 +160,8 @@ class Attempt {
     // Note [Progress line] (util/progress.h): this node hosts rank 0 and our
     // stdout is a terminal; stderr joins it when it is the same terminal.
     drawing_ = options.node_rank == 0 && isatty(STDOUT_FILENO) != 0;
-    struct stat out {}, err {};
+    struct stat out {
+    }, err{};
     merge_stderr_ = drawing_ && isatty(STDERR_FILENO) != 0 && fstat(STDOUT_FILENO, &out) == 0 &&
                     fstat(STDERR_FILENO, &err) == 0 && out.st_rdev == err.st_rdev;
   }

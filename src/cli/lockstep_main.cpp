@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   if (command == "train") return lockstep::train_main(argc - 1, argv + 1);
   if (command == "generate") return cmd_generate(argc - 1, argv + 1);
   if (command == "eval") return cmd_eval(argc - 1, argv + 1);
-  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: train, check, bench, eval, generate)\n%s",
+  std::fprintf(stderr,
+               "lockstep: unknown command '%s' (valid: train, check, bench, eval, generate)\n%s",
                command.c_str(), kUsage);
   return kExitBadInput;
 }

@@ -181,8 +181,8 @@ void TokenFile::read(int64_t begin, int64_t n, int64_t* out) const {
   const ssize_t got = read_at(fd_, buf.data(), bytes, offset_ + begin * width_);
   if (got != static_cast<ssize_t>(bytes)) {
     check_unchanged();  // the usual reason: it shrank
-    throw DataError(described() + ": cannot read tokens [" + std::to_string(begin) +
-                    ", " + std::to_string(begin + n) +
+    throw DataError(described() + ": cannot read tokens [" + std::to_string(begin) + ", " +
+                    std::to_string(begin + n) +
                     "): " + (got < 0 ? std::strerror(errno) : "the file ends early"));
   }
   const unsigned char* p = buf.data();

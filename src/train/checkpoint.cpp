@@ -280,8 +280,7 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
        << state.accumulation_steps << YAML::Key << "total_steps" << YAML::Value << state.total_steps
        << YAML::Key << "schedule_from" << YAML::Value
        << name_of(kScheduleFromNames, state.schedule_from) << YAML::Key << "zero" << YAML::Value
-       << state.zero << YAML::Key << "model" << YAML::Value
-       << state.model;
+       << state.zero << YAML::Key << "model" << YAML::Value << state.model;
   if (state.data_size > 0) {
     yaml << YAML::Key << "data_size" << YAML::Value << state.data_size << YAML::Key << "data_id"
          << YAML::Value << state.data_id;

@@ -537,8 +537,7 @@ void apply_config_file(Config& config, const std::string& path, std::vector<std:
       for (const auto& file : include) files.push_back(file);
     }
     if (files.empty()) {
-      throw ConfigError(mark(path, include) +
-                        ": include: a config file's path, or a list of them");
+      throw ConfigError(mark(path, include) + ": include: a config file's path, or a list of them");
     }
     for (const auto& file : files) {
       if (!file.IsScalar() || file.Scalar().empty()) {

@@ -20,9 +20,8 @@
 namespace lockstep {
 
 EvalResult evaluate_split(Classifier& model, const Dataset& split, TaskKind task,
-                          const MixedPrecision& precision, ProcessGroup& pg,
-                          const WorldInfo& world, at::Device device, int64_t rows,
-                          int64_t max_batches) {
+                          const MixedPrecision& precision, ProcessGroup& pg, const WorldInfo& world,
+                          at::Device device, int64_t rows, int64_t max_batches) {
   const int64_t size = split.size();
   model.eval();
   at::NoGradGuard no_grad;
@@ -54,8 +53,8 @@ EvalResult evaluate_split(Classifier& model, const Dataset& split, TaskKind task
   return EvalResult{sums[0] / count, sums[1] / count, static_cast<int64_t>(sums[2])};
 }
 
-CheckpointEval evaluate_checkpoint(Config config, const std::string& folder,
-                                   const WorldInfo& world, ProcessGroup& pg) {
+CheckpointEval evaluate_checkpoint(Config config, const std::string& folder, const WorldInfo& world,
+                                   ProcessGroup& pg) {
   CheckpointEval out;
   // Every rank reads and checks the checkpoint; a bad one fails all alike.
   Checkpointer::Loaded loaded;

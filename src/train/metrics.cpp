@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstdarg>
+#include <cstdlib>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -119,12 +119,14 @@ void Metrics::step_done(const TrainerState& state, int64_t total_steps, double s
     return;
   }
   if (!bar()) return;
-  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   view_.update(r, now);
   if (now - last_drawn_s_ < 0.1 && state.step < r.total) return;  // at most 10 redraws a second
   last_drawn_s_ = now;
   struct winsize size {};
-  const int columns = ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
+  const int columns =
+      ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
   std::printf("\r\033[K%s", view_.render(columns, now).c_str());
   std::fflush(stdout);
 }

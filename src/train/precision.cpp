@@ -41,7 +41,8 @@ at::ScalarType precision_dtype(Precision precision) {
     case Precision::kFp32:
       break;
     case Precision::kAuto:
-      throw InternalError("precision_dtype: train.precision auto was not resolved (resolve_precision)");
+      throw InternalError(
+          "precision_dtype: train.precision auto was not resolved (resolve_precision)");
   }
   return at::kFloat;
 }
@@ -50,7 +51,8 @@ MixedPrecision::MixedPrecision(const TrainConfig& train, at::Device device, Proc
     : precision_(train.precision), device_(device.type()) {
   if (precision_ == Precision::kFp32) return;
   if (precision_ == Precision::kAuto)
-    throw InternalError("MixedPrecision: train.precision auto was not resolved (resolve_precision)");
+    throw InternalError(
+        "MixedPrecision: train.precision auto was not resolved (resolve_precision)");
   const std::string why = autocast_unsupported(device_, precision_dtype(precision_));
   if (!why.empty()) {
     throw ConfigError(std::string("train.precision: ") + name_of(kPrecisionNames, precision_) +

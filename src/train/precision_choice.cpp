@@ -44,9 +44,9 @@ PrecisionVerdict precision_verdict(Precision asked, const PrecisionProbe& probe,
                 "this CPU's %s products ran at %.1f GFLOP/s against %.1f in fp32 (%.2fx, %lld^3; "
                 "%s)",
                 low, probe.low_gflops, probe.fp32_gflops, ratio, static_cast<long long>(probe.n),
-                flags.empty() ? (fp16 ? "no avx512_fp16 or amx_fp16 flag"
-                                      : "no avx512_bf16 or amx_bf16 flag")
-                              : ("native: " + flags).c_str());
+                flags.empty()
+                    ? (fp16 ? "no avx512_fp16 or amx_fp16 flag" : "no avx512_bf16 or amx_bf16 flag")
+                    : ("native: " + flags).c_str());
   if (asked == Precision::kAuto) {
     v.chosen = ratio >= kAutoBf16Speedup ? Precision::kBf16 : Precision::kFp32;
     v.message = std::string("train.precision: auto chose ") +
@@ -55,8 +55,9 @@ PrecisionVerdict precision_verdict(Precision asked, const PrecisionProbe& probe,
     return v;
   }
   v.warn = ratio < 1.0;
-  v.message = v.warn ? std::string("train.precision: ") + low + " is slower than fp32 here: " +
-                           measured + "; set train.precision: fp32 (or auto, which picks the faster)"
+  v.message = v.warn ? std::string("train.precision: ") + low +
+                           " is slower than fp32 here: " + measured +
+                           "; set train.precision: fp32 (or auto, which picks the faster)"
                      : std::string("train.precision: ") + low + ": " + measured;
   return v;
 }
@@ -70,7 +71,8 @@ std::string cpu_low_precision_flags(Precision precision) {
     std::string word, found;
     const bool fp16 = precision == Precision::kFp16;
     while (words >> word) {
-      if (word == (fp16 ? "avx512_fp16" : "avx512_bf16") || word == (fp16 ? "amx_fp16" : "amx_bf16"))
+      if (word == (fp16 ? "avx512_fp16" : "avx512_bf16") ||
+          word == (fp16 ? "amx_fp16" : "amx_bf16"))
         found += (found.empty() ? "" : " ") + word;
     }
     return found;

@@ -290,7 +290,9 @@ TrainResult Trainer::run() {
   return result;
 }
 
-int64_t Trainer::Impl::stop_step() const { return lockstep::stop_step(config, plan.total_steps); }
+int64_t Trainer::Impl::stop_step() const {
+  return lockstep::stop_step(config, plan.total_steps);
+}
 
 bool Trainer::Impl::train_epoch(TrainResult& result, Interval& interval, int64_t stop) {
   sampler->set_epoch(state.epoch);

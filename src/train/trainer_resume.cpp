@@ -182,14 +182,14 @@ void Trainer::Impl::maybe_resume() {
     plan.schedule_from = state.schedule_from;
   }
   if (state.total_steps > 0 && plan.schedule_steps != state.total_steps) {
-    changed += "; schedule length " + std::to_string(state.total_steps) + " -> " +
-               std::to_string(plan.schedule_steps) + " steps (from " +
-               (plan.schedule_from == ScheduleFrom::kEpochs
-                    ? std::string("the epochs")
-                    : std::string(plan.schedule_from == ScheduleFrom::kMaxSteps
-                                      ? "train.max_steps"
-                                      : "optim.decay_steps")) +
-               ")";
+    changed +=
+        "; schedule length " + std::to_string(state.total_steps) + " -> " +
+        std::to_string(plan.schedule_steps) + " steps (from " +
+        (plan.schedule_from == ScheduleFrom::kEpochs
+             ? std::string("the epochs")
+             : std::string(plan.schedule_from == ScheduleFrom::kMaxSteps ? "train.max_steps"
+                                                                         : "optim.decay_steps")) +
+        ")";
   }
   spdlog::info("resumed from {} {}{}", folder, where, changed);
 }

@@ -16,8 +16,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
     for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
@@ -29,7 +29,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 // and fewer than the name's length: 'amp' is not a typo of 'epochs'),
 // else every valid name: "(valid: a, b, c)".
 std::string near_miss(const std::string& wrong, const std::vector<std::string>& valid,
-                       const std::string& prefix) {
+                      const std::string& prefix) {
   std::string best, all;
   size_t best_distance = std::numeric_limits<size_t>::max();
   for (const auto& v : valid) {

@@ -60,8 +60,7 @@ std::string progress_record_line(const ProgressRecord& r) {
   std::snprintf(line, sizeof line,
                 "progress step=%lld total=%lld epoch=%lld loss=%.6g units=%.0f unit=%s\n",
                 static_cast<long long>(r.step), static_cast<long long>(r.total),
-                static_cast<long long>(r.epoch), r.loss, r.units,
-                r.tokens ? "tokens" : "samples");
+                static_cast<long long>(r.epoch), r.loss, r.units, r.tokens ? "tokens" : "samples");
   return line;
 }
 
@@ -142,7 +141,8 @@ std::string ProgressView::render(int columns, double now_s) const {
   line += " | epoch " + std::to_string(r.epoch);
   const size_t limit = static_cast<size_t>(std::max(columns - 1, 10));
   // A bar in front where the terminal has room for it and the figures.
-  const int bar = static_cast<int>(std::min<size_t>(20, limit > line.size() + 3 ? limit - line.size() - 3 : 0));
+  const int bar =
+      static_cast<int>(std::min<size_t>(20, limit > line.size() + 3 ? limit - line.size() - 3 : 0));
   if (bar >= 8) {
     const int filled = std::min(bar, static_cast<int>(share * bar));
     line = "[" + std::string(static_cast<size_t>(filled), '#') +

@@ -137,12 +137,12 @@ TEST_CASE("progress: records round-trip, hostile lines are refused", "[launcher]
   const char* bad[] = {
       "",
       "progress",
-      "progress step=1 total=2 epoch=1 loss=1 units=0",                         // a key missing
-      "progress step=3 total=2 epoch=1 loss=1 units=0 unit=samples",            // step > total
-      "progress step=1 step=1 total=2 epoch=1 loss=1 units=0 unit=samples",     // repeated
-      "progress step=-1 total=2 epoch=1 loss=1 units=0 unit=samples",           // negative
+      "progress step=1 total=2 epoch=1 loss=1 units=0",                      // a key missing
+      "progress step=3 total=2 epoch=1 loss=1 units=0 unit=samples",         // step > total
+      "progress step=1 step=1 total=2 epoch=1 loss=1 units=0 unit=samples",  // repeated
+      "progress step=-1 total=2 epoch=1 loss=1 units=0 unit=samples",        // negative
       "progress step=1 total=99999999999999999999 epoch=1 loss=1 units=0 unit=samples",
-      "progress step=1 total=2 epoch=0 loss=1 units=0 unit=samples",            // epochs from 1
+      "progress step=1 total=2 epoch=0 loss=1 units=0 unit=samples",  // epochs from 1
       "progress step=1 total=2 epoch=1 loss=nan units=0 unit=samples",
       "progress step=1 total=2 epoch=1 loss=1 units=0 unit=bytes",
       "progress step=1 total=2 epoch=1 loss=1 units=0 unit=samples extra=1",
@@ -175,8 +175,9 @@ TEST_CASE("progress: the line's rate and ETA over the records' window", "[launch
   r.loss = 2.5;
   view.update(r, 15.0);
   const std::string line = view.render(120, 15.0);
-  CHECK(line == "[######..............] step 150/500 30% | ETA 1:10 | 0:10 elapsed | loss 2.5000 | "
-                "20.0k tokens/s | epoch 1");
+  CHECK(line ==
+        "[######..............] step 150/500 30% | ETA 1:10 | 0:10 elapsed | loss 2.5000 | "
+        "20.0k tokens/s | epoch 1");
   // A narrow terminal: no bar, the tail cut, never a wrap.
   const std::string narrow = view.render(40, 15.0);
   CHECK(narrow == "step 150/500 30% | ETA 1:10 | 0:10 elap");

@@ -508,7 +508,8 @@ TEST_CASE("train.precision knows the CPU: the verdict of a probe", "[amp]") {
   CHECK(precision_verdict(Precision::kFp32, slow, "").message.empty());
   // This machine's flags, as /proc/cpuinfo has them (a word of its flags line).
   std::ifstream cpuinfo("/proc/cpuinfo");
-  const std::string all((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+  const std::string all((std::istreambuf_iterator<char>(cpuinfo)),
+                        std::istreambuf_iterator<char>());
   const std::string flags = cpu_low_precision_flags(Precision::kBf16);
   CHECK((flags.empty() || all.find(" " + flags.substr(0, flags.find(' '))) != std::string::npos));
   CHECK(flags.find("fp16") == std::string::npos);

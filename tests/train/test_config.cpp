@@ -46,9 +46,9 @@ TEST_CASE("config errors name the path, the value and the fix", "[config]") {
   REQUIRE_THROWS_WITH(config_load("", {"optim.schedule=cosin"}),
                       Contains("'cosin' is not one of constant, step, cosine (did you mean "
                                "'cosine'?)"));
-  REQUIRE_THROWS_WITH(config_load("", {"optim.schedule=linear"}),
-                      Contains("'linear' is not one of constant, step, cosine") &&
-                          !Contains("did you mean"));
+  REQUIRE_THROWS_WITH(
+      config_load("", {"optim.schedule=linear"}),
+      Contains("'linear' is not one of constant, step, cosine") && !Contains("did you mean"));
   REQUIRE_THROWS_WITH(config_load(write_config("range", "data:\n  batch_size: 0\n")),
                       Contains("data.batch_size: 0 is out of range [1, 1048576]"));
   REQUIRE_THROWS_WITH(config_load(write_config("choice", "optim:\n  name: lbfgs\n")),
@@ -204,13 +204,13 @@ TEST_CASE("include: files merged before the file's own keys, --set over all", "[
   std::ofstream(dir + "/run.yaml")
       << "include: [base/second.yaml, more.yaml]\ndata:\n  batch_size: 16\n";
   const Config c = config_load(dir + "/run.yaml", {"train.max_steps=5"});
-  CHECK(c.optim.name == OptimizerKind::kAdam);     // from common.yaml, two levels down
-  CHECK(c.optim.lr == 0.25);                       // second.yaml over the common.yaml it includes
-  CHECK(c.train.epochs == 9);                      // more.yaml, listed after, over common.yaml
-  CHECK(c.data.batch_size == 16);                  // the file over its includes
-  CHECK(c.train.max_steps == 5);                   // --set over every file
+  CHECK(c.optim.name == OptimizerKind::kAdam);       // from common.yaml, two levels down
+  CHECK(c.optim.lr == 0.25);                         // second.yaml over the common.yaml it includes
+  CHECK(c.train.epochs == 9);                        // more.yaml, listed after, over common.yaml
+  CHECK(c.data.batch_size == 16);                    // the file over its includes
+  CHECK(c.train.max_steps == 5);                     // --set over every file
   CHECK(c.data.path == dir + "/base/tables/x.csv");  // the including file's folder
-  CHECK(c.model.hidden == Config{}.model.hidden);  // defaults under all
+  CHECK(c.model.hidden == Config{}.model.hidden);    // defaults under all
   CHECK(config_origin(c, "optim.name") == " (set at " + dir + "/base/common.yaml:3)");
   CHECK(config_origin(c, "optim.lr") == " (set at " + dir + "/base/second.yaml:3)");
   CHECK(config_origin(c, "data.batch_size") == " (set at " + dir + "/run.yaml:3)");
@@ -225,14 +225,15 @@ TEST_CASE("include: files merged before the file's own keys, --set over all", "[
   REQUIRE_THROWS_WITH(config_load(dir + "/uses_bad.yaml"),
                       Contains(dir + "/bad.yaml:3: unknown key 'optim.lrr'"));
   std::ofstream(dir + "/missing.yaml") << "include:\n  - more.yaml\n  - nowhere.yaml\n";
-  REQUIRE_THROWS_WITH(config_load(dir + "/missing.yaml"),
-                      Contains(dir + "/missing.yaml:3: include 'nowhere.yaml': cannot read config '" +
-                               dir + "/nowhere.yaml'"));
+  REQUIRE_THROWS_WITH(
+      config_load(dir + "/missing.yaml"),
+      Contains(dir + "/missing.yaml:3: include 'nowhere.yaml': cannot read config '" + dir +
+               "/nowhere.yaml'"));
   std::ofstream(dir + "/a.yaml") << "include: b.yaml\n";
   std::ofstream(dir + "/b.yaml") << "run:\n  seed: 2\ninclude: a.yaml\n";
-  REQUIRE_THROWS_WITH(config_load(dir + "/a.yaml"),
-                      Contains("include cycle: " + dir + "/a.yaml -> " + dir + "/b.yaml -> " +
-                               dir + "/a.yaml"));
+  REQUIRE_THROWS_WITH(
+      config_load(dir + "/a.yaml"),
+      Contains("include cycle: " + dir + "/a.yaml -> " + dir + "/b.yaml -> " + dir + "/a.yaml"));
   std::ofstream(dir + "/self.yaml") << "include: self.yaml\n";
   REQUIRE_THROWS_WITH(config_load(dir + "/self.yaml"), Contains("include cycle"));
   std::ofstream(dir + "/map.yaml") << "include: {file: a.yaml}\n";
@@ -244,7 +245,8 @@ TEST_CASE("include: files merged before the file's own keys, --set over all", "[
   REQUIRE_THROWS_WITH(config_load(dir + "/nested.yaml"),
                       Contains("nested.yaml:1: include: each entry must be a file's path"));
   // A later validation error says where the offending key was set.
-  std::ofstream(dir + "/heads.yaml") << "include: base/common.yaml\nmodel:\n  name: transformer\n  heads: 3\n";
+  std::ofstream(dir + "/heads.yaml")
+      << "include: base/common.yaml\nmodel:\n  name: transformer\n  heads: 3\n";
   const Config heads = config_load(dir + "/heads.yaml");
   REQUIRE_THROWS_WITH(config_validate(heads, 1),
                       Contains("model.heads=3 (set at " + dir + "/heads.yaml:4) must divide"));

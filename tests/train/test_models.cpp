@@ -92,7 +92,8 @@ TEST_CASE("a registered model is created by name - names are unique", "[models]"
       Contains("unknown model 'nope' (valid: mlp, cnn, transformer, gpt, torchscript, "
                "probe-model)"));
   c.name = "gtp";  // a typo: the nearest name, registered ones included
-  CHECK_THROWS_WITH(model_create(c, {64}, 10), Contains("unknown model 'gtp' (did you mean 'gpt'?)"));
+  CHECK_THROWS_WITH(model_create(c, {64}, 10),
+                    Contains("unknown model 'gtp' (did you mean 'gpt'?)"));
   c.name = "probe-modle";
   CHECK_THROWS_WITH(model_create(c, {64}, 10), Contains("(did you mean 'probe-model'?)"));
 }

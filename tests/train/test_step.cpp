@@ -225,10 +225,11 @@ TEST_CASE("a data file the config names but that is missing names the key and th
   TempDir dir;
   const auto path = dir.write("run.yaml", "data:\n  name: csv\n  path: missing.csv\n");
   const Config config = config_load(path);
-  REQUIRE_THROWS_WITH(dataset_from_config(config),
-                      Contains("data.path: '" + dir.path + "/missing.csv' does not exist (set at " +
-                               path + ":3); a relative path in a config file is resolved "
-                               "against that file's folder"));
+  REQUIRE_THROWS_WITH(
+      dataset_from_config(config),
+      Contains("data.path: '" + dir.path + "/missing.csv' does not exist (set at " + path +
+               ":3); a relative path in a config file is resolved "
+               "against that file's folder"));
 }
 
 TEST_CASE("the recipe: the step plan, and each section converted once", "[step][config]") {

@@ -186,9 +186,9 @@ struct Config {
 std::string config_origin(const Config& config, const std::string& key);
 
 // Loads `path` (empty: defaults only) after the files its `include:` names
-// (Note [Config includes]), then applies "section.key=value" overrides. Throws ConfigError: malformed YAML with line and column, an
-// unknown key with the nearest valid one, a wrong type or out-of-range value
-// with its path and value.
+// (Note [Config includes]), then applies "section.key=value" overrides. Throws ConfigError:
+// malformed YAML with line and column, an unknown key with the nearest valid one, a wrong type or
+// out-of-range value with its path and value.
 Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // Derived checks that need the world (e.g. the global batch).

@@ -31,9 +31,8 @@ struct EvalResult {
 // rank's share to that many batches (train.eval_batches). The model is put
 // in eval mode and back in train mode.
 EvalResult evaluate_split(Classifier& model, const Dataset& split, TaskKind task,
-                          const MixedPrecision& precision, ProcessGroup& pg,
-                          const WorldInfo& world, at::Device device, int64_t rows,
-                          int64_t max_batches);
+                          const MixedPrecision& precision, ProcessGroup& pg, const WorldInfo& world,
+                          at::Device device, int64_t rows, int64_t max_batches);
 
 // `lockstep eval`: the checkpoint `folder`'s model.pt in the model `config`
 // describes (its data too), evaluated on the validation split. Collective;
@@ -45,7 +44,7 @@ struct CheckpointEval {
   TaskKind task = TaskKind::kClassification;
   std::string precision;  // what ran (train.precision resolved)
 };
-CheckpointEval evaluate_checkpoint(Config config, const std::string& folder,
-                                   const WorldInfo& world, ProcessGroup& pg);
+CheckpointEval evaluate_checkpoint(Config config, const std::string& folder, const WorldInfo& world,
+                                   ProcessGroup& pg);
 
 }  // namespace lockstep
