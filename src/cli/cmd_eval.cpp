@@ -11,6 +11,7 @@
 #include "lockstep/train/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/utf8.h"
 
 namespace lockstep::cli {
 namespace {
@@ -22,7 +23,13 @@ std::string json_number(double value) {
   return text;
 }
 
-std::string json_string(const std::string& text) {
+// A JSON string of `raw`: bytes that are no UTF-8 (a path is any bytes)
+// become U+FFFD, so the output is always valid JSON.
+std::string json_string(const std::string& raw) {
+  std::string text;
+  Utf8Stream utf8([&](const std::string& s) { text += s; });
+  for (const unsigned char c : raw) utf8.put(c);
+  utf8.finish();
   std::string out = "\"";
   for (const unsigned char c : text) {
     if (c == '"' || c == '\\') {
@@ -80,10 +87,11 @@ int cmd_eval(int argc, char** argv) {
         json += ", \"perplexity\": " + json_number(std::exp(r.loss));
       json += ", \"ranks\": " + std::to_string(dist.world.world_size) +
               ", \"precision\": " + json_string(eval.precision) + "}\n";
-      std::fputs(json.c_str(), stdout);
-      std::fflush(stdout);
+      // The file first: a failed --output prints nothing and exits 2.
       if (const std::string output = args["output"].as<std::string>(); !output.empty())
         write_file(output, json);
+      std::fputs(json.c_str(), stdout);
+      std::fflush(stdout);
       spdlog::info("evaluated {} at step {} on {} rank(s): {} examples", folder, eval.step,
                    dist.world.world_size, r.examples);
     }

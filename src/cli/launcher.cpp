@@ -211,7 +211,14 @@ class Attempt {
     }
     const auto now = Clock::now();
     if (!any || (now - last_drawn_ < std::chrono::milliseconds(100) && !done_)) return;
-    last_drawn_ = now;
+    redraw();
+  }
+
+  // The line again from the latest record: after records, and once a second
+  // between them (the elapsed time moves during an evaluation or a save).
+  void redraw() {
+    if (view_.empty() || output_.full()) return;  // a stalled reader: the queue must not grow
+    last_drawn_ = Clock::now();
     struct winsize size {};
     const int columns =
         ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
@@ -222,7 +229,12 @@ class Attempt {
   // The line stays, as the last state of the run, when the attempt ends.
   void end_progress() {
     if (progress_fd_ >= 0) close(progress_fd_), progress_fd_ = -1;
-    if (!status_.empty()) output_.push(STDOUT_FILENO, "\r\033[K" + status_ + "\n");
+    if (!status_.empty()) {  // the latest record, not the last one drawn
+      struct winsize size {};
+      const int columns =
+          ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
+      output_.push(STDOUT_FILENO, "\r\033[K" + view_.render(columns, elapsed_s()) + "\n");
+    }
     status_.clear();
   }
 
@@ -250,6 +262,8 @@ class Attempt {
       fcntl(progress[0], F_SETFL, fcntl(progress[0], F_GETFL) | O_NONBLOCK);
       env.emplace_back(kProgressFdEnv, std::to_string(progress[1]));
       progress_fd_ = progress[0];
+    } else {
+      env.emplace_back(kProgressFdEnv, "");  // one in our own environment is not theirs
     }
     const pid_t pid = worker_spawn(options_.command, env, pipes[0][1], pipes[1][1], progress[1]);
     if (progress[1] >= 0) close(progress[1]);
@@ -480,6 +494,7 @@ class Attempt {
   void loop() {
     while (true) {
       poll_once();
+      if (!status_.empty() && Clock::now() - last_drawn_ > std::chrono::seconds(1)) redraw();
       handle_signal();
       reap();
       enforce_grace();

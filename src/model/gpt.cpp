@@ -1,3 +1,4 @@
+#include "lockstep/model/activation_checkpoint.h"
 #include "lockstep/model/gpt.h"
 
 #include <ATen/ATen.h>
@@ -121,6 +122,7 @@ GptOptions gpt_options(const ModelConfig& c, int64_t vocab_size) {
   o.n_embd = c.n_embd;
   o.dropout = c.dropout;
   o.bias = c.bias;
+  o.activation_checkpointing = c.activation_checkpointing;
   return o;
 }
 
@@ -180,7 +182,13 @@ at::Tensor Gpt::forward(at::Tensor idx) {
         " tokens is longer than model.block_size=" + std::to_string(options_.block_size));
   auto x = body_->wte->forward(idx) + body_->wpe->weight.narrow(0, 0, t);
   x = maybe_dropout(x, options_.dropout, is_training());
-  for (const auto& block : body_->blocks) x = block->forward(x);
+  for (const auto& block : body_->blocks) {
+    // Note [Activation checkpointing]: the block keeps only its input.
+    if (options_.activation_checkpointing && is_training())
+      x = checkpoint(*block, [&block](const at::Tensor& in) { return block->forward(in); }, x);
+    else
+      x = block->forward(x);
+  }
   x = body_->ln_f->forward(x);
   return at::linear(x, body_->wte->weight);  // the head is the token embedding
 }

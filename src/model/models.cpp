@@ -206,7 +206,7 @@ std::shared_ptr<Classifier> model_create(const ModelConfig& config,
     if (!model) throw ConfigError("model '" + config.name + "': its factory returned no model");
     return model;
   }
-  throw ConfigError("model.name: unknown model '" + config.name + "' (" +
+  throw ConfigError("model.name: unknown model '" + shown_name(config.name) + "' (" +
                     near_miss(config.name, model_names()) + ")");
 }
 

@@ -476,8 +476,8 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
   } catch (const YAML::Exception& e) {
     throw DataError(folder + "/state.yaml: " + e.what() +
                     " (keys step, epoch, batch_in_epoch, epoch_offset, world_size, batch_size, "
-                    "accumulation_steps, total_steps, zero: integers; model: text; scaler: a "
-                    "mapping of numbers)");
+                    "accumulation_steps, total_steps, zero: integers; schedule_from: epochs, "
+                    "max_steps or decay_steps; model: text; scaler: a mapping of numbers)");
   }
   // Note [Stateful parts]: every .pt file the (verified) MANIFEST lists.
   std::istringstream manifest(read_regular_file(folder + "/MANIFEST"));

@@ -222,6 +222,11 @@ const std::vector<Field>& fields() {
                  1 << 20),
       make_field("model", "bias", &C::model, &ModelConfig::bias, Type::kBool,
                  "gpt: biases in the Linear layers and LayerNorms (GPT-2: true)"),
+      make_field("model", "activation_checkpointing", &C::model,
+                 &ModelConfig::activation_checkpointing, Type::kBool,
+                 "gpt: keep only each block's input and recompute its activations in backward "
+                 "(torch.utils.checkpoint; less memory, one more forward per block; gradients "
+                 "bit-identical)"),
       make_choice("data", "name", &C::data, &DataConfig::name, kDatasetKindNames, "dataset"),
       make_field("data", "path", &C::data, &DataConfig::path, Type::kString,
                  "csv: the file; mnist: the folder of idx files; text: any file, read as bytes; "
@@ -480,11 +485,15 @@ std::string resolved_against(const std::string& config_path, const std::string& 
 // file names that file and line. A cycle, or more than kMaxIncludeDepth
 // nested includes, is an error naming the chain.
 constexpr size_t kMaxIncludeDepth = 16;
+// Files loaded for one config, repeats counted (a file listing another 20
+// times, 7 levels deep, would otherwise be 20^7 loads), and one file's size.
+constexpr size_t kMaxConfigFiles = 64;
+constexpr size_t kMaxConfigBytes = 16 << 20;
 
 YAML::Node config_root(const std::string& path, const std::string& where) {
   std::string text;
   try {
-    text = read_regular_file(path);
+    text = read_regular_file(path, kMaxConfigBytes);
   } catch (const DataError& e) {
     throw ConfigError(where + "cannot read config '" + path + "': " + e.what());
   }
@@ -516,7 +525,11 @@ std::string chain_text(const std::vector<std::string>& chain, const std::string&
 }
 
 void apply_config_file(Config& config, const std::string& path, std::vector<std::string>& chain,
-                       const std::string& where) {
+                       size_t& loaded, const std::string& where) {
+  if (++loaded > kMaxConfigFiles) {
+    throw ConfigError(where + "more than " + std::to_string(kMaxConfigFiles) +
+                      " config files loaded for one config (includes repeated over and over?)");
+  }
   std::error_code error;
   const std::string identity =
       std::filesystem::weakly_canonical(std::filesystem::absolute(path), error).string();
@@ -543,7 +556,7 @@ void apply_config_file(Config& config, const std::string& path, std::vector<std:
       if (!file.IsScalar() || file.Scalar().empty()) {
         throw ConfigError(mark(path, file) + ": include: each entry must be a file's path");
       }
-      apply_config_file(config, resolved_against(path, file.Scalar()), chain,
+      apply_config_file(config, resolved_against(path, file.Scalar()), chain, loaded,
                         mark(path, file) + ": include '" + file.Scalar() + "': ");
     }
   }
@@ -554,11 +567,11 @@ void apply_config_file(Config& config, const std::string& path, std::vector<std:
       throw ConfigError(mark(path, section.first) + ": a section name must be plain text");
     }
     const std::string name = section.first.Scalar();
-    if (name == "include") continue;  // applied above
     if (!sections_seen.insert(name).second) {
       throw ConfigError(mark(path, section.first) + ": section '" + name +
                         "' appears twice (merge them)");
     }
+    if (name == "include") continue;  // applied above
     if (!section.second.IsMap()) {
       bool known = false;
       for (const auto& f : fields()) known = known || f.section == name;
@@ -614,7 +627,8 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
   Config config;
   if (!path.empty()) {
     std::vector<std::string> chain;
-    apply_config_file(config, path, chain, "");
+    size_t loaded = 0;
+    apply_config_file(config, path, chain, loaded, "");
   }
   for (const auto& assignment : overrides) {
     const auto eq = assignment.find('=');

@@ -60,7 +60,8 @@ CheckpointEval evaluate_checkpoint(Config config, const std::string& folder, con
   Checkpointer::Loaded loaded;
   agree_on_failure(pg, [&] { loaded = Checkpointer::load(folder, nullptr, {"model.pt"}); });
   out.step = loaded.state.step;
-  const TrainData data = data_from_config(config);
+  TrainData data;  // a rank that cannot read it fails every rank alike (exit 2), no wait
+  agree_on_failure(pg, [&] { data = data_from_config(config); });
   out.task = data.task;
   if (data.validation->size() == 0) {
     throw ConfigError("the validation split is empty (data.validation_fraction=" +

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -18,6 +20,7 @@
 
 #include "lockstep/distributed/agree.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/log.h"
 
 namespace lockstep {
 
@@ -48,6 +51,7 @@ Metrics::Metrics(const LogConfig& log, ProcessGroup& pg, const std::string& run_
     : log_(log), pg_(pg) {
   if (pg_.rank() != 0) return;
   progress_fd_ = progress_pipe();
+  if (bar() && isatty(STDERR_FILENO) != 0) log_clear_line_first();
   const std::string path = run_dir + "/metrics.jsonl";
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
@@ -112,10 +116,21 @@ void Metrics::step_done(const TrainerState& state, int64_t total_steps, double s
   if (progress_fd_ >= 0 && log_.progress != Progress::kPlain) {
     const std::string line = progress_record_line(r);
     // Non-blocking: a full pipe (a launcher not reading) drops the record.
-    if (write(progress_fd_, line.data(), line.size()) < 0 && errno == EPIPE) {
-      close(progress_fd_);
+    // SIGPIPE held back around the write: a launcher gone must not kill the
+    // run; its pending signal is taken, and the pipe is left alone (open:
+    // its number is not handed to anything else).
+    sigset_t pipe_signal, before;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, &before);
+    const ssize_t wrote = write(progress_fd_, line.data(), line.size());
+    if (wrote < 0 && errno == EPIPE) {
+      const timespec none{0, 0};
+      while (sigtimedwait(&pipe_signal, nullptr, &none) == SIGPIPE) {
+      }
       progress_fd_ = -1;
     }
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
     return;
   }
   if (!bar()) return;
@@ -323,7 +338,10 @@ void Metrics::validation(const TrainerState& state, double loss, double accuracy
   const char* field = at == EvalAt::kEpochEnd ? ""
                       : at == EvalAt::kStop   ? ", \"partial\": true"
                                               : ", \"at\": \"eval_every\"";
-  if (bar()) std::printf("\r\033[K");  // the log line takes the progress line's place
+  if (bar()) {  // the log line takes the progress line's place
+    std::printf("\r\033[K");
+    std::fflush(stdout);
+  }
   if (tokens_per_sample_ > 0) {
     spdlog::info(
         "epoch {}{} validation: loss {:.5f} perplexity {:.3f} next-token accuracy {:.4f} ({} "

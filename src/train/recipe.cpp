@@ -16,6 +16,11 @@
 #include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
 namespace lockstep {
 
 namespace {
@@ -23,10 +28,13 @@ namespace {
 // relative path in a file was read (Note [Paths in a config], config.cpp).
 void require_data_path(const Config& config) {
   const std::string& path = config.data.path;
-  if (path.empty() || path_exists(path)) return;
+  struct stat st {};
+  if (path.empty() || stat(path.c_str(), &st) == 0) return;
+  const int err = errno;
   const std::string origin = config_origin(config, "data.path");
   const bool in_file = !origin.empty() && origin != " (set by --set)";
-  throw DataError("data.path: '" + path + "' does not exist" + origin +
+  throw DataError("data.path: '" + path + "' " +
+                  (err == ENOENT ? std::string("does not exist") : std::strerror(err)) + origin +
                   (in_file ? "; a relative path in a config file is resolved against that "
                              "file's folder (a copied config reads from its new folder: give "
                              "an absolute path or --set data.path=...)"
@@ -258,19 +266,22 @@ int64_t stop_step(const Config& config, int64_t epochs_end) {
 // steps: optim.decay_steps when set (nanoGPT's lr_decay_iters), else the
 // steps the run trains (train.max_steps, capped by the epochs' end), else
 // the epochs' steps. So a run stopped by max_steps ends at min_lr, as
-// nanoGPT's does; past the length the cosine stays at min_lr. A resume
-// (trainer_resume.cpp) keeps the checkpoint's length when the length came
-// from max_steps or decay_steps and the resuming config sets neither;
-// otherwise it follows the config: a length from the epochs is the steps
-// done plus the steps left at the new world size.
+// nanoGPT's does; past the length the cosine stays at min_lr (the trainer
+// warns at start when the run goes past it). A resume (trainer_resume.cpp)
+// keeps the checkpoint's length when it came from optim.decay_steps and
+// the resuming config sets none (the length was chosen apart from where
+// the run stops); otherwise it follows the resuming config, as a fresh run
+// would: its max_steps, else the epochs' end at the new world size (the
+// steps done plus the steps left). A resume without the max_steps the run
+// was started with trains to the epochs' end, and its schedule with it.
 void plan_schedule(const Config& config, StepPlan& plan) {
   if (config.optim.decay_steps > 0) {
     plan.schedule_steps = config.optim.decay_steps;
     plan.schedule_from = ScheduleFrom::kDecaySteps;
-  } else if (config.train.max_steps > 0) {
-    plan.schedule_steps = stop_step(config, plan.total_steps);
+  } else if (config.train.max_steps > 0 && config.train.max_steps < plan.total_steps) {
+    plan.schedule_steps = config.train.max_steps;
     plan.schedule_from = ScheduleFrom::kMaxSteps;
-  } else {
+  } else {  // no max_steps, or one past the epochs: the epochs end the run
     plan.schedule_steps = plan.total_steps;
     plan.schedule_from = ScheduleFrom::kEpochs;
   }

@@ -247,6 +247,7 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
         "(it all-reduces plainly until then; PyTorch's default 1000 suits long runs)",
         s.config.ddp.powersgd.start_iter, s.stop_step());
   }
+  s.warn_schedule();
   run_build_step(s.run, s.config, *s.pg, s.data.task,
                  step_options_from_config(s.config, s.plan.schedule_steps));
   s.callbacks = callbacks_create();
@@ -288,6 +289,23 @@ TrainResult Trainer::run() {
   }
   s.finish(result, stop);
   return result;
+}
+
+void Trainer::Impl::warn_schedule() const {
+  const OptimConfig& o = config.optim;
+  if (o.schedule != Schedule::kCosine || world.rank != 0) return;
+  const int64_t length = plan.schedule_steps, stop = stop_step();
+  if (o.warmup_steps >= length - 1) {
+    spdlog::warn(
+        "optim.warmup_steps={} fills the schedule's {} steps: the cosine never decays (raise "
+        "train.max_steps or optim.decay_steps, or lower the warm-up)",
+        o.warmup_steps, length);
+  } else if (stop > length && state.step < stop) {
+    spdlog::warn(
+        "the run trains to step {} but the schedule's length is {} steps: steps {}..{} run at "
+        "optim.min_lr={} (Note [Schedule length]; optim.decay_steps sets the length)",
+        stop, length, std::max(length, state.step) + 1, stop, number_text(o.min_lr));
+  }
 }
 
 int64_t Trainer::Impl::stop_step() const {

@@ -173,11 +173,11 @@ void Trainer::Impl::maybe_resume() {
         "; optim.zero " + std::to_string(state.zero) + " -> " + std::to_string(config.optim.zero);
   }
   plan.total_steps = state.step + steps_left();
-  // Note [Schedule length] (recipe.cpp): a length the writer's config chose
-  // is kept unless this config chooses one.
+  // Note [Schedule length] (recipe.cpp): a length optim.decay_steps chose is
+  // kept unless this config sets one; otherwise the length is this config's.
   plan_schedule(config, plan);
-  const bool chosen_now = config.optim.decay_steps > 0 || config.train.max_steps > 0;
-  if (!chosen_now && state.schedule_from != ScheduleFrom::kEpochs && state.total_steps > 0) {
+  if (config.optim.decay_steps == 0 && state.schedule_from == ScheduleFrom::kDecaySteps &&
+      state.total_steps > 0) {
     plan.schedule_steps = state.total_steps;
     plan.schedule_from = state.schedule_from;
   }

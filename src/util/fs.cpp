@@ -23,13 +23,18 @@ void make_directories(const std::string& path) {
   }
 }
 
-std::string read_regular_file(const std::string& path) {
+std::string read_regular_file(const std::string& path, size_t max_bytes) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
   struct stat info {};
   if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     close(fd);
     throw DataError("'" + path + "' is not a regular file");
+  }
+  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
+    close(fd);
+    throw DataError("'" + path + "' is " + std::to_string(info.st_size) + " bytes, over the " +
+                    std::to_string(max_bytes) + " read whole here");
   }
   std::string bytes(static_cast<size_t>(info.st_size), '\0');
   size_t done = 0;

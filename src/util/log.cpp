@@ -8,6 +8,20 @@
 
 namespace lockstep {
 
+namespace {
+std::string g_console_pattern = "[%Y-%m-%d %H:%M:%S.%e] [%l] %v";  // the stderr sink's
+}  // namespace
+
+void log_clear_line_first() {
+  // Note [Progress line]: rank 0's own live line sits on the terminal
+  // without a newline; each message first clears it (the next redraw puts
+  // it back below). The console sink only: a log file gets no escapes.
+  auto logger = spdlog::default_logger();
+  if (!logger || logger->sinks().empty()) return;
+  logger->sinks().front()->set_pattern("\r\033[K" + g_console_pattern);
+}
+
+
 spdlog::level::level_enum log_parse_level(const std::string& name, const std::string& where) {
   if (const auto level = value_named(kLogLevelNames, name)) return *level;
   throw ConfigError(where + ": unknown log level '" + name +
@@ -32,6 +46,9 @@ void log_init(int rank, const std::string& level) {
   logger->set_pattern(launcher_tags
                           ? "[%Y-%m-%d %H:%M:%S.%e] [%l] %v"
                           : "[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%l] %v");
+  g_console_pattern = launcher_tags
+                          ? "[%Y-%m-%d %H:%M:%S.%e] [%l] %v"
+                          : "[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%l] %v";
   logger->set_level(parsed);
   spdlog::set_default_logger(logger);
 }

@@ -8,6 +8,12 @@
 
 namespace lockstep {
 
+std::string shown_name(std::string_view text) {
+  constexpr size_t kShown = 80;  // a 10 MB "name" is not echoed whole
+  if (text.size() <= kShown) return std::string(text);
+  return std::string(text.substr(0, kShown)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
 size_t edit_distance(const std::string& a, const std::string& b) {
   // Optimal string alignment: insertions, deletions, substitutions and
   // swaps of two neighbours ("gtp" is one edit from "gpt", two from "mlp").
@@ -49,7 +55,7 @@ void throw_unknown_name(const std::string& what, std::string_view text,
   std::string listed;
   for (const auto& v : valid) listed += (listed.empty() ? "" : ", ") + v;
   const std::string hint = near_miss(std::string(text), valid, "");
-  throw ConfigError(what + ": '" + std::string(text) + "' is not one of " + listed +
+  throw ConfigError(what + ": '" + shown_name(text) + "' is not one of " + listed +
                     (hint.rfind("did you mean", 0) == 0 ? " (" + hint + ")" : ""));
 }
 

@@ -42,9 +42,11 @@ expect_eq "$?" 0 "the all-reduce run trains"
 train psgd --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10
 expect_eq "$?" 0 "the PowerSGD run trains" || tail -5 "$WORK/psgd.out"
 a=$(accuracy plain) b=$(accuracy psgd)
-awk -v a="$a" -v b="$b" 'BEGIN{d=a-b; exit !(d <= 0.01 && d >= -0.01)}' &&
-  pass "PowerSGD's validation accuracy $b is within 0.01 of all-reduce's $a" ||
-  fail "PowerSGD's validation accuracy $b is not within 0.01 of all-reduce's $a"
+# Compression must not cost accuracy: at most 0.01 (4 of 359 examples)
+# below all-reduce's; above it is noise of the other gradients, not a fault.
+awk -v a="$a" -v b="$b" 'BEGIN{exit !(b != "" && b >= a - 0.01)}' &&
+  pass "PowerSGD's validation accuracy $b is no more than 0.01 below all-reduce's $a" ||
+  fail "PowerSGD's validation accuracy $b is more than 0.01 below all-reduce's $a"
 pb=$(bytes_from plain 20) sb=$(bytes_from psgd 20) early=$(bytes_from psgd 0)
 awk -v p="$pb" -v s="$sb" 'BEGIN{exit !(s > 0 && p >= 4 * s)}' &&
   pass "after start_iter PowerSGD sends $sb bytes per step, all-reduce $pb (>= 4x fewer)" ||

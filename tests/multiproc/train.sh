@@ -71,9 +71,10 @@ resumed=$(weights)
 [ -n "$straight" ] && expect_eq "$resumed" "$straight" "resumed run ends bit-identical to the uninterrupted one"
 
 # 2b. Schedules by steps (Note [Schedule length]): a run stopped by
-#     max_steps ends its cosine at min_lr on its last step; a resume keeps
-#     that length when the config does not choose one (past it, min_lr);
-#     a new max_steps is a new length, and the log says so.
+#     max_steps ends its cosine at min_lr on its last step; a resume follows
+#     its own config (no max_steps: the epochs' end) and says so; a length
+#     set by optim.decay_steps is kept by a resume that sets none, with a
+#     warning for the steps past it.
 lr_of() {  # RUN STEP: the lr of that step's training record
   grep "^{\"step\": $2, .*\"lr\"" "$runs/$1/metrics.jsonl" | head -1 | grep -o '"lr": [0-9.e+-]*' | awk '{print $2}'
 }
@@ -84,14 +85,19 @@ same_lr "$(lr_of sched 30)" 0.001 && pass "the cosine reaches min_lr on the last
   fail "the lr of step 30 is '$(lr_of sched 30)', not min_lr 0.001"
 awk -v a="$(lr_of sched 29)" 'BEGIN{exit !(a > 0.0011)}' && pass "and is above it the step before" ||
   fail "step 29's lr '$(lr_of sched 29)' is already min_lr"
-train 2 "${sched[@]}" --set run.name=kept --set train.epochs=2 \
+train 2 "${sched[@]}" --set run.name=toend --set train.epochs=2 \
   --set checkpoint.resume="$runs/sched/checkpoints/step_00000010"
 expect_grep "$WORK/out" "done: 46 steps" "resumed without max_steps, it trains to the epochs' end"
-grep -q "schedule length" "$WORK/out" && fail "the resume changed the schedule's length: $(grep -o 'schedule length[^;]*' "$WORK/out")" ||
-  pass "the resume keeps the checkpoint's length (from max_steps)"
-same_lr "$(lr_of kept 20)" "$(lr_of sched 20)" && same_lr "$(lr_of kept 30)" 0.001 &&
-  same_lr "$(lr_of kept 46)" 0.001 && pass "its lr follows the 30-step curve, then stays at min_lr" ||
-  fail "lr at steps 20/30/46: $(lr_of kept 20) $(lr_of kept 30) $(lr_of kept 46), expected $(lr_of sched 20) 0.001 0.001"
+expect_grep "$WORK/out" "schedule length 30 -> 46 steps \(from the epochs\)" "and its schedule with it, said in the log"
+same_lr "$(lr_of toend 46)" 0.001 && pass "ending at min_lr on step 46" || fail "step 46's lr is '$(lr_of toend 46)'"
+train 2 "${sched[@]}" --set run.name=decay --set train.max_steps=20 --set optim.decay_steps=30
+train 2 "${sched[@]}" --set run.name=decay --set train.max_steps=40 --set checkpoint.resume=auto
+grep -q "schedule length" "$WORK/out" && fail "the resume changed a length decay_steps set: $(grep -o 'schedule length[^;]*' "$WORK/out")" ||
+  pass "a resume without optim.decay_steps keeps the length it set (30)"
+expect_grep "$WORK/out" "the run trains to step 40 but the schedule's length is 30 steps: steps 31..40 run at optim.min_lr=0.001" "and warns of the steps past it"
+same_lr "$(lr_of decay 30)" 0.001 && same_lr "$(lr_of decay 40)" 0.001 &&
+  awk -v a="$(lr_of decay 25)" 'BEGIN{exit !(a > 0.0011)}' && pass "its lr reaches min_lr at step 30 and stays" ||
+  fail "lr at steps 25/30/40: $(lr_of decay 25) $(lr_of decay 30) $(lr_of decay 40)"
 train 2 "${sched[@]}" --set run.name=longer --set train.max_steps=40 \
   --set checkpoint.resume="$runs/sched/checkpoints/step_00000010"
 expect_grep "$WORK/out" "schedule length 30 -> 40 steps \(from train.max_steps\)" "a new max_steps is a new length, said in the log"

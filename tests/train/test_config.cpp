@@ -1,6 +1,8 @@
 // Config: defaults, file, --set precedence, and every error naming its path.
 #include "support/catch.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -193,7 +195,7 @@ TEST_CASE("LOCKSTEP_FAULT: typed kinds, and every malformed value named", "[conf
 TEST_CASE("include: files merged before the file's own keys, --set over all", "[config]") {
   // Note [Config includes]: --set > the file > its includes (the last listed
   // first) > defaults; paths in an included file follow that file's folder.
-  const std::string dir = "/tmp/lockstep-config-include";
+  const std::string dir = "/tmp/lockstep-config-include-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/base");
   std::ofstream(dir + "/base/common.yaml")
@@ -240,7 +242,21 @@ TEST_CASE("include: files merged before the file's own keys, --set over all", "[
   REQUIRE_THROWS_WITH(config_load(dir + "/map.yaml"),
                       Contains("map.yaml:1: include: a config file's path, or a list of them"));
   std::ofstream(dir + "/empty_list.yaml") << "include: []\n";
-  REQUIRE_THROWS_WITH(config_load(dir + "/empty_list.yaml"), Contains("include:"));
+  REQUIRE_THROWS_WITH(config_load(dir + "/empty_list.yaml"),
+                      Contains("empty_list.yaml:1: include: a config file's path, or a list of them"));
+  std::ofstream(dir + "/twice.yaml") << "include: more.yaml\ninclude: a.yaml\n";
+  REQUIRE_THROWS_WITH(config_load(dir + "/twice.yaml"),
+                      Contains("twice.yaml:2: section 'include' appears twice"));
+  // No cycle, but each level lists the next 20 times: 20^5 loads unless capped.
+  for (int level = 0; level < 5; ++level) {
+    std::ofstream f(dir + "/fan" + std::to_string(level) + ".yaml");
+    f << "include: [";
+    for (int i = 0; i < 20; ++i) f << (i ? ", " : "") << "fan" << level + 1 << ".yaml";
+    f << "]\n";
+  }
+  std::ofstream(dir + "/fan5.yaml") << "run:\n  seed: 1\n";
+  REQUIRE_THROWS_WITH(config_load(dir + "/fan0.yaml"),
+                      Contains("more than 64 config files loaded for one config"));
   std::ofstream(dir + "/nested.yaml") << "include: [[a.yaml]]\n";
   REQUIRE_THROWS_WITH(config_load(dir + "/nested.yaml"),
                       Contains("nested.yaml:1: include: each entry must be a file's path"));

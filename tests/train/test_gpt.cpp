@@ -20,6 +20,13 @@
 
 #include "lockstep/data/tokens.h"
 #include "lockstep/distributed/torch_compat.h"
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/functional.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+
+#include "lockstep/model/activation_checkpoint.h"
 #include "lockstep/model/gpt.h"
 #include "lockstep/train/generate.h"
 #include "lockstep/train/recipe.h"
@@ -500,4 +507,95 @@ TEST_CASE("gpt: gpt_parameter_shapes lists exactly the model's parameters and sh
     std::sort(expected.begin(), expected.end());
     CHECK(actual == expected);
   }
+}
+
+namespace {
+// One forward and backward of a GPT from seed 7 on a fixed batch, the
+// generator at `seed` before the forward (dropout); its loss and gradients.
+struct Pass {
+  double loss = 0;
+  std::vector<at::Tensor> grads;
+  at::Tensor rng_after;  // the generator's state after backward
+};
+Pass gpt_pass(bool checkpointed, bool bf16, uint64_t dropout_seed = 11) {
+  GptOptions o;
+  o.vocab_size = 50;
+  o.block_size = 16;
+  o.n_layer = 3;
+  o.n_head = 2;
+  o.n_embd = 32;
+  o.dropout = 0.1;
+  o.activation_checkpointing = checkpointed;
+  at::manual_seed(7);
+  Gpt model(o);
+  model.train();
+  const auto idx = at::randint(0, 50, {4, 16}, at::kLong);
+  const auto target = at::randint(0, 50, {4, 16}, at::kLong);
+  at::manual_seed(dropout_seed);
+  at::Tensor loss;
+  {
+    if (bf16) autocast_set(at::kCPU, true, at::kBFloat16);
+    const auto logits = model.forward(idx);
+    loss = at::cross_entropy_loss(logits.reshape({-1, 50}).to(at::kFloat), target.reshape({-1}));
+    if (bf16) autocast_set(at::kCPU, false, at::kBFloat16);
+  }
+  loss.backward();
+  Pass p;
+  p.loss = loss.item<double>();
+  for (const auto& param : model.parameters()) p.grads.push_back(param.grad().clone());
+  p.rng_after = at::detail::getDefaultCPUGenerator().get_state();
+  return p;
+}
+}  // namespace
+
+TEST_CASE("activation checkpointing: the GPT's gradients are bit-identical", "[gpt][checkpoint]") {
+  // Note [Activation checkpointing]: dropout 0.1 in every block, so the
+  // recompute must draw the first run's masks; the generator ends where a
+  // plain run leaves it; under bf16 autocast too.
+  for (const bool bf16 : {false, true}) {
+    INFO("bf16 " << bf16);
+    const Pass plain = gpt_pass(false, bf16), kept = gpt_pass(true, bf16);
+    CHECK(kept.loss == plain.loss);
+    REQUIRE(kept.grads.size() == plain.grads.size());
+    size_t identical = 0;
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      identical += at::equal(kept.grads[i], plain.grads[i]) ? 1 : 0;
+    CHECK(identical == plain.grads.size());
+    CHECK(at::equal(kept.rng_after, plain.rng_after));
+  }
+  // The control: other dropout masks give other gradients, so the equality
+  // above needs the recompute to draw the first run's masks.
+  const Pass plain = gpt_pass(false, false), other = gpt_pass(true, false, 12);
+  size_t differ = 0;
+  for (size_t i = 0; i < plain.grads.size(); ++i)
+    differ += at::equal(other.grads[i], plain.grads[i]) ? 0 : 1;
+  CHECK(differ > plain.grads.size() / 2);
+}
+
+TEST_CASE("activation checkpointing: any module, input gradients, no grad mode", "[checkpoint]") {
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Functional(at::gelu, "none"),
+                            torch::nn::Dropout(0.5), torch::nn::Linear(16, 4));
+  net->train();
+  const auto input = at::randn({5, 8});
+  const auto run = [&](bool checkpointed) {
+    net->zero_grad();
+    auto x = input.clone().requires_grad_(true);
+    at::manual_seed(3);
+    const auto y = checkpointed ? checkpoint(*net, [&](const at::Tensor& in) { return net->forward(in); }, x)
+                                : net->forward(x);
+    y.pow(2).sum().backward();
+    std::vector<at::Tensor> grads{x.grad().clone()};
+    for (const auto& p : net->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  const auto plain = run(false), kept = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(at::equal(plain[i], kept[i]));
+  // Without grad mode it is the function itself: nothing saved, no graph.
+  at::NoGradGuard no_grad;
+  at::manual_seed(3);
+  const auto a = net->forward(input);
+  at::manual_seed(3);
+  const auto b = checkpoint(*net, [&](const at::Tensor& in) { return net->forward(in); }, input);
+  CHECK(at::equal(a, b));
+  CHECK_FALSE(b.requires_grad());
 }

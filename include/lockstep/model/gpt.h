@@ -27,6 +27,7 @@ struct GptOptions {
   int64_t n_embd = ModelConfig{}.n_embd;
   double dropout = ModelConfig{}.dropout;
   bool bias = ModelConfig{}.bias;
+  bool activation_checkpointing = ModelConfig{}.activation_checkpointing;
 };
 
 // GptOptions from the model section and the data's vocabulary; ConfigError

@@ -1,6 +1,8 @@
 // Small filesystem helpers shared by the launcher (no LibTorch) and the library.
 #pragma once
 
+#include <cstddef>
+#include <limits>
 #include <string>
 
 namespace lockstep {
@@ -11,8 +13,9 @@ void make_directories(const std::string& path);
 
 // Reads a whole regular file (not a folder, a device such as /dev/zero, or a
 // FIFO: those are refused before a byte is read). Throws DataError naming
-// the path and why.
-std::string read_regular_file(const std::string& path);
+// the path and why; a file over `max_bytes` is refused unread.
+std::string read_regular_file(const std::string& path,
+                              size_t max_bytes = std::numeric_limits<size_t>::max());
 
 // Writes `bytes` to `path` (created or truncated) and fsyncs it. Every byte
 // is checked: a full disk (ENOSPC), a quota or an I/O error is a DataError

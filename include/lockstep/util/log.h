@@ -35,4 +35,8 @@ spdlog::level::level_enum log_parse_level(const std::string& name, const std::st
 namespace lockstep {
 // Also writes the default logger's lines to `path` (appending).
 void log_to_file(const std::string& path);
+// The console's log lines start by clearing the terminal's current line
+// (rank 0's own live progress line, Note [Progress line]).
+void log_clear_line_first();
+
 }  // namespace lockstep

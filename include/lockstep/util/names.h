@@ -59,6 +59,8 @@ std::string names_listed(const NameTable<E, N>& table) {
 [[noreturn]] void throw_unknown_name(const std::string& what, std::string_view text,
                                      const std::vector<std::string>& valid);
 
+// `text` for a message: whole up to 80 bytes, else its start and its size.
+std::string shown_name(std::string_view text);
 // The edits (insert, delete, replace, swap two neighbours) from `a` to `b`.
 size_t edit_distance(const std::string& a, const std::string& b);
 // "did you mean '<prefix>x'?" when a valid name is a near miss (at most 2
