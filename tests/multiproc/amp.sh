@@ -30,8 +30,8 @@ fi
 # 0. Precision that knows the CPU (Note [Precision that knows the CPU]):
 #    auto picks by a probe and says which, every rank alike; bf16 on a CPU
 #    whose bf16 products are slower than fp32's is warned of. oneDNN capped
-#    at AVX512_CORE has no native bf16 (emulated: ~0.65x of fp32 on an AMX
-#    Xeon; an AVX2-only CPU is slower still natively), which makes that CPU.
+#    at AVX512_CORE has no native bf16 (emulated: 0.65-0.68x of fp32 on an
+#    AMD EPYC with avx512_bf16; an AVX2-only CPU is slower still natively), which makes that CPU.
 train --set run.name=auto --set train.precision=auto --set train.max_steps=3
 expect_eq "$?" 0 "train.precision: auto trains"
 line=$(grep -o "train.precision: auto chose [a-z0-9]*: .* (\([0-9.]*\)x" "$WORK/out" | head -1)
