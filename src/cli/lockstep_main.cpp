@@ -19,6 +19,8 @@ constexpr const char* kUsage =
     "  train    a training run from a YAML config (--config FILE [--set section.key=value ...])\n"
     "  bench    benchmarks (ddp: ms/step with and without DistributedDataParallel)\n"
     "  eval     a checkpoint's validation loss/accuracy/perplexity as JSON (--checkpoint PATH)\n"
+    "  export   a checkpoint's weights as safetensors (--checkpoint PATH --out DIR [--layout "
+    "hf|lockstep])\n"
     "  generate sample from a GPT checkpoint (--checkpoint PATH --prompt TEXT)\n"
     "\n"
     "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
@@ -62,8 +64,10 @@ int main(int argc, char** argv) {
   if (command == "train") return lockstep::train_main(argc - 1, argv + 1);
   if (command == "generate") return cmd_generate(argc - 1, argv + 1);
   if (command == "eval") return cmd_eval(argc - 1, argv + 1);
-  std::fprintf(stderr,
-               "lockstep: unknown command '%s' (valid: train, check, bench, eval, generate)\n%s",
-               command.c_str(), kUsage);
+  if (command == "export") return cmd_export(argc - 1, argv + 1);
+  std::fprintf(
+      stderr,
+      "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, generate)\n%s",
+      command.c_str(), kUsage);
   return kExitBadInput;
 }

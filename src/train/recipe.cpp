@@ -11,7 +11,9 @@
 
 #include "lockstep/data/tokens.h"
 #include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/io/safetensors.h"
 #include "lockstep/io/state_dict.h"
+#include "lockstep/model/gpt_layout.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"
@@ -175,7 +177,20 @@ std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainD
   auto model = model_create(config.model, data.sample_shape, data.num_classes);
   if (!config.model.init_from.empty()) {
     reading_key("model.init_from", [&] {
-      state_dict_load(*model, state_dict_load_file(config.model.init_from), config.model.init_from);
+      const std::string& from = config.model.init_from;
+      const bool safetensors =
+          from.size() > 12 && from.compare(from.size() - 12, 12, ".safetensors") == 0;
+      if (!safetensors) {
+        state_dict_load(*model, state_dict_load_file(from), from);
+        return 0;
+      }
+      // Note [GPT-2 layout]: lockstep's own names (export --layout lockstep
+      // says so in __metadata__) or Hugging Face's GPT-2.
+      std::map<std::string, std::string> metadata;
+      StateDict state = safetensors_load(from, &metadata);
+      if (metadata["layout"] != "lockstep" && is_model(config.model.name, BuiltinModel::kGpt))
+        state = gpt_state_from_hf(state, from);
+      state_dict_load(*model, state, from);
       return 0;
     });
     spdlog::info("model initialised from {}", config.model.init_from);

@@ -44,4 +44,43 @@ expect_lt "${rel:-1}" 1e-5 "per-step losses agree within 1e-5 (relative)"
 diff=$(sed -n 's/.*largest difference after 50 steps \([0-9.e+-]*\).*/\1/p' "$WORK/parity")
 expect_lt "${diff:-1}" 1e-3 "final weights agree within 1e-3 (half an AdamW step)"
 expect_grep "$WORK/parity" "^greedy: equal\$" "Python's greedy continuation equals lockstep generate's"
+# safetensors in Hugging Face's GPT-2 layout (Note [GPT-2 layout]), both
+# ways, against tests/python/safetensors_io.py (the format from its spec).
+ST="$root/tests/python/safetensors_io.py"
+zero() {  # zero NAME ARGS...: one step at lr 0 from an init, its weights kept
+  local name=$1
+  shift
+  OMP_NUM_THREADS=1 "$LOCKSTEP" train --config "$root/configs/gpt-text.yaml" --set run.dir="$WORK/runs" \
+    --set run.name="$name" --set data.path="$WORK/text.txt" --set model.n_layer=2 --set model.n_head=2 \
+    --set model.n_embd=64 --set model.block_size=32 --set data.batch_size=8 --set train.max_steps=1 \
+    --set optim.lr=0 --set checkpoint.every=1 --set check.every=0 "$@" >"$WORK/$name.out" 2>&1
+}
+$PY "$ST" write-hf "$WORK/init.pt" "$WORK/hf.safetensors" >"$WORK/st.out" 2>&1
+expect_eq "$?" 0 "Python writes Python's initial GPT as GPT-2's upload (no prefix, Conv1D, mask buffers, lm_head)"
+zero fromhf --set model.init_from="$WORK/hf.safetensors"
+expect_eq "$?" 0 "lockstep initialises from that model.safetensors"
+$PY "$ST" equal "$WORK/runs/fromhf/checkpoints/step_00000001/model.pt" "$WORK/init.pt" >"$WORK/st.out" 2>&1
+expect_eq "$?" 0 "with Python's weights bit for bit (lr 0: the step leaves them): $(tail -1 "$WORK/st.out")"
+"$LOCKSTEP" export --checkpoint "$ckpt" --out "$WORK/exported" >"$WORK/export.out" 2>&1
+expect_eq "$?" 0 "lockstep export --format safetensors (hf layout) of the trained checkpoint"
+expect_grep "$WORK/exported/config.json" '"model_type": "gpt2"' "with GPT-2's config.json"
+$PY "$ST" compare-hf "$WORK/exported/model.safetensors" "$ckpt/model.pt" >"$WORK/st.out" 2>&1
+expect_eq "$?" 0 "Python reads it: GPT2LMHeadModel's names, Conv1D transposed, the same values ($(tail -1 "$WORK/st.out"))"
+zero roundtrip --set model.init_from="$WORK/exported/model.safetensors"
+$PY "$ST" equal "$WORK/runs/roundtrip/checkpoints/step_00000001/model.pt" "$ckpt/model.pt" >"$WORK/st.out" 2>&1
+expect_eq "$?" 0 "export -> init_from is bit-identical (hf layout)"
+"$LOCKSTEP" export --checkpoint "$ckpt" --layout lockstep --out "$WORK/own" >"$WORK/export.out" 2>&1
+zero roundown --set model.init_from="$WORK/own/model.safetensors"
+$PY "$ST" equal "$WORK/runs/roundown/checkpoints/step_00000001/model.pt" "$ckpt/model.pt" >"$WORK/st.out" 2>&1
+expect_eq "$?" 0 "and with --layout lockstep"
+# Bad input: exit 2, naming the file and the entry.
+head -c 1000 "$WORK/exported/model.safetensors" >"$WORK/cut.safetensors"
+zero cut --set model.init_from="$WORK/cut.safetensors"
+expect_eq "$?" 2 "a truncated safetensors file exits 2"
+expect_grep "$WORK/cut.out" "cut.safetensors'.*(header length|outside the data)" "naming the file and what is wrong"
+zero wide --set model.init_from="$WORK/hf.safetensors" --set model.n_embd=32
+expect_eq "$?" 2 "weights of another shape exit 2"
+expect_grep "$WORK/wide.out" "hf.safetensors" "naming the file"
+"$LOCKSTEP" export --checkpoint "$ckpt" --out "$WORK/x" --layout onnx >"$WORK/export.out" 2>&1
+expect_eq "$?" 2 "an unknown --layout exits 2"
 finish

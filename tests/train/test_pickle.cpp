@@ -6,8 +6,14 @@
 
 #include <string>
 
+#include <ATen/ATen.h>
+
+#include <fstream>
+
 #include "io/pickle_machine.h"
+#include "lockstep/io/safetensors.h"
 #include "lockstep/util/error.h"
+#include "support/temp_dir.h"
 
 using namespace lockstep;
 using lockstep::testing::Contains;
@@ -110,4 +116,85 @@ TEST_CASE("pickle machine: objects and storages are the resolver's to allow", "[
   const auto pid = unhex("8002580700000073746f7261676585512e");
   CHECK_THROWS_WITH(run(pid, storages), Contains("persistent id refused"));
   CHECK(storages.asked == "persistent");
+}
+
+namespace {
+// A safetensors file from a header's JSON and `data` bytes.
+std::string safetensors_bytes(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(header.size() >> (8 * i) & 0xff);
+  return out + header + data;
+}
+}  // namespace
+
+TEST_CASE("safetensors: every dtype round-trips; hostile files name the entry",
+          "[io][safetensors]") {
+  testing::TempDir dir;
+  StateDict state{{"f32", at::arange(6, at::kFloat).reshape({2, 3})},
+                  {"bf16", at::arange(4, at::kFloat).to(at::kBFloat16)},
+                  {"f16", at::ones({3}, at::kHalf)},
+                  {"i64", at::arange(5, at::kLong)},
+                  {"u8", at::arange(3, at::kByte)},
+                  {"flag", at::ones({2}, at::kBool)},
+                  {"scalar", at::tensor(2.5, at::kDouble)},
+                  {"empty", at::empty({0, 4}, at::kFloat)}};
+  const std::string path = dir.path + "/all.safetensors";
+  safetensors_save(state, path, {{"format", "pt"}});
+  std::map<std::string, std::string> metadata;
+  const StateDict back = safetensors_load(path, &metadata);
+  CHECK(metadata["format"] == "pt");
+  REQUIRE(back.size() == state.size());
+  for (size_t i = 0; i < state.size(); ++i) {  // the file's order is the writer's
+    CHECK(back[i].first == state[i].first);
+    CHECK(back[i].second.scalar_type() == state[i].second.scalar_type());
+    CHECK(at::equal(back[i].second, state[i].second));
+  }
+  const auto bad = [&](const std::string& name, const std::string& bytes, const std::string& want) {
+    const std::string file = dir.write(name, bytes);
+    INFO(name);
+    CHECK_THROWS_WITH(safetensors_load(file), Contains("'" + file + "': " + want));
+  };
+  const std::string f32x2 = std::string(8, '\0');
+  bad("short", "abc", "shorter than the 8-byte header length");
+  bad("huge_header", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",
+      "header length 9223372036854775807 is past the file's");
+  bad("not_json", safetensors_bytes("{\"a\": [1, 2", ""), "the header is not JSON");
+  bad("list", safetensors_bytes("[1, 2]", ""), "the header is not a JSON object of entries");
+  bad("deep", safetensors_bytes(std::string(100000, '[') + std::string(100000, ']'), ""),
+      "the header nests deeper than safetensors' entries do");
+  bad("dtype",
+      safetensors_bytes(R"({"w": {"dtype": "F8", "shape": [2], "data_offsets": [0, 2]}})", "xx"),
+      "entry 'w': dtype 'F8' is not one of");
+  bad("mismatch",
+      safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", f32x2),
+      "entry 'w': its shape needs 12 bytes, its data_offsets hold 8");
+  bad("outside",
+      safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", f32x2),
+      "entry 'w': data_offsets [0, 16] outside the data's 8 bytes");
+  bad("reversed",
+      safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}})", f32x2),
+      "entry 'w': data_offsets [8, 0] outside");
+  bad("overflow",
+      safetensors_bytes(
+          R"({"w": {"dtype": "F64", "shape": [1099511627776, 1099511627776, 1099511627776], "data_offsets": [0, 8]}})",
+          f32x2),
+      "entry 'w': its shape needs more than 2^64 bytes");
+  bad("negative",
+      safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}})", f32x2),
+      "entry 'w': shape: each size an integer in [0, 2^40]");
+  bad("overlap",
+      safetensors_bytes(
+          R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+          f32x2),
+      "entries 'a' and 'b' overlap");
+  bad("twice",
+      safetensors_bytes(
+          R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+          f32x2),
+      "entry 'a': appears twice");
+  bad("fields", safetensors_bytes(R"({"w": {"dtype": "F32"}})", ""),
+      "entry 'w': needs dtype, shape and data_offsets");
+  bad("metadata", safetensors_bytes(R"({"__metadata__": [1]})", ""),
+      "entry '__metadata__': must be an object");
+  CHECK_THROWS_WITH(safetensors_load(dir.path), Contains("not a regular file"));
 }

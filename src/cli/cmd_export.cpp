@@ -1,0 +1,73 @@
+// `lockstep export --checkpoint DIR --format safetensors [--layout hf|lockstep] --out DIR`:
+// a checkpoint's weights as model.safetensors, in Hugging Face's GPT-2
+// layout with its config.json (Note [GPT-2 layout]) or with lockstep's own
+// names beside the checkpoint's config.yaml.
+#include <cstdio>
+
+#include "common.h"
+#include "lockstep/io/safetensors.h"
+#include "lockstep/model/gpt_layout.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/generate.h"
+#include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
+
+namespace lockstep::cli {
+
+int cmd_export(int argc, char** argv) {
+  return run_guarded("export", [&] {
+    cxxopts::Options options("lockstep export",
+                             "Writes a checkpoint's weights as safetensors (Hugging Face's GPT-2 "
+                             "layout, or lockstep's names).");
+    // clang-format off
+    options.add_options()
+        ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
+        ("format", "safetensors", cxxopts::value<std::string>()->default_value("safetensors"))
+        ("layout", "hf: GPT2LMHeadModel's names, Conv1D weights, config.json (model.name: gpt); lockstep: lockstep's own names", cxxopts::value<std::string>()->default_value("hf"))
+        ("out", "the folder to write model.safetensors and config.json (or config.yaml) into", cxxopts::value<std::string>())
+        ("h,help", "this help");
+    // clang-format on
+    const auto args = options.parse(argc, argv);
+    if (args.count("help") != 0) {
+      std::fputs(options.help().c_str(), stdout);
+      return kExitOk;
+    }
+    if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
+    if (args.count("out") == 0) throw ConfigError("--out FOLDER is required");
+    if (args["format"].as<std::string>() != "safetensors")
+      throw ConfigError("--format: '" + shown_name(args["format"].as<std::string>()) +
+                        "' is not one of safetensors");
+    const std::string layout = args["layout"].as<std::string>();
+    if (layout != "hf" && layout != "lockstep")
+      throw ConfigError("--layout: '" + shown_name(layout) + "' is not one of hf, lockstep");
+    const std::string folder = checkpoint_folder(args["checkpoint"].as<std::string>());
+    const auto loaded = Checkpointer::load(folder, nullptr, {"model.pt"});
+    const StateDict& weights = loaded.part("model.pt");
+    const Config config = config_load(folder + "/config.yaml");
+    const std::string out = args["out"].as<std::string>();
+    make_directories(out);
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    if (layout == "hf") {
+      if (!is_model(config.model.name, BuiltinModel::kGpt))
+        throw ConfigError("--layout hf is GPT-2's; checkpoint '" + folder + "' holds a " +
+                          config.model.name + " model: use --layout lockstep");
+      int64_t vocab = 0;
+      for (const auto& [name, t] : weights)
+        if (name == "transformer.wte.weight" && t.dim() == 2) vocab = t.size(0);
+      const GptOptions gpt = gpt_options(config.model, vocab);
+      safetensors_save(gpt_state_to_hf(weights, gpt), out + "/model.safetensors", metadata);
+      write_file(out + "/config.json", gpt_hf_config_json(gpt));
+    } else {
+      metadata["layout"] = "lockstep";
+      safetensors_save(weights, out + "/model.safetensors", metadata);
+      write_file(out + "/config.yaml", config_to_yaml(config));
+    }
+    std::printf("exported %zu tensors of %s (step %lld) to %s/model.safetensors (%s layout)\n",
+                weights.size(), folder.c_str(), static_cast<long long>(loaded.state.step),
+                out.c_str(), layout.c_str());
+    return kExitOk;
+  });
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,267 @@
+#include "lockstep/io/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
+
+namespace lockstep {
+
+// Note [Untrusted safetensors]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A safetensors file comes from anywhere (a model hub, a colleague), so
+// nothing in it is trusted before it is checked: the header length against
+// the file and a 100 MB cap, the header's JSON nesting (at most 4 levels:
+// entries hold flat lists; deeper is refused before the parser sees it),
+// every entry's dtype against the known ones, its shape (each dimension in
+// [0, 2^40], the product's bytes without overflow) against its offsets, and
+// the offsets against the data's size and each other (sorted, no overlap).
+// Memory: the tensors' own bytes, which the file holds, plus the header.
+namespace {
+
+constexpr uint64_t kMaxHeader = 100u << 20;
+
+struct Dtype {
+  const char* name;
+  at::ScalarType type;
+  size_t bytes;
+};
+constexpr Dtype kDtypes[] = {
+    {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4},  {"F16", at::kHalf, 2},
+    {"BF16", at::kBFloat16, 2}, {"I64", at::kLong, 8}, {"I32", at::kInt, 4},
+    {"I16", at::kShort, 2},  {"I8", at::kChar, 1},    {"U8", at::kByte, 1},
+    {"BOOL", at::kBool, 1},
+};
+
+const Dtype* dtype_named(const std::string& name) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+const Dtype* dtype_of(at::ScalarType type) {
+  for (const auto& d : kDtypes)
+    if (type == d.type) return &d;
+  return nullptr;
+}
+
+// JSON nesting outside strings, without parsing: a deep header would
+// exhaust the parser's stack.
+size_t nesting(const std::string& json) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+std::string json_text(const std::string& s) {
+  std::string out = "\"";
+  for (const unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+struct Entry {
+  std::string name;
+  const Dtype* dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+}  // namespace
+
+StateDict safetensors_load(const std::string& path, std::map<std::string, std::string>* metadata) {
+  const auto fail = [&](const std::string& why) { return DataError("'" + path + "': " + why); };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw fail(std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw fail("not a regular file");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const auto read_at = [&](void* out, uint64_t n, uint64_t at) {
+    uint64_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd, static_cast<char*>(out) + done, n - done,
+                                  static_cast<off_t>(at + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) throw fail("cannot read bytes " + std::to_string(at) + ".." +
+                               std::to_string(at + n) + " (it changed while being read?)");
+      done += static_cast<uint64_t>(got);
+    }
+  };
+  if (size < 8) throw fail("shorter than the 8-byte header length: not a safetensors file");
+  unsigned char length_bytes[8];
+  read_at(length_bytes, 8, 0);
+  uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = header_length << 8 | length_bytes[i];
+  if (header_length > kMaxHeader || header_length > size - 8)
+    throw fail("header length " + std::to_string(header_length) + " is past the file's " +
+               std::to_string(size) + " bytes or over 100 MB: not a safetensors file");
+  std::string header(header_length, '\0');
+  read_at(header.data(), header_length, 8);
+  if (nesting(header) > 4) throw fail("the header nests deeper than safetensors' entries do");
+  YAML::Node root;
+  try {
+    root = YAML::Load(header);
+  } catch (const YAML::Exception& e) {
+    throw fail(std::string("the header is not JSON: ") + e.what());
+  }
+  if (!root.IsMap()) throw fail("the header is not a JSON object of entries");
+  const uint64_t data_size = size - 8 - header_length;
+  std::vector<Entry> entries;
+  std::set<std::string> names;
+  for (const auto& item : root) {
+    if (!item.first.IsScalar()) throw fail("an entry's name is not a string");
+    const std::string name = item.first.Scalar();
+    const auto in = [&](const std::string& why) { return fail("entry '" + name + "': " + why); };
+    if (name == "__metadata__") {
+      if (!item.second.IsMap()) throw in("must be an object of strings");
+      for (const auto& kv : item.second) {
+        if (!kv.first.IsScalar() || !kv.second.IsScalar()) throw in("must be an object of strings");
+        if (metadata != nullptr) (*metadata)[kv.first.Scalar()] = kv.second.Scalar();
+      }
+      continue;
+    }
+    if (!names.insert(name).second) throw in("appears twice");
+    const YAML::Node& e = item.second;
+    if (!e.IsMap() || !e["dtype"] || !e["shape"] || !e["data_offsets"])
+      throw in("needs dtype, shape and data_offsets");
+    Entry entry;
+    entry.name = name;
+    entry.dtype = e["dtype"].IsScalar() ? dtype_named(e["dtype"].Scalar()) : nullptr;
+    if (entry.dtype == nullptr)
+      throw in("dtype '" + (e["dtype"].IsScalar() ? e["dtype"].Scalar() : std::string("?")) +
+               "' is not one of F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL");
+    if (!e["shape"].IsSequence() || e["shape"].size() > 16) throw in("shape: a list of up to 16 sizes");
+    uint64_t elements = 1;
+    bool overflow = false;
+    for (const auto& dim : e["shape"]) {
+      int64_t d = -1;
+      try {
+        d = dim.as<int64_t>();
+      } catch (const YAML::Exception&) {
+      }
+      if (d < 0 || d > (int64_t{1} << 40)) throw in("shape: each size an integer in [0, 2^40]");
+      entry.shape.push_back(d);
+      if (d != 0 && elements > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d) /
+                                   entry.dtype->bytes)
+        overflow = true;
+      elements *= static_cast<uint64_t>(d);
+    }
+    if (!e["data_offsets"].IsSequence() || e["data_offsets"].size() != 2)
+      throw in("data_offsets: [begin, end]");
+    try {
+      entry.begin = e["data_offsets"][0].as<uint64_t>();
+      entry.end = e["data_offsets"][1].as<uint64_t>();
+    } catch (const YAML::Exception&) {
+      throw in("data_offsets: two whole numbers");
+    }
+    if (entry.begin > entry.end || entry.end > data_size)
+      throw in("data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
+               "] outside the data's " + std::to_string(data_size) + " bytes");
+    if (overflow || elements * entry.dtype->bytes != entry.end - entry.begin)
+      throw in("its shape needs " + (overflow ? std::string("more than 2^64") : std::to_string(elements * entry.dtype->bytes)) +
+               " bytes, its data_offsets hold " + std::to_string(entry.end - entry.begin));
+    entries.push_back(std::move(entry));
+  }
+  std::vector<const Entry*> by_offset;
+  for (const auto& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end)
+      throw fail("entries '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
+                 "' overlap");
+  }
+  StateDict state;
+  for (const Entry* e : by_offset) {
+    at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(e->dtype->type));
+    read_at(t.data_ptr(), e->end - e->begin, 8 + header_length + e->begin);
+    state.emplace_back(e->name, t);
+  }
+  return state;
+}
+
+void safetensors_save(const StateDict& state, const std::string& path,
+                      const std::map<std::string, std::string>& metadata) {
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      header += (first ? "" : ",") + json_text(k) + ":" + json_text(v);
+      first = false;
+    }
+    header += "}";
+  }
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : state) {
+    const Dtype* dtype = dtype_of(tensor.scalar_type());
+    if (dtype == nullptr)
+      throw DataError("safetensors: '" + name + "' has a dtype safetensors does not hold");
+    const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * dtype->bytes;
+    header += std::string(header.size() > 1 ? "," : "") + json_text(name) + ":{\"dtype\":\"" +
+              dtype->name + "\",\"shape\":[";
+    for (int64_t i = 0; i < t.dim(); ++i) header += (i ? "," : "") + std::to_string(t.size(i));
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + bytes) + "]}";
+    offset += bytes;
+    data.push_back(t);
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i) & 0xff);
+  bytes += header;
+  bytes.reserve(bytes.size() + offset);
+  for (const auto& t : data)
+    bytes.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  const std::string tmp = path + ".tmp";
+  write_file(tmp, bytes);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw DataError("safetensors: cannot rename '" + tmp + "' to '" + path + "': " +
+                    std::strerror(err));
+  }
+}
+
+}  // namespace lockstep
