@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <vector>
@@ -39,9 +39,9 @@ struct Dtype {
   size_t bytes;
 };
 constexpr Dtype kDtypes[] = {
-    {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4},  {"F16", at::kHalf, 2},
-    {"BF16", at::kBFloat16, 2}, {"I64", at::kLong, 8}, {"I32", at::kInt, 4},
-    {"I16", at::kShort, 2},  {"I8", at::kChar, 1},    {"U8", at::kByte, 1},
+    {"F64", at::kDouble, 8},    {"F32", at::kFloat, 4}, {"F16", at::kHalf, 2},
+    {"BF16", at::kBFloat16, 2}, {"I64", at::kLong, 8},  {"I32", at::kInt, 4},
+    {"I16", at::kShort, 2},     {"I8", at::kChar, 1},   {"U8", at::kByte, 1},
     {"BOOL", at::kBool, 1},
 };
 
@@ -64,8 +64,10 @@ size_t nesting(const std::string& json) {
   for (size_t i = 0; i < json.size(); ++i) {
     const char c = json[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
@@ -117,11 +119,12 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
   const auto read_at = [&](void* out, uint64_t n, uint64_t at) {
     uint64_t done = 0;
     while (done < n) {
-      const ssize_t got = ::pread(fd, static_cast<char*>(out) + done, n - done,
-                                  static_cast<off_t>(at + done));
+      const ssize_t got =
+          ::pread(fd, static_cast<char*>(out) + done, n - done, static_cast<off_t>(at + done));
       if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) throw fail("cannot read bytes " + std::to_string(at) + ".." +
-                               std::to_string(at + n) + " (it changed while being read?)");
+      if (got <= 0)
+        throw fail("cannot read bytes " + std::to_string(at) + ".." + std::to_string(at + n) +
+                   " (it changed while being read?)");
       done += static_cast<uint64_t>(got);
     }
   };
@@ -168,7 +171,8 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
     if (entry.dtype == nullptr)
       throw in("dtype '" + (e["dtype"].IsScalar() ? e["dtype"].Scalar() : std::string("?")) +
                "' is not one of F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL");
-    if (!e["shape"].IsSequence() || e["shape"].size() > 16) throw in("shape: a list of up to 16 sizes");
+    if (!e["shape"].IsSequence() || e["shape"].size() > 16)
+      throw in("shape: a list of up to 16 sizes");
     uint64_t elements = 1;
     bool overflow = false;
     for (const auto& dim : e["shape"]) {
@@ -196,7 +200,9 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
       throw in("data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
                "] outside the data's " + std::to_string(data_size) + " bytes");
     if (overflow || elements * entry.dtype->bytes != entry.end - entry.begin)
-      throw in("its shape needs " + (overflow ? std::string("more than 2^64") : std::to_string(elements * entry.dtype->bytes)) +
+      throw in("its shape needs " +
+               (overflow ? std::string("more than 2^64")
+                         : std::to_string(elements * entry.dtype->bytes)) +
                " bytes, its data_offsets hold " + std::to_string(entry.end - entry.begin));
     entries.push_back(std::move(entry));
   }
@@ -259,8 +265,8 @@ void safetensors_save(const StateDict& state, const std::string& path,
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    throw DataError("safetensors: cannot rename '" + tmp + "' to '" + path + "': " +
-                    std::strerror(err));
+    throw DataError("safetensors: cannot rename '" + tmp + "' to '" + path +
+                    "': " + std::strerror(err));
   }
 }
 

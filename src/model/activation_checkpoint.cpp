@@ -58,8 +58,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto recompute = c10::static_intrusive_pointer_cast<Recompute>(
-        ctx->saved_data["recompute"].toCapsule());
+    auto recompute =
+        c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor input = saved[0].detach().requires_grad_(saved[0].requires_grad());
     at::Tensor output;
@@ -113,9 +113,8 @@ at::Tensor checkpoint(torch::nn::Module& module,
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->fn = fn;
   recompute->device = input.device().type();
-  recompute->generator = input.is_cuda()
-                             ? at::globalContext().defaultGenerator(input.device())
-                             : at::detail::getDefaultCPUGenerator();
+  recompute->generator = input.is_cuda() ? at::globalContext().defaultGenerator(input.device())
+                                         : at::detail::getDefaultCPUGenerator();
   recompute->autocast = autocast_is_enabled(recompute->device);
   recompute->autocast_dtype = autocast_dtype(recompute->device);
   std::vector<at::Tensor> tensors{input};

@@ -1,5 +1,5 @@
-#include "lockstep/model/activation_checkpoint.h"
 #include "lockstep/model/gpt.h"
+#include "lockstep/model/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -185,7 +185,8 @@ at::Tensor Gpt::forward(at::Tensor idx) {
   for (const auto& block : body_->blocks) {
     // Note [Activation checkpointing]: the block keeps only its input.
     if (options_.activation_checkpointing && is_training())
-      x = checkpoint(*block, [&block](const at::Tensor& in) { return block->forward(in); }, x);
+      x = checkpoint(
+          *block, [&block](const at::Tensor& in) { return block->forward(in); }, x);
     else
       x = block->forward(x);
   }

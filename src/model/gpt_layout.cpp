@@ -26,7 +26,8 @@ namespace {
 
 bool conv1d(const std::string& name) {
   const auto ends = [&](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   return ends(".attn.c_attn.weight") || ends(".attn.c_proj.weight") || ends(".mlp.c_fc.weight") ||
          ends(".mlp.c_proj.weight");
@@ -76,18 +77,21 @@ NamedTensors gpt_state_from_hf(const NamedTensors& hf, const std::string& source
     for (const auto& [name, tensor] : out)
       if (name == "transformer.wte.weight") wte = tensor;
     if (!wte.defined() || head.sizes() != wte.sizes() || !at::equal(head, wte))
-      throw DataError(source + ": lm_head.weight differs from transformer.wte.weight: lockstep's "
-                               "GPT ties its head to the token embedding");
+      throw DataError(source +
+                      ": lm_head.weight differs from transformer.wte.weight: lockstep's "
+                      "GPT ties its head to the token embedding");
   }
   return out;
 }
 
 std::string gpt_hf_config_json(const GptOptions& o) {
   return "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
-         "  \"vocab_size\": " + std::to_string(o.vocab_size) + ",\n  \"n_positions\": " +
-         std::to_string(o.block_size) + ",\n  \"n_ctx\": " + std::to_string(o.block_size) +
-         ",\n  \"n_embd\": " + std::to_string(o.n_embd) + ",\n  \"n_layer\": " +
-         std::to_string(o.n_layer) + ",\n  \"n_head\": " + std::to_string(o.n_head) +
+         "  \"vocab_size\": " +
+         std::to_string(o.vocab_size) + ",\n  \"n_positions\": " + std::to_string(o.block_size) +
+         ",\n  \"n_ctx\": " + std::to_string(o.block_size) +
+         ",\n  \"n_embd\": " + std::to_string(o.n_embd) +
+         ",\n  \"n_layer\": " + std::to_string(o.n_layer) +
+         ",\n  \"n_head\": " + std::to_string(o.n_head) +
          ",\n  \"activation_function\": \"gelu\",\n  \"layer_norm_epsilon\": 1e-05,\n"
          "  \"tie_word_embeddings\": true\n}\n";
 }

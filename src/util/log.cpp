@@ -21,7 +21,6 @@ void log_clear_line_first() {
   logger->sinks().front()->set_pattern("\r\033[K" + g_console_pattern);
 }
 
-
 spdlog::level::level_enum log_parse_level(const std::string& name, const std::string& where) {
   if (const auto level = value_named(kLogLevelNames, name)) return *level;
   throw ConfigError(where + ": unknown log level '" + name +

@@ -242,8 +242,9 @@ TEST_CASE("include: files merged before the file's own keys, --set over all", "[
   REQUIRE_THROWS_WITH(config_load(dir + "/map.yaml"),
                       Contains("map.yaml:1: include: a config file's path, or a list of them"));
   std::ofstream(dir + "/empty_list.yaml") << "include: []\n";
-  REQUIRE_THROWS_WITH(config_load(dir + "/empty_list.yaml"),
-                      Contains("empty_list.yaml:1: include: a config file's path, or a list of them"));
+  REQUIRE_THROWS_WITH(
+      config_load(dir + "/empty_list.yaml"),
+      Contains("empty_list.yaml:1: include: a config file's path, or a list of them"));
   std::ofstream(dir + "/twice.yaml") << "include: more.yaml\ninclude: a.yaml\n";
   REQUIRE_THROWS_WITH(config_load(dir + "/twice.yaml"),
                       Contains("twice.yaml:2: section 'include' appears twice"));

@@ -18,13 +18,13 @@
 #include <map>
 #include <string>
 
-#include "lockstep/data/tokens.h"
-#include "lockstep/distributed/torch_compat.h"
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
+#include "lockstep/data/tokens.h"
+#include "lockstep/distributed/torch_compat.h"
 
 #include "lockstep/model/activation_checkpoint.h"
 #include "lockstep/model/gpt.h"
@@ -581,8 +581,10 @@ TEST_CASE("activation checkpointing: any module, input gradients, no grad mode",
     net->zero_grad();
     auto x = input.clone().requires_grad_(true);
     at::manual_seed(3);
-    const auto y = checkpointed ? checkpoint(*net, [&](const at::Tensor& in) { return net->forward(in); }, x)
-                                : net->forward(x);
+    const auto y = checkpointed
+                       ? checkpoint(
+                             *net, [&](const at::Tensor& in) { return net->forward(in); }, x)
+                       : net->forward(x);
     y.pow(2).sum().backward();
     std::vector<at::Tensor> grads{x.grad().clone()};
     for (const auto& p : net->parameters()) grads.push_back(p.grad().clone());
@@ -595,7 +597,8 @@ TEST_CASE("activation checkpointing: any module, input gradients, no grad mode",
   at::manual_seed(3);
   const auto a = net->forward(input);
   at::manual_seed(3);
-  const auto b = checkpoint(*net, [&](const at::Tensor& in) { return net->forward(in); }, input);
+  const auto b = checkpoint(
+      *net, [&](const at::Tensor& in) { return net->forward(in); }, input);
   CHECK(at::equal(a, b));
   CHECK_FALSE(b.requires_grad());
 }

@@ -20,7 +20,8 @@ namespace lockstep {
 // (their gradients flow through the outer backward, so DDP's hooks and
 // gradient accumulation see them as without checkpointing). Without grad
 // mode (evaluation) it is just fn(input).
-at::Tensor checkpoint(torch::nn::Module& module, const std::function<at::Tensor(const at::Tensor&)>& fn,
+at::Tensor checkpoint(torch::nn::Module& module,
+                      const std::function<at::Tensor(const at::Tensor&)>& fn,
                       const at::Tensor& input);
 
 }  // namespace lockstep

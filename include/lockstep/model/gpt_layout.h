@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "lockstep/util/module_tensors.h"
 #include "lockstep/model/gpt.h"
+#include "lockstep/util/module_tensors.h"
 
 namespace lockstep {
 
