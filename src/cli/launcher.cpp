@@ -27,9 +27,9 @@
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/hex.h"
-#include "lockstep/util/progress.h"
 #include "output_queue.h"
 #include "process_tree.h"
+#include "progress_display.h"
 #include "worker_process.h"
 
 #include <arpa/inet.h>
@@ -37,7 +37,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -156,15 +155,8 @@ class Attempt {
         master_port_(master_port),
         guardian_(guardian),
         output_(output),
-        sweep_(options.launch_id, guardian.pid(), options.grace_s) {
-    // Note [Progress line] (util/progress.h): this node hosts rank 0 and our
-    // stdout is a terminal; stderr joins it when it is the same terminal.
-    drawing_ = options.node_rank == 0 && isatty(STDOUT_FILENO) != 0;
-    struct stat out {
-    }, err{};
-    merge_stderr_ = drawing_ && isatty(STDERR_FILENO) != 0 && fstat(STDOUT_FILENO, &out) == 0 &&
-                    fstat(STDERR_FILENO, &err) == 0 && out.st_rdev == err.st_rdev;
-  }
+        sweep_(options.launch_id, guardian.pid(), options.grace_s),
+        progress_(output, options.node_rank == 0) {}
 
   // Returns 0, or the exit code the launcher should end with.
   int run() {
@@ -184,59 +176,7 @@ class Attempt {
   void say(const std::string& text) { emit(STDERR_FILENO, "lockstep-run: " + text + "\n"); }
 
   // Our output, above the live progress line when one is drawn.
-  void emit(int fd, const std::string& text) {
-    if (status_.empty() || (fd == STDERR_FILENO && !merge_stderr_)) {
-      output_.push(fd, text);
-      return;
-    }
-    output_.push(STDOUT_FILENO, "\r\033[K" + text + status_);
-  }
-
-  void read_progress() {
-    char buf[4096];
-    const ssize_t n = read(progress_fd_, buf, sizeof buf);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-    if (n <= 0) {
-      close(progress_fd_);
-      progress_fd_ = -1;
-      return;
-    }
-    bool any = false;
-    for (const auto& line : progress_lines_.feed(buf, static_cast<size_t>(n))) {
-      if (const auto record = parse_progress_record(line)) {
-        view_.update(*record, elapsed_s());
-        any = true;
-        done_ = record->step >= record->total;
-      }
-    }
-    const auto now = Clock::now();
-    if (!any || (now - last_drawn_ < std::chrono::milliseconds(100) && !done_)) return;
-    redraw();
-  }
-
-  // The line again from the latest record: after records, and once a second
-  // between them (the elapsed time moves during an evaluation or a save).
-  void redraw() {
-    if (view_.empty() || output_.full()) return;  // a stalled reader: the queue must not grow
-    last_drawn_ = Clock::now();
-    struct winsize size {};
-    const int columns =
-        ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
-    status_ = view_.render(columns, elapsed_s());
-    output_.push(STDOUT_FILENO, "\r\033[K" + status_);
-  }
-
-  // The line stays, as the last state of the run, when the attempt ends.
-  void end_progress() {
-    if (progress_fd_ >= 0) close(progress_fd_), progress_fd_ = -1;
-    if (!status_.empty()) {  // the latest record, not the last one drawn
-      struct winsize size {};
-      const int columns =
-          ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
-      output_.push(STDOUT_FILENO, "\r\033[K" + view_.render(columns, elapsed_s()) + "\n");
-    }
-    status_.clear();
-  }
+  void emit(int fd, const std::string& text) { progress_.emit(fd, text); }
 
   void spawn(int local) {
     Worker w;
@@ -255,18 +195,12 @@ class Attempt {
     auto env = worker_environment(options_, w.rank, w.local_rank, master_port_, attempt_);
     if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
       env.emplace_back("OMP_NUM_THREADS", "1");
-    int progress[2] = {-1, -1};  // Note [Progress line]: rank 0's records
-    if (drawing_ && w.rank == 0) {
-      if (pipe2(progress, O_CLOEXEC) != 0)
-        throw SystemError(std::string("pipe: ") + std::strerror(errno));
-      fcntl(progress[0], F_SETFL, fcntl(progress[0], F_GETFL) | O_NONBLOCK);
-      env.emplace_back(kProgressFdEnv, std::to_string(progress[1]));
-      progress_fd_ = progress[0];
-    } else {
-      env.emplace_back(kProgressFdEnv, "");  // one in our own environment is not theirs
-    }
-    const pid_t pid = worker_spawn(options_.command, env, pipes[0][1], pipes[1][1], progress[1]);
-    if (progress[1] >= 0) close(progress[1]);
+    // Note [Progress line]: rank 0 gets the pipe of its records; a variable
+    // in our own environment is not the others'.
+    const int progress = w.rank == 0 ? progress_.open_pipe() : -1;
+    env.emplace_back(kProgressFdEnv, progress >= 0 ? std::to_string(progress) : "");
+    const pid_t pid = worker_spawn(options_.command, env, pipes[0][1], pipes[1][1], progress);
+    if (progress >= 0) close(progress);
     guardian_.watch(pid);
     w.pid = pid;
     w.running = true;
@@ -421,7 +355,7 @@ class Attempt {
   // One poll of at most 100 ms: the wake pipe (signals, children, room in the
   // output queue) and, unless the queue is full, the workers' pipes.
   void poll_once() {
-    std::vector<pollfd> fds{{g_wake[0], POLLIN, 0}, {progress_fd_, POLLIN, 0}};
+    std::vector<pollfd> fds{{g_wake[0], POLLIN, 0}, {progress_.read_fd(), POLLIN, 0}};
     std::vector<std::pair<Worker*, int>> owners{{nullptr, 0}, {nullptr, 0}};
     if (output_.full()) {
       last_output_ = Clock::now();  // waiting for our reader, not for the workers
@@ -440,7 +374,8 @@ class Attempt {
       while (read(g_wake[0], drain, sizeof drain) > 0) {
       }
     }
-    if (fds[1].revents != 0 && progress_fd_ >= 0) read_progress();  // poll skips fd -1
+    if (fds[1].revents != 0 && progress_.read_fd() >= 0)
+      progress_.read(elapsed_s());  // poll skips -1
     for (size_t k = 2; k < fds.size(); ++k) {
       if (fds[k].revents != 0) read_stream(*owners[k].first, owners[k].second);
     }
@@ -494,7 +429,7 @@ class Attempt {
   void loop() {
     while (true) {
       poll_once();
-      if (!status_.empty() && Clock::now() - last_drawn_ > std::chrono::seconds(1)) redraw();
+      progress_.tick(elapsed_s());
       handle_signal();
       reap();
       enforce_grace();
@@ -503,7 +438,7 @@ class Attempt {
     for (auto& w : workers_) {
       if (w.log_fd >= 0) close(w.log_fd);
     }
-    end_progress();
+    progress_.end(elapsed_s());
   }
 
   int summarize() {
@@ -551,13 +486,7 @@ class Attempt {
   Clock::time_point last_output_ = Clock::now();  // the pipes last gave something
   Clock::time_point last_sweep_{};
   std::vector<Worker> workers_;
-  // Note [Progress line]: rank 0's pipe (read end), its records, the line.
-  bool drawing_ = false, merge_stderr_ = false, done_ = false;
-  int progress_fd_ = -1;
-  LineSplitter progress_lines_{1024};
-  ProgressView view_;
-  std::string status_;
-  Clock::time_point last_drawn_{};
+  ProgressDisplay progress_;  // Note [Progress line]
   int first_failed_ = -1;
   double stop_began_s_ = 1e300;  // when the first failure made us stop the others
   int interrupted_by_ = 0;
