@@ -2,7 +2,9 @@
 // a checkpoint's weights as model.safetensors, in Hugging Face's GPT-2
 // layout with its config.json (Note [GPT-2 layout]) or with lockstep's own
 // names beside the checkpoint's config.yaml.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "common.h"
 #include "lockstep/io/safetensors.h"
@@ -46,22 +48,37 @@ int cmd_export(int argc, char** argv) {
     const StateDict& weights = loaded.part("model.pt");
     const Config config = config_load(folder + "/config.yaml");
     const std::string out = args["out"].as<std::string>();
+    if (layout == "hf" && !is_model(config.model.name, BuiltinModel::kGpt))
+      throw ConfigError("--layout hf is GPT-2's; checkpoint '" + folder + "' holds a " +
+                        config.model.name + " model: use --layout lockstep");
+    // Nothing is overwritten: not an earlier export, not a checkpoint or a
+    // run folder (whose MANIFEST would no longer match).
+    for (const char* name : {"model.safetensors", "config.json", "config.yaml", "MANIFEST"}) {
+      if (path_exists(out + "/" + name))
+        throw ConfigError("--out '" + out + "' already holds " + name +
+                          ": give an empty or new folder (lockstep export overwrites nothing)");
+    }
     make_directories(out);
     std::map<std::string, std::string> metadata{{"format", "pt"}};
+    // The config first, through a temporary: a failure leaves no model
+    // without its config, and no half file.
+    const auto write_config = [&](const std::string& name, const std::string& text) {
+      write_file(out + "/" + name + ".tmp", text);
+      if (std::rename((out + "/" + name + ".tmp").c_str(), (out + "/" + name).c_str()) != 0)
+        throw DataError("cannot rename '" + out + "/" + name + ".tmp': " + std::strerror(errno));
+    };
     if (layout == "hf") {
-      if (!is_model(config.model.name, BuiltinModel::kGpt))
-        throw ConfigError("--layout hf is GPT-2's; checkpoint '" + folder + "' holds a " +
-                          config.model.name + " model: use --layout lockstep");
       int64_t vocab = 0;
       for (const auto& [name, t] : weights)
         if (name == "transformer.wte.weight" && t.dim() == 2) vocab = t.size(0);
       const GptOptions gpt = gpt_options(config.model, vocab);
-      safetensors_save(gpt_state_to_hf(weights, gpt), out + "/model.safetensors", metadata);
-      write_file(out + "/config.json", gpt_hf_config_json(gpt));
+      const StateDict hf = gpt_state_to_hf(weights, gpt);
+      write_config("config.json", gpt_hf_config_json(gpt));
+      safetensors_save(hf, out + "/model.safetensors", metadata);
     } else {
       metadata["layout"] = "lockstep";
+      write_config("config.yaml", config_to_yaml(config));
       safetensors_save(weights, out + "/model.safetensors", metadata);
-      write_file(out + "/config.yaml", config_to_yaml(config));
     }
     std::printf("exported %zu tensors of %s (step %lld) to %s/model.safetensors (%s layout)\n",
                 weights.size(), folder.c_str(), static_cast<long long>(loaded.state.step),

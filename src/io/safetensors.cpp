@@ -31,7 +31,23 @@ namespace lockstep {
 // Memory: the tensors' own bytes, which the file holds, plus the header.
 namespace {
 
-constexpr uint64_t kMaxHeader = 100u << 20;
+// GPT-2's header is 15 KB; yaml-cpp takes ~80x a header's size in nodes,
+// so the cap bounds that at a few hundred MB.
+constexpr uint64_t kMaxHeader = 4u << 20;
+
+// A JSON whole number as the spec writes them: digits only (yaml-cpp would
+// also take 0x10, 1e3 or "4").
+bool whole_number(const YAML::Node& node, uint64_t& out) {
+  if (!node.IsScalar() || node.Tag() == "!") return false;  // "!" : a quoted scalar
+  const std::string& text = node.Scalar();
+  if (text.empty() || text.size() > 19) return false;
+  out = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return false;
+    out = out * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return true;
+}
 
 struct Dtype {
   const char* name;
@@ -135,7 +151,7 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
   for (int i = 7; i >= 0; --i) header_length = header_length << 8 | length_bytes[i];
   if (header_length > kMaxHeader || header_length > size - 8)
     throw fail("header length " + std::to_string(header_length) + " is past the file's " +
-               std::to_string(size) + " bytes or over 100 MB: not a safetensors file");
+               std::to_string(size) + " bytes or over 4 MB: not a safetensors file");
   std::string header(header_length, '\0');
   read_at(header.data(), header_length, 8);
   if (nesting(header) > 4) throw fail("the header nests deeper than safetensors' entries do");
@@ -176,12 +192,11 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
     uint64_t elements = 1;
     bool overflow = false;
     for (const auto& dim : e["shape"]) {
-      int64_t d = -1;
-      try {
-        d = dim.as<int64_t>();
-      } catch (const YAML::Exception&) {
-      }
-      if (d < 0 || d > (int64_t{1} << 40)) throw in("shape: each size an integer in [0, 2^40]");
+      uint64_t value = 0;
+      const int64_t d = whole_number(dim, value) && value <= (uint64_t{1} << 40)
+                            ? static_cast<int64_t>(value)
+                            : -1;
+      if (d < 0) throw in("shape: each size an integer in [0, 2^40]");
       entry.shape.push_back(d);
       if (d != 0 && elements > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d) /
                                    entry.dtype->bytes)
@@ -190,12 +205,9 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
     }
     if (!e["data_offsets"].IsSequence() || e["data_offsets"].size() != 2)
       throw in("data_offsets: [begin, end]");
-    try {
-      entry.begin = e["data_offsets"][0].as<uint64_t>();
-      entry.end = e["data_offsets"][1].as<uint64_t>();
-    } catch (const YAML::Exception&) {
+    if (!whole_number(e["data_offsets"][0], entry.begin) ||
+        !whole_number(e["data_offsets"][1], entry.end))
       throw in("data_offsets: two whole numbers");
-    }
     if (entry.begin > entry.end || entry.end > data_size)
       throw in("data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
                "] outside the data's " + std::to_string(data_size) + " bytes");
@@ -208,12 +220,15 @@ StateDict safetensors_load(const std::string& path, std::map<std::string, std::s
   }
   std::vector<const Entry*> by_offset;
   for (const auto& e : entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end)
-      throw fail("entries '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
-                 "' overlap");
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  const Entry* last = nullptr;  // the last entry holding bytes (empty ones overlap nothing)
+  for (const Entry* e : by_offset) {
+    if (e->begin == e->end) continue;
+    if (last != nullptr && e->begin < last->end)
+      throw fail("entries '" + last->name + "' and '" + e->name + "' overlap");
+    last = e;
   }
   StateDict state;
   for (const Entry* e : by_offset) {

@@ -1,6 +1,7 @@
 #include "lockstep/model/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -75,15 +76,23 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       const bool was = autocast_is_enabled(recompute->device);
       const at::ScalarType was_dtype = autocast_dtype(recompute->device);
       autocast_set(recompute->device, recompute->autocast, recompute->autocast_dtype);
+      // As torch.autocast: a region of its own, whose cast cache is dropped
+      // at its end (a cast weight must not outlive this step's values).
+      at::autocast::increment_nesting();
+      const auto leave = [] {
+        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      };
       try {
         torch::autograd::AutoGradMode grad(true);
         output = recompute->fn(input);
       } catch (...) {
+        leave();
         autocast_set(recompute->device, was, was_dtype);
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(now);
         throw;
       }
+      leave();
       autocast_set(recompute->device, was, was_dtype);
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(now);

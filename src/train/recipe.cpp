@@ -190,6 +190,12 @@ std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainD
       StateDict state = safetensors_load(from, &metadata);
       if (metadata["layout"] != "lockstep" && is_model(config.model.name, BuiltinModel::kGpt))
         state = gpt_state_from_hf(state, from);
+      for (const auto& [name, tensor] : state) {  // weights: no integers or booleans copied in
+        if (!at::isFloatingType(tensor.scalar_type()))
+          throw DataError(from + ": '" + name + "' holds " +
+                          std::string(c10::toString(tensor.scalar_type())) +
+                          ", not floating-point weights");
+      }
       state_dict_load(*model, state, from);
       return 0;
     });

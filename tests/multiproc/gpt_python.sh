@@ -83,4 +83,11 @@ expect_eq "$?" 2 "weights of another shape exit 2"
 expect_grep "$WORK/wide.out" "hf.safetensors" "naming the file"
 "$LOCKSTEP" export --checkpoint "$ckpt" --out "$WORK/x" --layout onnx >"$WORK/export.out" 2>&1
 expect_eq "$?" 2 "an unknown --layout exits 2"
+"$LOCKSTEP" export --checkpoint "$ckpt" --out "$WORK/exported" >"$WORK/export.out" 2>&1
+expect_eq "$?" 2 "export overwrites nothing: an earlier export's folder exits 2"
+expect_grep "$WORK/export.out" "already holds model.safetensors" "saying what is there"
+before=$(sha256sum "$ckpt"/* | sha256sum)
+"$LOCKSTEP" export --checkpoint "$ckpt" --layout lockstep --out "$ckpt" >"$WORK/export.out" 2>&1
+expect_eq "$?" 2 "and a checkpoint folder as --out exits 2"
+expect_eq "$(sha256sum "$ckpt"/* | sha256sum)" "$before" "leaving the checkpoint as it was"
 finish

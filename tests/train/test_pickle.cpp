@@ -127,7 +127,7 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
 }
 }  // namespace
 
-TEST_CASE("safetensors: every dtype round-trips; hostile files name the entry",
+TEST_CASE("safetensors: every dtype round-trips, and hostile files name the entry",
           "[io][safetensors]") {
   testing::TempDir dir;
   StateDict state{{"f32", at::arange(6, at::kFloat).reshape({2, 3})},
@@ -197,4 +197,30 @@ TEST_CASE("safetensors: every dtype round-trips; hostile files name the entry",
   bad("metadata", safetensors_bytes(R"({"__metadata__": [1]})", ""),
       "entry '__metadata__': must be an object");
   CHECK_THROWS_WITH(safetensors_load(dir.path), Contains("not a regular file"));
+}
+
+TEST_CASE("safetensors: the spec's JSON only, empty tensors anywhere", "[io][safetensors]") {
+  testing::TempDir dir;
+  const std::string four(4, '\0');
+  // An empty tensor at the end of another's bytes overlaps nothing.
+  const std::string ok = dir.write(
+      "empty_between",
+      safetensors_bytes(
+          R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}, "c": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}})",
+          four + four));
+  CHECK(safetensors_load(ok).size() == 3);
+  // YAML's other spellings of numbers are no JSON whole numbers.
+  for (const char* shape : {"[0x1]", "[\"1\"]", "[1e0]", "[1.0]"}) {
+    INFO(shape);
+    const std::string file =
+        dir.write("yaml", safetensors_bytes(std::string(R"({"w": {"dtype": "F32", "shape": )") +
+                                                shape + R"(, "data_offsets": [0, 4]}})",
+                                            four));
+    CHECK_THROWS_WITH(safetensors_load(file), Contains("entry 'w': shape: each size an integer"));
+  }
+  const std::string quoted = dir.write(
+      "quoted", safetensors_bytes(
+                    R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": ["0", 4]}})", four));
+  CHECK_THROWS_WITH(safetensors_load(quoted),
+                    Contains("entry 'w': data_offsets: two whole numbers"));
 }

@@ -18,8 +18,10 @@ namespace lockstep {
 
 // `fn(input)` recomputed in backward. `module`: whose parameters `fn` uses
 // (their gradients flow through the outer backward, so DDP's hooks and
-// gradient accumulation see them as without checkpointing). Without grad
-// mode (evaluation) it is just fn(input).
+// gradient accumulation see them as without checkpointing); a tensor `fn`
+// uses that is not among them (a weight tied from elsewhere) gets no
+// gradient through it, and the backward is first-order only (no
+// create_graph). Without grad mode (evaluation) it is just fn(input).
 at::Tensor checkpoint(torch::nn::Module& module,
                       const std::function<at::Tensor(const at::Tensor&)>& fn,
                       const at::Tensor& input);
