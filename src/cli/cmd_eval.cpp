@@ -23,29 +23,6 @@ std::string json_number(double value) {
   return text;
 }
 
-// A JSON string of `raw`: bytes that are no UTF-8 (a path is any bytes)
-// become U+FFFD, so the output is always valid JSON.
-std::string json_string(const std::string& raw) {
-  std::string text;
-  Utf8Stream utf8([&](const std::string& s) { text += s; });
-  for (const unsigned char c : raw) utf8.put(c);
-  utf8.finish();
-  std::string out = "\"";
-  for (const unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 int cmd_eval(int argc, char** argv) {
@@ -79,14 +56,14 @@ int cmd_eval(int argc, char** argv) {
     if (dist.world.rank == 0) {
       const EvalResult& r = eval.result;
       std::string json =
-          "{\"checkpoint\": " + json_string(folder) + ", \"step\": " + std::to_string(eval.step) +
+          "{\"checkpoint\": " + json_quoted(folder) + ", \"step\": " + std::to_string(eval.step) +
           ", \"split\": \"validation\", \"examples\": " + std::to_string(r.examples) +
           ", \"loss\": " + json_number(r.loss);
       if (eval.task != TaskKind::kRegression) json += ", \"accuracy\": " + json_number(r.accuracy);
       if (eval.task == TaskKind::kLanguage)
         json += ", \"perplexity\": " + json_number(std::exp(r.loss));
       json += ", \"ranks\": " + std::to_string(dist.world.world_size) +
-              ", \"precision\": " + json_string(eval.precision) + "}\n";
+              ", \"precision\": " + json_quoted(eval.precision) + "}\n";
       // The file first: a failed --output prints nothing and exits 2.
       if (const std::string output = args["output"].as<std::string>(); !output.empty())
         write_file(output, json);

@@ -16,6 +16,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/utf8.h"
 
 namespace lockstep {
 
@@ -93,23 +94,6 @@ size_t nesting(const std::string& json) {
     }
   }
   return deepest;
-}
-
-std::string json_text(const std::string& s) {
-  std::string out = "\"";
-  for (const unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 struct Entry {
@@ -246,7 +230,7 @@ void safetensors_save(const StateDict& state, const std::string& path,
     header += "\"__metadata__\":{";
     bool first = true;
     for (const auto& [k, v] : metadata) {
-      header += (first ? "" : ",") + json_text(k) + ":" + json_text(v);
+      header += (first ? "" : ",") + json_quoted(k) + ":" + json_quoted(v);
       first = false;
     }
     header += "}";
@@ -259,7 +243,7 @@ void safetensors_save(const StateDict& state, const std::string& path,
       throw DataError("safetensors: '" + name + "' has a dtype safetensors does not hold");
     const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * dtype->bytes;
-    header += std::string(header.size() > 1 ? "," : "") + json_text(name) + ":{\"dtype\":\"" +
+    header += std::string(header.size() > 1 ? "," : "") + json_quoted(name) + ":{\"dtype\":\"" +
               dtype->name + "\",\"shape\":[";
     for (int64_t i = 0; i < t.dim(); ++i) header += (i ? "," : "") + std::to_string(t.size(i));
     header += "],\"data_offsets\":[" + std::to_string(offset) + "," +

@@ -1,5 +1,7 @@
 #include "lockstep/util/utf8.h"
 
+#include <cstdio>
+
 namespace lockstep {
 namespace {
 
@@ -64,6 +66,27 @@ void Utf8Stream::put(unsigned char byte) {
 
 void Utf8Stream::finish() {
   if (!pending_.empty()) flush_invalid();
+}
+
+std::string json_quoted(const std::string& raw) {
+  std::string text;
+  Utf8Stream utf8([&](const std::string& s) { text += s; });
+  for (const unsigned char c : raw) utf8.put(c);
+  utf8.finish();
+  std::string out = "\"";
+  for (const unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace lockstep

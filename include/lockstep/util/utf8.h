@@ -26,4 +26,8 @@ class Utf8Stream {
   std::size_t replaced_ = 0;
 };
 
+// `raw` as a JSON string: quoted, escaped, and valid UTF-8 (bytes that are
+// no UTF-8, as a path may hold, become U+FFFD).
+std::string json_quoted(const std::string& raw);
+
 }  // namespace lockstep
