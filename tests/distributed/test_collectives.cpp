@@ -60,14 +60,16 @@ TEST_CASE("a collective that a peer misses fails after the timeout, naming op an
       [](ProcessGroup& pg) {
         if (pg.rank() == 1) {
           // Alive but absent: never joins the all-reduce.
-          std::this_thread::sleep_for(std::chrono::seconds(4));
+          std::this_thread::sleep_for(std::chrono::seconds(8));
           return 0.0;
         }
         auto t = at::ones({16});
         pg.allreduce(t, ReduceKind::kSum);
         return -1.0;  // not reached when the timeout works
       },
-      std::chrono::milliseconds(1000));
+      // The group's set-up runs under this timeout too (Gloo's connect):
+      // 3 s, not 1, so a loaded machine does not fail it there first.
+      std::chrono::milliseconds(3000));
   REQUIRE(outcomes[0].error);
   const std::string what = error_text(outcomes[0].error);
   CHECK_THAT(what, lockstep::testing::Contains("rank 0: allreduce(sum) #0"));
@@ -121,12 +123,12 @@ TEST_CASE("LOCKSTEP_DEBUG_COLLECTIVES reports mismatched collectives instead of 
           if (pg.rank() == 0) pg.allreduce(t, ReduceKind::kSum);
           return 0;
         },
-        std::chrono::milliseconds(1000));
+        std::chrono::milliseconds(3000));  // set-up included: see above
     REQUIRE(outcomes[0].error);
     CHECK_THAT(error_text(outcomes[0].error),
                lockstep::testing::Contains("rank 0: collective #0 (allreduce(sum) Float[2])"));
     CHECK_THAT(error_text(outcomes[0].error),
-               lockstep::testing::Contains("rank(s) 1 did not issue it within 1.000 s"));
+               lockstep::testing::Contains("rank(s) 1 did not issue it within 3.000 s"));
     CHECK_FALSE(outcomes[1].error);
   }
 }
