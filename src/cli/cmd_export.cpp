@@ -2,9 +2,7 @@
 // a checkpoint's weights as model.safetensors, in Hugging Face's GPT-2
 // layout with its config.json (Note [GPT-2 layout]) or with lockstep's own
 // names beside the checkpoint's config.yaml.
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 
 #include "common.h"
 #include "lockstep/io/safetensors.h"
@@ -60,24 +58,19 @@ int cmd_export(int argc, char** argv) {
     }
     make_directories(out);
     std::map<std::string, std::string> metadata{{"format", "pt"}};
-    // The config first, through a temporary: a failure leaves no model
-    // without its config, and no half file.
-    const auto write_config = [&](const std::string& name, const std::string& text) {
-      write_file(out + "/" + name + ".tmp", text);
-      if (std::rename((out + "/" + name + ".tmp").c_str(), (out + "/" + name).c_str()) != 0)
-        throw DataError("cannot rename '" + out + "/" + name + ".tmp': " + std::strerror(errno));
-    };
+    // The config first, each file through a temporary: a failure leaves no
+    // model without its config, and no half file.
     if (layout == "hf") {
       int64_t vocab = 0;
       for (const auto& [name, t] : weights)
         if (name == "transformer.wte.weight" && t.dim() == 2) vocab = t.size(0);
       const GptOptions gpt = gpt_options(config.model, vocab);
       const StateDict hf = gpt_state_to_hf(weights, gpt);
-      write_config("config.json", gpt_hf_config_json(gpt));
+      write_file_replacing(out + "/config.json", gpt_hf_config_json(gpt));
       safetensors_save(hf, out + "/model.safetensors", metadata);
     } else {
       metadata["layout"] = "lockstep";
-      write_config("config.yaml", config_to_yaml(config));
+      write_file_replacing(out + "/config.yaml", config_to_yaml(config));
       safetensors_save(weights, out + "/model.safetensors", metadata);
     }
     std::printf("exported %zu tensors of %s (step %lld) to %s/model.safetensors (%s layout)\n",

@@ -259,14 +259,7 @@ void safetensors_save(const StateDict& state, const std::string& path,
   bytes.reserve(bytes.size() + offset);
   for (const auto& t : data)
     bytes.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-  const std::string tmp = path + ".tmp";
-  write_file(tmp, bytes);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw DataError("safetensors: cannot rename '" + tmp + "' to '" + path +
-                    "': " + std::strerror(err));
-  }
+  write_file_replacing(path, bytes);
 }
 
 }  // namespace lockstep

@@ -80,7 +80,7 @@ CheckpointEval evaluate_checkpoint(Config config, const std::string& folder, con
   state_dict_load(*model, weights, folder + "/model.pt");
   model->to(device);
   MixedPrecision precision(config.train, device, &pg);
-  const int64_t rows = data.task == TaskKind::kLanguage ? config.data.batch_size : 256;
+  const int64_t rows = eval_rows(config, data.task);
   out.result = evaluate_split(*model, *data.validation, data.task, precision, pg, world, device,
                               rows, config.train.eval_batches);
   return out;

@@ -20,8 +20,7 @@ bool Trainer::Impl::evaluate(TrainResult& result, EvalAt at, bool record) {
   if (val_size == 0) return false;     // the same on every rank: the split is deterministic
   if (data.validation->file_backed())  // Note [Token files]: every rank alike
     agree_on_failure(*pg, [&] { data.validation->check_unchanged(); });
-  // Language windows are large: the training batch; rows otherwise.
-  const int64_t rows = data.task == TaskKind::kLanguage ? config.data.batch_size : 256;
+  const int64_t rows = eval_rows(config, data.task);
   const EvalResult r = evaluate_split(*model, *data.validation, data.task, *precision, *pg, world,
                                       device, rows, config.train.eval_batches);
   result.val_loss = r.loss;

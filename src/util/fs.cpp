@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -80,6 +81,21 @@ void write_file(const std::string& path, const std::string& bytes) {
   if (close(fd) != 0 || synced != 0) {
     throw StorageError("cannot write '" + path +
                        "': " + write_errno_text(synced != 0 ? sync_err : errno));
+  }
+}
+
+void write_file_replacing(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  try {
+    write_file(tmp, bytes);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw StorageError("cannot rename '" + tmp + "' to '" + path + "': " + write_errno_text(err));
   }
 }
 

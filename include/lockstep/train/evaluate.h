@@ -27,7 +27,13 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
-// Collective. `rows`: examples per forward; `max_batches` > 0 bounds each
+// Examples per evaluation forward: the training batch for a language model
+// (its windows are large), 256 rows otherwise.
+inline int64_t eval_rows(const Config& config, TaskKind task) {
+  return task == TaskKind::kLanguage ? config.data.batch_size : 256;
+}
+
+// Collective. `rows`: examples per forward (eval_rows); `max_batches` > 0 bounds each
 // rank's share to that many batches (train.eval_batches). The model is put
 // in eval mode and back in train mode.
 EvalResult evaluate_split(Classifier& model, const Dataset& split, TaskKind task,

@@ -21,6 +21,9 @@ std::string read_regular_file(const std::string& path,
 // is checked: a full disk (ENOSPC), a quota or an I/O error is a DataError
 // naming the file and the errno, never a silently short file.
 void write_file(const std::string& path, const std::string& bytes);
+// write_file to `path`.tmp, then renamed over `path`: a failure leaves no
+// half-written `path` (the temporary is removed).
+void write_file_replacing(const std::string& path, const std::string& bytes);
 
 // `path` made absolute against the working directory (normalised), for
 // messages a user may paste into a config from anywhere; `path` itself when
