@@ -74,6 +74,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   verify_same_tensors(*pg_, names, all);
   broadcast_coalesced(*pg_, all, /*root=*/0);
 
+  if (!options_.reduce_gradients) return;
   if (options_.comm_hook) options_.comm_hook->check_supported(*pg_);
 
   ReducerOptions reducer;

@@ -1,5 +1,6 @@
 #include "lockstep/model/gpt.h"
 #include "lockstep/model/activation_checkpoint.h"
+#include "lockstep/util/unit_call.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -183,15 +184,23 @@ at::Tensor Gpt::forward(at::Tensor idx) {
   auto x = body_->wte->forward(idx) + body_->wpe->weight.narrow(0, 0, t);
   x = maybe_dropout(x, options_.dropout, is_training());
   for (const auto& block : body_->blocks) {
-    // Note [Activation checkpointing]: the block keeps only its input.
-    if (options_.activation_checkpointing && is_training())
-      x = checkpoint(
-          *block, [&block](const at::Tensor& in) { return block->forward(in); }, x);
-    else
-      x = block->forward(x);
+    // Each block is a unit that fully sharded parameters gather (call_unit).
+    x = call_unit(*block, [&]() -> at::Tensor {
+      // Note [Activation checkpointing]: the block keeps only its input.
+      if (options_.activation_checkpointing && is_training())
+        return checkpoint(
+            *block, [&block](const at::Tensor& in) { return block->forward(in); }, x);
+      return block->forward(x);
+    });
   }
   x = body_->ln_f->forward(x);
   return at::linear(x, body_->wte->weight);  // the head is the token embedding
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> Gpt::sharding_units() {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (const auto& block : body_->blocks) units.push_back(block);
+  return units;
 }
 
 int64_t Gpt::parameters_without_positions() const {

@@ -49,6 +49,9 @@
 // optimizer_state_dict() writes for an unsharded optimizer, in parameter
 // order: optimizer.pt is the same file whatever the stage and world size,
 // and any of them resumes from it.
+// Stage 3 (fully_shard.h): the gradients as stage 2's, but the weights stay
+// with their owners after the step (no broadcast): every rank gathers a
+// unit's weights when it needs them.
 
 namespace lockstep {
 
@@ -96,10 +99,13 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig
       pg_(std::move(pg)),
       named_(std::move(named_params)),
       stage_(stage) {
-  if (stage_ != 1 && stage_ != 2)
-    throw ConfigError("optim.zero=" + std::to_string(stage_) + " must be 0, 1 or 2");
+  if (stage_ < 1 || stage_ > 3)
+    throw ConfigError("optim.zero=" + std::to_string(stage_) + " must be 0, 1, 2 or 3");
   std::vector<at::Tensor> params;
-  for (const auto& [name, p] : named_) params.push_back(p);
+  for (const auto& [name, p] : named_) {
+    params.push_back(p);
+    shapes_.push_back(p.sizes().vec());
+  }
   owners_ = zero_partition(params, pg_->size());
   std::vector<at::Tensor> mine;
   for (size_t i = 0; i < params.size(); ++i)
@@ -120,6 +126,7 @@ at::Tensor ZeroOptimizer::step(LossClosure closure) {
   if (closure) throw UsageError("ZeroOptimizer::step: closures are not supported");
   optimizer_set_lr(*local_, param_groups().front().options().get_lr());
   local_->step();
+  if (stage_ == 3) return {};  // the weights stay with their owners (fully_shard.h)
   at::NoGradGuard no_grad;
   std::vector<std::vector<at::Tensor>> by_owner(static_cast<size_t>(pg_->size()));
   for (size_t i = 0; i < named_.size(); ++i)
@@ -219,7 +226,7 @@ NamedTensors ZeroOptimizer::consolidated_state_dict() {
         continue;
       }
       at::Tensor t = r == pg_->rank() ? mine[static_cast<size_t>(e)].second.contiguous().clone()
-                                      : at::empty_like(param, at::MemoryFormat::Contiguous);
+                                      : at::empty(shapes_[static_cast<size_t>(p)], param.options());
       pg_->broadcast(t, r);
       if (pg_->rank() == 0) gathered.push_back({static_cast<size_t>(p), {key, t.cpu()}});
     }

@@ -123,6 +123,13 @@ std::string verdict(bool ok) {
 CheckRunResult check_run(const Config& asked, const WorldInfo& world,
                          const std::shared_ptr<ProcessGroup>& pg, const CheckRunOptions& options) {
   if (options.steps < 1) throw ConfigError("--steps must be >= 1");
+  if (asked.optim.zero == 3) {
+    throw ConfigError(
+        "lockstep check --config compares the ranks' weights, but optim.zero: 3 keeps each "
+        "weight on one rank only (no replica to compare; its training runs guard each shard "
+        "with a seal instead, docs/zero.md): check this config with --set optim.zero=2, which "
+        "runs the same optimizer and gradient exchange");
+  }
   if (options.fault_rank >= world.world_size) {
     throw ConfigError("--fault-rank " + std::to_string(options.fault_rank) + " is outside [0, " +
                       std::to_string(world.world_size) + ")");

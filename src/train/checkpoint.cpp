@@ -446,12 +446,12 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
     if (!within(st.step, 0, kBig) || !within(st.epoch, 0, kBig) ||
         !within(st.batch_in_epoch, 0, kBig) || !within(st.epoch_offset, 0, kBig) ||
         !within(st.total_steps, 0, kBig) || !within(st.world_size, 1, 1 << 20) ||
-        !within(st.zero, 0, 2) || !within(st.batch_size, 0, kCount) ||
+        !within(st.zero, 0, 3) || !within(st.batch_size, 0, kCount) ||
         !within(st.data_size, 0, kBig) || !within(st.accumulation_steps, 0, kCount)) {
       throw YAML::Exception(
           state.Mark(),
           "a value out of range: step, epoch, batch_in_epoch, epoch_offset, "
-          "data_size and total_steps in [0, 2^53], world_size in [1, 2^20], zero in [0, 2], "
+          "data_size and total_steps in [0, 2^53], world_size in [1, 2^20], zero in [0, 3], "
           "batch_size and accumulation_steps in [0, 2^31]");
     }
     const auto watch = [&](const char* key, MetricWatch& w) {

@@ -339,9 +339,10 @@ const std::vector<Field>& fields() {
                  0, 1e15),
       make_field("optim", "zero", &C::optim, &OptimConfig::zero, Type::kInt,
                  "ZeRO stage: 0 every rank keeps the whole optimizer state; 1 each rank keeps "
-                 "its parameters' share; 2 also reduce-scatters the gradients to their owners "
-                 "(docs/zero.md)",
-                 0, 2),
+                 "its parameters' share; 2 also reduce-scatters the gradients to their owners; "
+                 "3 also keeps each weight on its owner only, gathered per block for forward "
+                 "and backward (docs/zero.md)",
+                 0, 3),
       make_field("ddp", "bucket_cap_mb", &C::ddp, &DdpConfig::bucket_cap_mb, Type::kDouble,
                  "gradient bucket cap (MB)", 0, 1e5),
       make_field("ddp", "first_bucket_cap_mb", &C::ddp, &DdpConfig::first_bucket_cap_mb,
@@ -688,12 +689,19 @@ void config_validate(const Config& c, int world_size) {
   if (world_size < 1) throw ConfigError("world size must be >= 1");
   if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd))
     powersgd_validate(powersgd_options_from_config(c.ddp));
-  if (c.optim.zero == 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce)) {
+  if (c.optim.zero >= 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce)) {
     throw ConfigError(
-        "optim.zero: 2 exchanges the gradients by reduce-scatter, so it takes no "
+        "optim.zero: " + std::to_string(c.optim.zero) +
+        " exchanges the gradients by reduce-scatter, so it takes no "
         "ddp.comm_hook (it is '" +
         c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
         "); use optim.zero: 1 with a comm hook");
+  }
+  if (c.optim.zero == 3 && c.check.policy == CheckPolicy::kResync) {
+    throw ConfigError(
+        "check.policy: resync copies rank 0's weights to the others, but with optim.zero: 3 "
+        "each weight lives on one rank only (there is nothing to copy from)" +
+        config_origin(c, "check.policy") + "; use check.policy: abort or warn");
   }
   if (c.optim.zero > 0 && c.check.optimizer_state) {
     throw ConfigError(

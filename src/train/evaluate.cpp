@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "lockstep/data/loader.h"
@@ -16,6 +17,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/unit_call.h"
 
 namespace lockstep {
 
@@ -30,22 +32,38 @@ EvalResult evaluate_split(Classifier& model, const Dataset& split, TaskKind task
   if (max_batches > 0 && static_cast<int64_t>(mine.size()) > max_batches * rows)
     mine.resize(static_cast<size_t>(max_batches * rows));
   double loss_sum = 0, correct = 0;
-  if (!mine.empty()) {
-    // The loader shares the split; it does not own it here.
-    std::shared_ptr<const Dataset> shared(&split, [](const Dataset*) {});
-    BatchLoader loader(shared, mine, LoaderOptions{rows, false, false});
-    while (auto batch = loader.next()) {
-      const auto x = batch->x.to(device), y = batch->y.to(device);
-      at::Tensor out, loss;
-      precision.run([&] {  // as the training forward
-        out = model.forward(x);
-        loss = loss_for(task, out, y);
-      });
-      loss_sum += loss.item<double>() * x.size(0);
-      if (task == TaskKind::kClassification) correct += (out.argmax(1) == y).sum().item<double>();
-      if (task == TaskKind::kLanguage)  // next-token accuracy, a share per window
-        correct += (out.argmax(-1) == y).to(at::kDouble).mean(1).sum().item<double>();
-    }
+  // Under fully sharded parameters (optim.zero 3) a forward is collective
+  // (each unit's weights are gathered): every rank runs as many forwards as
+  // the rank with the most rows, the extra ones on its first rows (or the
+  // split's first) and not counted.
+  const bool collective = unit_wrapper(model) != nullptr;
+  int64_t forwards = (static_cast<int64_t>(mine.size()) + rows - 1) / rows;
+  if (collective) {
+    const int64_t most = std::min<int64_t>(
+        (size + world.world_size - 1) / world.world_size,
+        max_batches > 0 ? max_batches * rows : std::numeric_limits<int64_t>::max());
+    forwards = (most + rows - 1) / rows;
+  }
+  // The loader shares the split; it does not own it here.
+  std::shared_ptr<const Dataset> shared(&split, [](const Dataset*) {});
+  std::vector<int64_t> filler = mine.empty() ? std::vector<int64_t>{0} : mine;
+  if (static_cast<int64_t>(filler.size()) > rows) filler.resize(static_cast<size_t>(rows));
+  BatchLoader loader(shared, mine.empty() ? filler : mine, LoaderOptions{rows, false, false});
+  for (int64_t b = 0; b < forwards; ++b) {
+    const bool counted = b * rows < static_cast<int64_t>(mine.size());
+    auto batch = counted ? loader.next() : BatchLoader(shared, filler, {rows, false, false}).next();
+    if (!batch) throw InternalError("evaluation: the batches ran out at " + std::to_string(b));
+    const auto x = batch->x.to(device), y = batch->y.to(device);
+    at::Tensor out, loss;
+    precision.run([&] {  // as the training forward
+      out = call_unit(model, [&] { return model.forward(x); });
+      loss = loss_for(task, out, y);
+    });
+    if (!counted) continue;
+    loss_sum += loss.item<double>() * x.size(0);
+    if (task == TaskKind::kClassification) correct += (out.argmax(1) == y).sum().item<double>();
+    if (task == TaskKind::kLanguage)  // next-token accuracy, a share per window
+      correct += (out.argmax(-1) == y).to(at::kDouble).mean(1).sum().item<double>();
   }
   const auto sums = sum_over_ranks(pg, {loss_sum, correct, static_cast<double>(mine.size())});
   const double count = std::max(1.0, sums[2]);

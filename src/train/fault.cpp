@@ -17,7 +17,7 @@ namespace lockstep {
 std::optional<Fault> fault_from_env(const EnvLookup& env, int world_size) {
   const auto value = env("LOCKSTEP_FAULT");
   if (!value || value->empty()) return std::nullopt;
-  const std::string usage = " (expected crash|hang|exit:rank=R:step=S[:attempt=A])";
+  const std::string usage = " (expected crash|hang|exit|flip:rank=R:step=S[:attempt=A])";
   std::stringstream parts(*value);
   Fault fault;
   std::string kind;
@@ -60,9 +60,17 @@ std::optional<Fault> fault_from_env(const EnvLookup& env, int world_size) {
   return fault;
 }
 
-void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step) {
+void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step,
+                      const std::function<std::string()>& flip) {
   if (!fault || fault->rank != world.rank || fault->step != step) return;
   if (fault->attempt >= 0 && fault->attempt != world.restart_count) return;
+  if (fault->kind == FaultKind::kFlip) {
+    if (!flip) throw InternalError("LOCKSTEP_FAULT=flip: nothing to flip here");
+    const std::string name = flip();
+    spdlog::warn("LOCKSTEP_FAULT: flipped a bit of '{}' on rank {} after step {}", name, world.rank,
+                 step);
+    return;
+  }
   spdlog::warn("LOCKSTEP_FAULT: injecting '{}' on rank {} after step {}",
                name_of(kFaultKindNames, fault->kind), world.rank, step);
   spdlog::default_logger()->flush();
@@ -75,6 +83,8 @@ void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world,
       break;
     case FaultKind::kExit:
       std::_Exit(7);
+    case FaultKind::kFlip:
+      break;
   }
 }
 

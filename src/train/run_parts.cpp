@@ -1,5 +1,6 @@
 #include "run_parts.h"
 
+#include "lockstep/check/shard_seal.h"
 #include "lockstep/ddp/zero_grad_hook.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
@@ -42,7 +43,28 @@ void run_build_ddp(RunParts& run, const Config& config, const std::shared_ptr<Pr
   run.comm_hook = ddp.comm_hook;
   if (run.zero != nullptr && run.zero->stage() == 2)
     ddp.comm_hook = zero_grad_hook(run.zero->owners(), pg->rank());
+  const bool fully_sharded = run.zero != nullptr && run.zero->stage() == 3;
+  if (fully_sharded) ddp.reduce_gradients = false;
   run.ddp = std::make_unique<ClassifierDdp>(run.model, pg, ddp);
+  if (fully_sharded) {
+    // After DDP's broadcast: every rank starts from rank 0's weights.
+    run.sharded =
+        fully_shard(*run.model, pg, run.zero->owners(), run.model->sharding_units(), {});
+    ClassifierDdp* core = run.ddp.get();
+    run.sharded->set_gradient_sync([core] { return core->gradients_synchronised(); });
+  }
+}
+
+void with_whole_weights(RunParts& run, const std::function<void()>& fn) {
+  if (!run.sharded) return fn();
+  run.sharded->unshard_all();
+  try {
+    fn();
+  } catch (...) {
+    run.sharded->reshard_all();
+    throw;
+  }
+  run.sharded->reshard_all();
 }
 
 void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskKind task,
@@ -51,10 +73,27 @@ void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskK
                                          loss_from_config(config.train.loss, task),
                                          task == TaskKind::kClassification, std::move(options));
   run.precision->install(run.step->hooks);
-  if (run.zero != nullptr && run.zero->stage() == 2) {
+  if (run.zero != nullptr && run.zero->stage() >= 2) {
     ZeroOptimizer* zero = run.zero;
-    run.step->hooks.after_backward = [zero] { zero->release_unowned_grads(); };
+    // Stage 3 drops the others' gradients as each unit is reduced.
+    if (run.zero->stage() == 2)
+      run.step->hooks.after_backward = [zero] { zero->release_unowned_grads(); };
     run.step->hooks.grad_norms = [zero] { return zero->grad_norms(); };
+  }
+  if (run.sharded && config.check.every > 0) {
+    // No replicas to compare: each owner seals its weights (check/shard_seal.h).
+    const NamedTensors params = trainable_parameters(*run.model);
+    std::vector<std::string> names;
+    std::vector<std::pair<size_t, at::Tensor>> mine;
+    for (size_t i = 0; i < params.size(); ++i) {
+      names.push_back(params[i].first);
+      if (run.zero->owns(i)) mine.emplace_back(i, params[i].second);
+    }
+    auto seal = std::make_shared<ShardSeal>(pg, names, run.zero->owners(), DigestMode::kXxh3);
+    run.step->hooks.seal_weights = [seal, mine](int64_t done) { seal->seal(mine, done); };
+    run.step->hooks.verify_weights = [seal, mine](int64_t step) {
+      return seal->verify(mine, step);
+    };
   }
 }
 

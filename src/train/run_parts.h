@@ -6,9 +6,11 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 
 #include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/optim/fully_shard.h"
 #include "lockstep/optim/zero.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/precision.h"
@@ -22,7 +24,9 @@ struct RunParts {
   at::Device device{at::kCPU};
   std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  ZeroOptimizer* zero = nullptr;        // `optimizer`, when optim.zero is 1 or 2
+  ZeroOptimizer* zero = nullptr;        // `optimizer`, when optim.zero is 1, 2 or 3
+  // optim.zero 3: the weights, each on its owner, gathered per unit.
+  std::shared_ptr<FullyShardedParameters> sharded;
   std::shared_ptr<CommHook> comm_hook;  // ddp.comm_hook's (nullptr: plain all-reduce)
   std::unique_ptr<ClassifierDdp> ddp;
   std::unique_ptr<TrainStep> step;
@@ -36,11 +40,16 @@ void run_build_model(RunParts& run, const Config& config, const WorldInfo& world
 //    order): a ZeroOptimizer for optim.zero 1 or 2.
 void run_build_optimizer(RunParts& run, const Config& config,
                          const std::shared_ptr<ProcessGroup>& pg);
-// 3. DDP (with ZeRO-2's reduce-scatter as its comm hook, else ddp.comm_hook),
+// 3. DDP (with ZeRO-2's reduce-scatter as its comm hook, else ddp.comm_hook;
+//    under ZeRO-3 without a Reducer, and the weights then sharded),
 //    then the step with `options` and the precision's and ZeRO-2's hooks.
 //    Between 2 and 3 the trainer resumes (the optimizer's state, the
 //    hook's state once DDP exists).
 void run_build_ddp(RunParts& run, const Config& config, const std::shared_ptr<ProcessGroup>& pg);
+// Runs `fn` with every weight whole on every rank (collective under
+// optim.zero 3, where it gathers them and frees them again after; just
+// `fn` otherwise): state dicts, weight checks and loads.
+void with_whole_weights(RunParts& run, const std::function<void()>& fn);
 void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskKind task,
                     StepOptions options);
 

@@ -12,15 +12,26 @@ namespace {
 
 class ModelPart : public Stateful {
  public:
-  explicit ModelPart(RunParts& run) : run_(run) {}
+  ModelPart(RunParts& run, int rank) : run_(run), rank_(rank) {}
   std::string file() const override { return "model.pt"; }
-  StateDict state_dict() override { return state_dict_of(*run_.model); }
+  // Under optim.zero 3 the weights are gathered for it (collective).
+  StateDict state_dict() override {
+    StateDict out;
+    with_whole_weights(run_, [&] {
+      if (run_.sharded && rank_ != 0) return;  // rank 0 writes it
+      out = state_dict_of(*run_.model);
+      if (run_.sharded)  // the gathered weights are freed after: keep copies
+        for (auto& [name, t] : out) t = t.clone();
+    });
+    return out;
+  }
   void load_state_dict(const StateDict& saved, const std::string& source) override {
-    state_dict_load(*run_.model, saved, source);
+    with_whole_weights(run_, [&] { state_dict_load(*run_.model, saved, source); });
   }
 
  private:
   RunParts& run_;
+  int rank_;
 };
 
 // Whole on rank 0 whatever the stage: a ZeroOptimizer gathers it from the
@@ -114,7 +125,7 @@ std::vector<std::unique_ptr<Stateful>> run_stateful_parts(RunParts& run, const C
                                                           ProcessGroup& pg, const WorldInfo& world,
                                                           const TrainerState& saved) {
   std::vector<std::unique_ptr<Stateful>> parts;
-  parts.push_back(std::make_unique<ModelPart>(run));
+  parts.push_back(std::make_unique<ModelPart>(run, world.rank));
   parts.push_back(std::make_unique<OptimizerPart>(run, pg));
   parts.push_back(std::make_unique<RngPart>(config, pg, world.rank));
   parts.push_back(std::make_unique<CommHookPart>(run, pg, world, saved));

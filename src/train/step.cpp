@@ -252,6 +252,13 @@ void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
 // (its verdict taken before a later update: StepChecks).
 void TrainStep::maybe_start_check(int64_t done, StepStats& stats) {
   auto t = Clock::now();
+  if (options_.check.every > 0 && done % options_.check.every == 0 && hooks.seal_weights) {
+    hooks.seal_weights(done);
+    sealed_ = true;
+    stats.check_ms += ms_since(t);
+    trace("weight seal", t);
+    return;
+  }
   if (options_.check.every > 0 && done % options_.check.every == 0) {
     sync_buffers_for_check();
     if (!checks_) {
@@ -284,6 +291,10 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
   if (hooks.after_backward) hooks.after_backward();
   auto t = Clock::now();
   if (checks_) handle(checks_->before_update());  // before the weights change
+  if (hooks.verify_weights && sealed_) {
+    sealed_ = false;
+    handle({hooks.verify_weights(step + 1)});
+  }
   stats.check_ms += ms_since(t);
 
   t = Clock::now();

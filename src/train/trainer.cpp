@@ -187,7 +187,11 @@ void Trainer::Impl::build_optimizer() {
         "optim.zero: {}: this rank owns {} of {} parameter tensors ({} of {} elements) and "
         "keeps optimizer state for those only{}",
         config.optim.zero, owned, zero->owners().size(), elements[static_cast<size_t>(world.rank)],
-        all, config.optim.zero == 2 ? "; gradients are reduce-scattered to their owners" : "");
+        all,
+        config.optim.zero == 2   ? "; gradients are reduce-scattered to their owners"
+        : config.optim.zero == 3 ? "; gradients are reduce-scattered to their owners, and "
+                                   "between uses each weight lives on its owner only"
+                                 : "");
   }
   checkpointer = std::make_unique<Checkpointer>(run_dir, config.checkpoint.keep);
 }
@@ -308,6 +312,24 @@ void Trainer::Impl::warn_schedule() const {
   }
 }
 
+// LOCKSTEP_FAULT=flip: the lowest bit of the first weight this rank holds
+// (its own under optim.zero 3, where the others are placeholders).
+std::string Trainer::Impl::flip_a_weight_bit() {
+  const NamedTensors params = trainable_parameters(*model);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (run.sharded && !zero->owns(i)) continue;
+    at::NoGradGuard no_grad;
+    const at::Tensor& p = params[i].second;
+    const auto bits = p.element_size() == 8   ? at::kLong
+                      : p.element_size() == 4 ? at::kInt
+                      : p.element_size() == 2 ? at::kShort
+                                              : at::kByte;
+    p.detach().view(bits).view({-1}).narrow(0, 0, 1).bitwise_xor_(1);
+    return params[i].first;
+  }
+  return "(no weight on this rank)";
+}
+
 int64_t Trainer::Impl::stop_step() const {
   return lockstep::stop_step(config, plan.total_steps);
 }
@@ -320,7 +342,7 @@ bool Trainer::Impl::train_epoch(TrainResult& result, Interval& interval, int64_t
       LoaderOptions{config.data.batch_size, config.data.drop_last, config.data.prefetch});
   for (int64_t skip = 0; skip < state.batch_in_epoch; ++skip) loader.next();
   while (state.batch_in_epoch < micro && state.step < stop) {
-    fault_maybe_fire(fault, world, state.step);
+    fault_maybe_fire(fault, world, state.step, [this] { return flip_a_weight_bit(); });
     if (data.train->file_backed())  // Note [Token files]: every rank alike, before reading
       agree_on_failure(*pg, [&] { data.train->check_unchanged(); });
     const StepStats stats = train_step(loader, interval, micro - state.batch_in_epoch);
@@ -397,8 +419,10 @@ void Trainer::Impl::finish(TrainResult& result, int64_t stop) {
   }
   report_memory();
   result.steps = state.step;
-  result.fingerprint =
-      hex_of(fingerprint_digest(fingerprint_tensors(*model, true), DigestMode::kXxh3));
+  with_whole_weights(run, [&] {
+    result.fingerprint =
+        hex_of(fingerprint_digest(fingerprint_tensors(*model, true), DigestMode::kXxh3));
+  });
   result.last_checkpoint = last_checkpoint;
   if (result.best_checkpoint.empty()) result.best_checkpoint = last_best;
   for (auto& c : callbacks) c->on_train_end(state, result);
@@ -422,6 +446,13 @@ void Trainer::Impl::report_memory() const {
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
+  if (run.sharded) {
+    spdlog::info(
+        "memory: weights {:.1f} MiB held on this rank between steps (optim.zero 3), at most "
+        "{:.1f} MiB gathered at once",
+        static_cast<double>(run.sharded->resident_parameter_bytes()) / (1 << 20),
+        static_cast<double>(run.sharded->peak_gathered_bytes()) / (1 << 20));
+  }
   spdlog::info(
       "memory: optimizer state {:.1f} MiB on this rank (optim.zero {}); peak resident "
       "{:.1f} MiB while training, {:.1f} MiB in all (checkpoints included)",

@@ -154,6 +154,7 @@ struct Trainer::Impl {
   // what follows a step (evaluation, checkpoints, signals; true: stop),
   // and the end (the last validation, the trace, the memory line).
   int64_t stop_step() const;
+  std::string flip_a_weight_bit();
   // Rank 0: a cosine whose warm-up fills it, or a run past its length.
   void warn_schedule() const;
   bool train_epoch(TrainResult& result, Interval& interval, int64_t stop);

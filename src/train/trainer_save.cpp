@@ -48,8 +48,12 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
   state.data_id = data_id;
   state.scaler = precision->state_dict();
   // Only weights every rank agrees on are worth keeping.
-  check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
-  refuse_nonfinite_weights();
+  // Under optim.zero 3 on the gathered weights (each rank holds only its
+  // own between steps).
+  with_whole_weights(run, [&] {
+    check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
+    refuse_nonfinite_weights();
+  });
   // Note [Stateful parts]: every part, every rank, in order (collectives:
   // the optimizer gathered from its owners, the generators, the hook).
   std::vector<SavedPart> saved;

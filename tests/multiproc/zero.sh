@@ -150,7 +150,7 @@ bad() {  # bad WHAT PATTERN ARGS...
   expect_eq "$?" 2 "$what: exit 2"
   expect_grep "$WORK/bad.out" "$pattern" "$what: the error names it"
 }
-bad "optim.zero 3" "optim.zero.*3" --set optim.zero=3
+bad "optim.zero 4" "optim.zero.*4" --set optim.zero=4
 bad "optim.zero 2 with PowerSGD" "optim.zero: 2 .*ddp.comm_hook" --set optim.zero=2 --set ddp.comm_hook=powersgd
 bad "check.optimizer_state with ZeRO" "check.optimizer_state.*optim.zero" --set optim.zero=1 --set check.optimizer_state=true
 # An optimizer.pt of another optimizer: SGD state for an Adam run.

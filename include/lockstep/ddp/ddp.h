@@ -29,10 +29,12 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/ddp/ddp_options.h"
+#include "lockstep/util/unit_call.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/distributed/process_group.h"
 
@@ -137,10 +139,18 @@ class DistributedDataParallel : public DdpCore {
       : DdpCore(ddp_module_ptr(module), std::move(pg), std::move(options)),
         module_(std::move(module)) {}
 
+  // The module's forward, through call_unit (util/unit_call.h) where it
+  // returns a tensor: fully sharded parameters gather the root's there.
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     pre_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    using Out = decltype(module_->forward(std::forward<Args>(args)...));
+    if constexpr (std::is_same_v<std::decay_t<Out>, at::Tensor>) {
+      return call_unit(*ddp_module_ptr(module_),
+                       [&]() -> at::Tensor { return module_->forward(std::forward<Args>(args)...); });
+    } else {
+      return module_->forward(std::forward<Args>(args)...);
+    }
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {

@@ -58,6 +58,10 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // rank 0's buffers, before forwards that follow a synced one
   std::shared_ptr<CommHook> comm_hook;  // nullptr: plain SUM all-reduce
+  // false: no Reducer; something else exchanges the gradients (fully
+  // sharded parameters, optim/fully_shard.h) and DDP keeps the rest (the
+  // parameters' check and broadcast at start, buffers, no_sync's flag).
+  bool reduce_gradients = true;
 };
 
 }  // namespace lockstep

@@ -48,6 +48,8 @@ class Gpt : public Classifier {
   explicit Gpt(const GptOptions& options);
   // idx [batch, time <= block_size] int64 -> logits [batch, time, vocab].
   at::Tensor forward(at::Tensor idx) override;
+  // The blocks (the embeddings, final norm and tied head are the root unit).
+  std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() override;
   const GptOptions& options() const { return options_; }
   // Parameters, less the position embedding (nanoGPT's count).
   int64_t parameters_without_positions() const;

@@ -21,6 +21,10 @@ class Classifier : public torch::nn::Module {
  public:
   // x: [batch, ...sample_shape] -> [batch, classes] (or [batch] for regression).
   virtual at::Tensor forward(at::Tensor x) = 0;
+  // The units fully sharded parameters gather one at a time (optim.zero 3,
+  // optim/fully_shard.h): modules whose forward this model runs through
+  // call_unit (util/unit_call.h). None: the whole model is one unit.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() { return {}; }
 };
 
 // sample_shape: one example's shape (e.g. {64} or {1, 28, 28}); classes: 0

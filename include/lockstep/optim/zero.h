@@ -31,7 +31,8 @@ std::vector<int> zero_partition(const std::vector<at::Tensor>& params, int world
 class ZeroOptimizer : public torch::optim::Optimizer {
  public:
   // `named_params`: trainable_parameters(model) (util/module_tensors.h):
-  // DDP's parameters in its order, with their state dict names. `stage` 1 or 2. Every rank
+  // DDP's parameters in its order, with their state dict names. `stage` 1, 2 or 3 (3: the step
+  // broadcasts nothing, fully_shard.h holds the weights). Every rank
   // constructs it alike.
   ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig& config,
                 NamedTensors named_params, int stage);
@@ -76,6 +77,7 @@ class ZeroOptimizer : public torch::optim::Optimizer {
   std::shared_ptr<ProcessGroup> pg_;
   NamedTensors named_;
   std::vector<int> owners_;
+  std::vector<std::vector<int64_t>> shapes_;  // each parameter's (under stage 3 a placeholder's)
   int stage_;
   std::unique_ptr<torch::optim::Optimizer> local_;
 };

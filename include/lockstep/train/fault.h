@@ -6,9 +6,12 @@
 //   crash - SIGKILL itself (a segfault or the OOM killer, as peers see it)
 //   hang  - SIGSTOP itself (stuck: alive but silent)
 //   exit  - exit with code 7 (a bug that ends the process)
+//   flip  - flip the lowest bit of the first weight this rank holds (under
+//           optim.zero 3 its own shard), and train on (a memory error)
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -17,9 +20,11 @@
 
 namespace lockstep {
 
-enum class FaultKind { kCrash, kHang, kExit };
-inline constexpr NameTable<FaultKind, 3> kFaultKindNames{
-    {{FaultKind::kCrash, "crash"}, {FaultKind::kHang, "hang"}, {FaultKind::kExit, "exit"}}};
+enum class FaultKind { kCrash, kHang, kExit, kFlip };
+inline constexpr NameTable<FaultKind, 4> kFaultKindNames{{{FaultKind::kCrash, "crash"},
+                                                          {FaultKind::kHang, "hang"},
+                                                          {FaultKind::kExit, "exit"},
+                                                          {FaultKind::kFlip, "flip"}}};
 
 struct Fault {
   FaultKind kind = FaultKind::kCrash;
@@ -32,7 +37,9 @@ struct Fault {
 // numbers out of range, and (when world_size > 0) a rank outside the job.
 std::optional<Fault> fault_from_env(const EnvLookup& env = env_process(), int world_size = 0);
 
-// Fires `fault` if it is due for this rank, step and attempt.
-void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step);
+// Fires `fault` if it is due for this rank, step and attempt; `flip` does a
+// flip (given the weight's name for the message).
+void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step,
+                      const std::function<std::string()>& flip = nullptr);
 
 }  // namespace lockstep

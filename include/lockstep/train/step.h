@@ -79,6 +79,13 @@ struct StepHooks {
   std::function<void(int64_t step)> after_step;
   // Last: what the wrappers add to the step's statistics (the loss scale).
   std::function<void(StepStats&)> report;
+  // Replace the cross-rank weight check where ranks hold no replicas
+  // (optim.zero 3's shard seal, check/shard_seal.h): `seal_weights` after
+  // the optimizer step of every check.every-th step (`done`: steps done),
+  // `verify_weights` in the next step before the weights change (its
+  // report handled as the check's: the observer, or check.policy).
+  std::function<void(int64_t done)> seal_weights;
+  std::function<ConsistencyReport(int64_t step)> verify_weights;
 };
 
 // The parts of a step: a config's sections, converted once.
@@ -163,6 +170,7 @@ class TrainStep {
   StepOptions options_;
   at::Device device_;  // the model's: batches are moved there
   std::unique_ptr<StepChecks> checks_;
+  bool sealed_ = false;  // seal_weights ran: verify_weights is due
   std::function<void(const ConsistencyReport&)> observer_;
   std::shared_ptr<Tracer> tracer_;
 };
