@@ -312,7 +312,7 @@ void Trainer::Impl::warn_schedule() const {
   }
 }
 
-// LOCKSTEP_FAULT=flip: the lowest bit of the first weight this rank holds
+// LOCKSTEP_FAULT=flip: a bit of the first weight this rank holds
 // (its own under optim.zero 3, where the others are placeholders).
 std::string Trainer::Impl::flip_a_weight_bit() {
   const NamedTensors params = trainable_parameters(*model);
@@ -324,7 +324,12 @@ std::string Trainer::Impl::flip_a_weight_bit() {
                       : p.element_size() == 4 ? at::kInt
                       : p.element_size() == 2 ? at::kShort
                                               : at::kByte;
-    p.detach().view(bits).view({-1}).narrow(0, 0, 1).bitwise_xor_(1);
+    // A high mantissa bit (2^20 of a float32's, 2^4 of a 16-bit float's): a
+    // change of several per cent that no later rounding undoes (a lowest
+    // bit may be rounded away by the next step's weight decay, and the
+    // ranks agree again).
+    const int64_t bit = p.element_size() == 4 ? (1 << 20) : p.element_size() == 2 ? (1 << 4) : 1;
+    p.detach().view(bits).view({-1}).narrow(0, 0, 1).bitwise_xor_(bit);
     return params[i].first;
   }
   return "(no weight on this rank)";

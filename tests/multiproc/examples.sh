@@ -68,6 +68,16 @@ w1=$(sed -n 's/.*rank 1: .*weights \([0-9a-f]*\)$/\1/p' "$WORK/out")
 [ -n "$w0" ] && expect_eq "$w1" "$w0" "both ranks end with the same weights" || fail "no weights line"
 expect_eq "${from_build:-none}" "${w0:-missing}" "the build-tree build ends with the installed build's weights"
 
+# 1b. Fully sharded parameters for your own module (examples/custom_model/sharded.cpp).
+(cd "$WORK" && "$run" --nproc-per-node 2 --master-port 0 "$WORK/custom_model/sharded") >"$WORK/out" 2>&1
+expect_eq "$?" 0 "sharded (fully_shard + call_unit) on 2 ranks exits 0"
+expect_grep "$WORK/out" "rank 1: 20 steps sharded; held [0-9]+ of 17424 weight bytes between steps; largest difference from one process on the whole batch ([0-9.e-]+)" \
+  "it matches one process on the whole batch (within 1e-5)"
+held=$(sed -n 's/.*rank 0: .*held \([0-9]*\) of.*/\1/p' "$WORK/out")
+awk -v h="${held:-0}" 'BEGIN{exit !(h > 0.3 * 17424 && h < 0.7 * 17424)}' &&
+  pass "rank 0 holds about half the weights between steps ($held of 17424 bytes)" ||
+  fail "rank 0 holds ${held:-?} of 17424 bytes"
+
 # 2. A registered model in the whole trainer.
 (cd "$WORK" && "$run" --nproc-per-node 2 --master-port 0 "$WORK/custom_model/custom_trainer" \
   --config "$root/examples/custom_model/tiny.yaml" --set run.dir="$WORK/runs" \

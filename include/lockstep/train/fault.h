@@ -6,7 +6,7 @@
 //   crash - SIGKILL itself (a segfault or the OOM killer, as peers see it)
 //   hang  - SIGSTOP itself (stuck: alive but silent)
 //   exit  - exit with code 7 (a bug that ends the process)
-//   flip  - flip the lowest bit of the first weight this rank holds (under
+//   flip  - flip a high mantissa bit of the first weight this rank holds (under
 //           optim.zero 3 its own shard), and train on (a memory error)
 #pragma once
 
