@@ -40,6 +40,7 @@ enum class ErrorKind : uint8_t {
   kComm,
   kTimeout,
   kSystem,
+  kOutOfMemory,
   kInternal  // InternalError, and anything that is not a lockstep::Error
 };
 
@@ -54,6 +55,7 @@ ErrorKind kind_of(const std::exception& e) {
   if (dynamic_cast<const TimeoutError*>(&e)) return ErrorKind::kTimeout;
   if (dynamic_cast<const CommError*>(&e)) return ErrorKind::kComm;
   if (dynamic_cast<const SystemError*>(&e)) return ErrorKind::kSystem;
+  if (is_out_of_memory(e)) return ErrorKind::kOutOfMemory;
   return ErrorKind::kInternal;
 }
 
@@ -79,6 +81,8 @@ ErrorKind kind_of(const std::exception& e) {
       throw CommError(what);
     case ErrorKind::kSystem:
       throw SystemError(what);
+    case ErrorKind::kOutOfMemory:
+      throw OutOfMemoryError(what);
     case ErrorKind::kNone:
     case ErrorKind::kInternal:
       break;

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <map>
+#include <exception>
 #include <sstream>
 
 #include "lockstep/util/error.h"
@@ -57,7 +58,7 @@ void state_dict_load(torch::nn::Module& module, const StateDict& state, const st
 // `torch.load("model.pt")` would fail. This writes the same zip archive
 // (data.pkl + data/<n> records) without the tags, which every torch.load
 // (1.13 and 2.x, weights_only or not) and torch::pickle_load read.
-static std::string pickle_untagged(const c10::IValue& value) {
+static void pickle_untagged(const c10::IValue& value, FileWriter& file) {
   std::vector<char> pickled;
   torch::jit::Pickler pickler(
       [&](const char* data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
@@ -66,21 +67,35 @@ static std::string pickle_untagged(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  std::string archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
-  return archive;
+  // Streamed to the file (no copy of the archive in memory). A failure
+  // inside the writer (a full disk) must not unwind through miniz:
+  // PyTorchStreamWriter's destructor would finish the archive at a position
+  // it no longer agrees on and throw from a destructor (abort). The writer
+  // takes every byte as written, and the failure is raised after.
+  std::exception_ptr failure;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      if (failure) return size;
+      try {
+        file.append(data, size);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      return size;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
+                                       pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  if (failure) std::rethrow_exception(failure);
+  file.finish();
 }
 
 void state_dict_save_file(const StateDict& state, const std::string& path) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : state) dict.insert(name, tensor.detach().cpu().contiguous());
-  write_file(path, pickle_untagged(c10::IValue(dict)));
+  FileWriter file(path);
+  pickle_untagged(c10::IValue(dict), file);
 }
 
 StateDict state_dict_load_file(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 
 #include <limits>
 #include <map>
@@ -84,10 +85,40 @@ void free_storage(const at::Tensor& t) {
   s->set_nbytes(0);
 }
 
+// CPU buffers that come and go every step (gathered units, the
+// reduce-scatter's) are mapped and unmapped whole, so that what a unit frees
+// goes back to the kernel at once: lockstep's allocator tuning keeps freed
+// heap memory for the next step (Note [Allocator tuning]), which would keep
+// a unit's gathered weights resident after they are freed. The price is
+// the page faults of a fresh mapping per gather.
+void unmap(void* context) {
+  const auto* region = static_cast<std::pair<void*, size_t>*>(context);
+  munmap(region->first, region->second);
+  delete region;
+}
+
+at::DataPtr mapped(size_t nbytes, at::Device device) {
+  if (nbytes == 0) return at::DataPtr(nullptr, device);
+  void* p = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    throw SystemError("fully_shard: cannot map " + std::to_string(nbytes >> 20) +
+                        " MiB for a gathered unit (out of memory?)");
+  return at::DataPtr(p, new std::pair<void*, size_t>(p, nbytes), &unmap, device);
+}
+
 void allocate_storage(const at::Tensor& t, size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_data_ptr_noswap(t.is_cpu() ? mapped(nbytes, t.device()) : s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
+}
+
+// An uninitialised 1-d buffer of `numel` elements (mapped on CPU).
+at::Tensor buffer(int64_t numel, const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);
+  if (!t.is_cpu()) return at::empty({numel}, options);
+  allocate_storage(t, static_cast<size_t>(numel) * t.element_size());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
 }
 
 struct Unit {
@@ -232,6 +263,19 @@ class Sharded : public FullyShardedParameters,
   void reshard_all() override {
     for (size_t k = 0; k < units_.size(); ++k) free_unit(k);
   }
+  void visit_whole(const std::function<void(size_t, const at::Tensor&)>& fn) override {
+    for (size_t k = 0; k < units_.size(); ++k) {
+      const bool was_gathered = units_[k].state == Unit::State::kGathered;
+      gather_now(k);
+      try {
+        for (size_t i : units_[k].params) fn(i, named_[i].second);
+      } catch (...) {
+        if (!was_gathered) free_unit(k);
+        throw;
+      }
+      if (!was_gathered) free_unit(k);
+    }
+  }
   int64_t resident_parameter_bytes() const override {
     int64_t bytes = 0;
     for (size_t i = 0; i < named_.size(); ++i)
@@ -356,7 +400,7 @@ class Sharded : public FullyShardedParameters,
     u.state = Unit::State::kGathering;
     if (pg_->size() == 1) return;  // every parameter is this rank's
     at::NoGradGuard no_grad;
-    u.send = at::zeros({u.chunk}, u.flat.options());
+    u.send = buffer(u.chunk, u.flat.options()).zero_();
     const int64_t base = static_cast<int64_t>(pg_->rank()) * u.chunk;
     for (size_t j = 0; j < u.params.size(); ++j) {
       const size_t i = u.params[j];
@@ -431,7 +475,7 @@ class Sharded : public FullyShardedParameters,
     at::NoGradGuard no_grad;
     Reduction r;
     r.unit = k;
-    r.input = at::zeros({world * u.chunk}, u.flat.options());
+    r.input = buffer(world * u.chunk, u.flat.options()).zero_();
     for (size_t j = 0; j < u.params.size(); ++j) {
       const size_t i = u.params[j];
       at::Tensor& p = named_[i].second;
@@ -442,7 +486,7 @@ class Sharded : public FullyShardedParameters,
       }
       if (!owns(i)) p.mutable_grad().reset();
     }
-    r.output = at::empty({u.chunk}, u.flat.options());
+    r.output = buffer(u.chunk, u.flat.options());
     r.scattering.emplace(pg_->reduce_scatter_async(r.output, r.input));
     reduction_ = std::move(r);
   }

@@ -225,7 +225,9 @@ NamedTensors ZeroOptimizer::consolidated_state_dict() {
                               {key, at::scalar_tensor(m[3 * e + 2].item<int64_t>(), at::kLong)}});
         continue;
       }
-      at::Tensor t = r == pg_->rank() ? mine[static_cast<size_t>(e)].second.contiguous().clone()
+      // The owner's own tensor is sent as it is (nothing changes it during
+      // the save): no copy of this rank's state.
+      at::Tensor t = r == pg_->rank() ? mine[static_cast<size_t>(e)].second.contiguous()
                                       : at::empty(shapes_[static_cast<size_t>(p)], param.options());
       pg_->broadcast(t, r);
       if (pg_->rank() == 0) gathered.push_back({static_cast<size_t>(p), {key, t.cpu()}});

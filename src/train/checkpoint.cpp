@@ -142,9 +142,10 @@ std::string Checkpointer::save(const TrainerState& state, const std::vector<Save
     return previous && !previous->empty() ? "the previous one, " + *previous + ", is intact"
                                           : std::string("no earlier checkpoint exists");
   };
-  const auto failed = [&](const std::string& why, bool storage) {
+  const auto failed = [&](const std::string& why, bool storage, bool memory = false) {
     const std::string what = std::string(best ? "best checkpoint" : "checkpoint") + " of step " +
                              std::to_string(state.step) + " not written (" + kept() + "): " + why;
+    if (memory) throw OutOfMemoryError(what);
     if (storage) throw StorageError(what);
     throw DataError(what);
   };
@@ -164,7 +165,8 @@ std::string Checkpointer::save(const TrainerState& state, const std::vector<Save
     // Note [Failed checkpoint]: nothing half-written stays behind, and the
     // previous checkpoint was never touched.
     remove_tree(tmp);
-    failed(what_of(e), dynamic_cast<const StorageError*>(&e) != nullptr);
+    failed(is_out_of_memory(e) ? "an allocation failed: " + what_of(e) : what_of(e),
+           dynamic_cast<const StorageError*>(&e) != nullptr, is_out_of_memory(e));
   }
 
   const std::string final_path = dir_ + "/" + name;

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+
 #include "hook_state.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
@@ -16,13 +18,24 @@ class ModelPart : public Stateful {
   std::string file() const override { return "model.pt"; }
   // Under optim.zero 3 the weights are gathered for it (collective).
   StateDict state_dict() override {
-    StateDict out;
-    with_whole_weights(run_, [&] {
-      if (run_.sharded && rank_ != 0) return;  // rank 0 writes it
-      out = state_dict_of(*run_.model);
-      if (run_.sharded)  // the gathered weights are freed after: keep copies
-        for (auto& [name, t] : out) t = t.clone();
+    if (!run_.sharded) return state_dict_of(*run_.model);
+    // Unit by unit: rank 0 copies each parameter while its unit is
+    // gathered; no rank holds the whole model gathered at once.
+    std::map<const c10::TensorImpl*, at::Tensor> whole;
+    const NamedTensors params = trainable_parameters(*run_.model);
+    const auto& owners = run_.sharded->owners();
+    run_.sharded->visit_whole([&](size_t i, const at::Tensor& t) {
+      // Rank 0's own weights stay as they are through the save: no copy.
+      if (rank_ == 0)
+        whole[params.at(i).second.unsafeGetTensorImpl()] =
+            owners.at(i) == 0 ? t.detach() : t.detach().clone();
     });
+    if (rank_ != 0) return {};  // rank 0 writes it
+    StateDict out = state_dict_of(*run_.model);
+    for (auto& [name, t] : out) {
+      const auto it = whole.find(t.unsafeGetTensorImpl());
+      if (it != whole.end()) t = it->second;
+    }
     return out;
   }
   void load_state_dict(const StateDict& saved, const std::string& source) override {

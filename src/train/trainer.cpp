@@ -440,6 +440,16 @@ void Trainer::Impl::finish(TrainResult& result, int64_t stop) {
   }
 }
 
+namespace {
+// VmPeak of /proc/self/status (what prlimit --as caps), KiB; 0 if unknown.
+int64_t vm_peak_kib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmPeak:", 0) == 0) return std::atoll(line.c_str() + 7);
+  return 0;
+}
+}  // namespace
+
 // What ZeRO saves, per rank (docs/zero.md's table reads these lines).
 void Trainer::Impl::report_memory() const {
   int64_t state_bytes = 0;
@@ -460,10 +470,11 @@ void Trainer::Impl::report_memory() const {
   }
   spdlog::info(
       "memory: optimizer state {:.1f} MiB on this rank (optim.zero {}); peak resident "
-      "{:.1f} MiB while training, {:.1f} MiB in all (checkpoints included)",
+      "{:.1f} MiB while training, {:.1f} MiB in all (checkpoints included); address space "
+      "peak {:.1f} MiB",
       static_cast<double>(state_bytes) / (1 << 20), config.optim.zero,
       static_cast<double>(training_peak_kib) / 1024.0,
-      static_cast<double>(usage.ru_maxrss) / 1024.0);
+      static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<double>(vm_peak_kib()) / 1024.0);
 }
 
 }  // namespace lockstep

@@ -25,8 +25,25 @@ void Trainer::Impl::check_weights(int64_t at_step, const std::string& why, Check
 
 void Trainer::Impl::refuse_nonfinite_weights() const {
   if (!config.train.stop_on_nonfinite || config.train.precision == Precision::kFp16) return;
-  for (const auto& [name, p] : trainable_parameters(*model)) {
-    if (p.isfinite().all().item<bool>()) continue;
+  const NamedTensors params = trainable_parameters(*model);
+  std::string bad;
+  if (run.sharded) {
+    // Each owner looks at its own weights; every rank learns the first bad one.
+    int64_t first = static_cast<int64_t>(params.size());
+    for (size_t i = 0; i < params.size() && first == static_cast<int64_t>(params.size()); ++i)
+      if (zero->owns(i) && !params[i].second.isfinite().all().item<bool>())
+        first = static_cast<int64_t>(i);
+    first = -max_over_ranks(*pg, -first);
+    if (first < static_cast<int64_t>(params.size())) bad = params[static_cast<size_t>(first)].first;
+  } else {
+    for (const auto& [name, p] : params) {
+      if (p.isfinite().all().item<bool>()) continue;
+      bad = name;
+      break;
+    }
+  }
+  if (!bad.empty()) {
+    const std::string& name = bad;
     throw TrainingError("training diverged at step " + std::to_string(state.step) +
                         ": parameter '" + name +
                         "' holds NaN or inf after the optimizer step; no checkpoint of this "
@@ -48,12 +65,10 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
   state.data_id = data_id;
   state.scaler = precision->state_dict();
   // Only weights every rank agrees on are worth keeping.
-  // Under optim.zero 3 on the gathered weights (each rank holds only its
-  // own between steps).
-  with_whole_weights(run, [&] {
-    check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
-    refuse_nonfinite_weights();
-  });
+  // Under optim.zero 3 there are no replicas to compare (the shard seal
+  // guards each weight on its owner, every check.every steps).
+  if (!run.sharded) check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
+  refuse_nonfinite_weights();
   // Note [Stateful parts]: every part, every rank, in order (collectives:
   // the optimizer gathered from its owners, the generators, the hook).
   std::vector<SavedPart> saved;
@@ -79,6 +94,8 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
                       problem.find("cannot write") != std::string::npos ||
                       problem.find("cannot create") != std::string::npos;
     if (config.checkpoint.on_error == OnCheckpointError::kFail) {
+      if (problem.find("an allocation failed") != std::string::npos)
+        throw OutOfMemoryError(problem);
       if (disk) throw StorageError(problem);
       throw DataError(problem);
     }

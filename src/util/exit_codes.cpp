@@ -8,6 +8,11 @@
 #include "lockstep/util/error.h"
 
 namespace lockstep {
+namespace {
+constexpr const char* kMemoryHint =
+    " (this rank's memory ran out: shard the weights with optim.zero 3, recompute activations "
+    "with model.activation_checkpointing, or lower data.batch_size; docs/zero.md)";
+}  // namespace
 
 int run_guarded(const std::string& command, const std::function<int()>& body) {
   auto report = [&](const char* kind, const std::string& what) {
@@ -55,7 +60,15 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const InternalError& e) {
     report("internal error: ", e.what());
     return kExitInternal;
+  } catch (const OutOfMemoryError& e) {
+    report("out of memory: ", std::string(e.what()) + kMemoryHint);
+    return kExitOutOfMemory;
   } catch (const std::exception& e) {
+    if (is_out_of_memory(e)) {
+      const std::string text = what_of(e);
+      report("out of memory: ", text.substr(0, text.find('\n')) + kMemoryHint);
+      return kExitOutOfMemory;
+    }
     report("internal error: ", what_of(e));
     return kExitInternal;
   }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "lockstep/util/error.h"
 
@@ -62,26 +63,45 @@ std::string write_errno_text(int err) {
 }
 }  // namespace
 
-void write_file(const std::string& path, const std::string& bytes) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw StorageError("cannot create '" + path + "': " + write_errno_text(errno));
+FileWriter::FileWriter(std::string path) : path_(std::move(path)) {
+  fd_ = open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw StorageError("cannot create '" + path_ + "': " + write_errno_text(errno));
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void FileWriter::append(const void* data, size_t size) {
+  const char* bytes = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  while (done < size) {
+    const ssize_t n = ::write(fd_, bytes + done, size - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
-      close(fd);
-      throw StorageError("cannot write '" + path + "': " + write_errno_text(err));
+      throw StorageError("cannot write '" + path_ + "': " + write_errno_text(err));
     }
     done += static_cast<size_t>(n);
   }
-  const int synced = fsync(fd);
+}
+
+void FileWriter::finish() {
+  const int synced = fsync(fd_);
   const int sync_err = errno;
-  if (close(fd) != 0 || synced != 0) {
-    throw StorageError("cannot write '" + path +
-                       "': " + write_errno_text(synced != 0 ? sync_err : errno));
+  const int closed = close(fd_);
+  const int close_err = errno;
+  fd_ = -1;
+  if (closed != 0 || synced != 0) {
+    throw StorageError("cannot write '" + path_ +
+                       "': " + write_errno_text(synced != 0 ? sync_err : close_err));
   }
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  FileWriter file(path);
+  file.append(bytes.data(), bytes.size());
+  file.finish();
 }
 
 void write_file_replacing(const std::string& path, const std::string& bytes) {

@@ -72,6 +72,11 @@ class FullyShardedParameters {
   // for a state dict, a weight load, or a forward outside call_unit.
   virtual void unshard_all() = 0;
   virtual void reshard_all() = 0;
+  // Collective: each unit gathered in turn (never more than one), `fn`
+  // called with each of its parameters whole (index: in
+  // trainable_parameters' order), then freed again: a state dict without
+  // the whole model gathered at once.
+  virtual void visit_whole(const std::function<void(size_t index, const at::Tensor& whole)>& fn) = 0;
   // Bytes of parameters this rank holds now: its own shard, plus whatever
   // is gathered at this moment.
   virtual int64_t resident_parameter_bytes() const = 0;

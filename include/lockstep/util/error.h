@@ -84,6 +84,13 @@ class InternalError : public Error {
   using Error::Error;
 };
 
+// An allocation failed: this rank's memory ran out (a cap such as
+// prlimit --as or a cgroup, or a full machine). Exit 5.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective or rendezvous failed (peer gone, mismatch, unsupported op).
 class CommError : public Error {
  public:
@@ -103,5 +110,9 @@ namespace lockstep {
 // e.what(), without the C++ backtrace that LibTorch's c10::Error appends:
 // the message a user needs is the first line, not 20 frames.
 std::string what_of(const std::exception& e);
+
+// Whether `e` says an allocation failed: std::bad_alloc, LibTorch's "can't
+// allocate memory" or a device's "out of memory", an OutOfMemoryError.
+bool is_out_of_memory(const std::exception& e);
 
 }  // namespace lockstep

@@ -13,6 +13,7 @@ constexpr int kExitCheckFailed = 1;  // a consistency check failed, or training 
 constexpr int kExitBadInput = 2;     // option, environment, config, data
 constexpr int kExitCommFailed = 3;   // unreachable peer, timeout, dead or hung rank
 constexpr int kExitInternal = 4;     // our own bug
+constexpr int kExitOutOfMemory = 5;  // an allocation failed (a memory limit, a full machine)
 // 128 + N: stopped by signal N (after a final checkpoint, checkpoint.on_signal).
 
 // Runs `body` and returns its code; a lockstep exception (or a bad option)

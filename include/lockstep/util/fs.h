@@ -21,6 +21,22 @@ std::string read_regular_file(const std::string& path,
 // is checked: a full disk (ENOSPC), a quota or an I/O error is a DataError
 // naming the file and the errno, never a silently short file.
 void write_file(const std::string& path, const std::string& bytes);
+// The same, streamed: created (truncated) at construction, each append()
+// written through, finish() syncs and closes; StorageError naming the path
+// (ENOSPC said plainly) from any of them. Destroyed unfinished, it closes.
+class FileWriter {
+ public:
+  explicit FileWriter(std::string path);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+  void append(const void* data, size_t size);
+  void finish();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 // write_file to `path`.tmp, then renamed over `path`: a failure leaves no
 // half-written `path` (the temporary is removed).
 void write_file_replacing(const std::string& path, const std::string& bytes);
