@@ -11,9 +11,12 @@
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 
+#include <cerrno>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "lockstep/optim/zero.h"
 #include "lockstep/util/error.h"
@@ -44,21 +47,31 @@
 // shapes and numel() stay true for code that counts, reading it gives NaN
 // (loud in any loss), and writing it is an error.
 //
-// Backward. A unit's output passes through PreBackward, an identity whose
-// backward gathers the unit again (and starts the gather of the unit before
-// it) before the unit's own backward runs. Each parameter's gradient
-// accumulator has a post hook; when every parameter of a unit has its
-// gradient, the unit's gradients are packed as the gather packs weights,
+// Backward. A hook on each unit's output gathers the unit again (and
+// starts the gather of the unit before it) before the unit's own backward
+// runs. Each parameter's gradient accumulator has a post hook; when every
+// parameter of a unit has its gradient and every unit after it in the
+// forward has been reduced (so that all ranks reduce in one order), the
+// unit's gradients are packed as the gather packs weights,
 // each multiplied by 1/world as DDP's Reducer does (the same kernel: a
 // wrapped-number scalar), reduce-scattered (shm adds in rank order, as its
 // all-reduce: the same bits as optim.zero 0), the other ranks' gradients
 // dropped and the unit freed. One reduction is in flight at a time (its
 // buffers are the unit's size); the owner copies its sum into .grad when the
-// next one starts or at the end of backward (an engine callback, which also
-// reduces units whose parameters got no gradient: zeros, and frees the
-// root). Under no_sync nothing is reduced: gradients accumulate whole on
-// every rank, as DDP's, and the next synchronised backward reduces the sum
-// (the same order of additions as optim.zero 0).
+// next one starts or at the end of backward (an engine callback, which frees
+// the root; a parameter that got no gradient is reduced as zeros to keep the
+// collectives paired, then every rank stops with a UsageError naming it).
+// An owner's .grad from before the backward (no zero_grad between two
+// backwards) is set aside at the forward and the new sum added to it, as
+// PyTorch accumulates. Under no_sync (read at the forward, as DDP does)
+// nothing is reduced: gradients accumulate whole on every rank, and the next
+// synchronised backward reduces the sum (optim.zero 0's order of additions).
+//
+// Owners. fully_shard_partition balances each unit on its own (largest
+// parameter first to the rank with the least of that unit), so that a
+// unit's gather buffer, world x the largest share, is padded by about one
+// parameter per rank at most; a partition over the whole model could give
+// one rank all of a unit.
 
 namespace lockstep {
 namespace {
@@ -67,17 +80,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 class Sharded;
-
-// Identity forward; its backward asks the engine to gather the unit.
-struct PreBackward : public torch::autograd::Function<PreBackward> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& output, int64_t engine,
-                            int64_t unit) {
-    ctx->saved_data["engine"] = engine;
-    ctx->saved_data["unit"] = unit;
-    return output;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads);
-};
 
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
@@ -100,9 +102,13 @@ void unmap(void* context) {
 at::DataPtr mapped(size_t nbytes, at::Device device) {
   if (nbytes == 0) return at::DataPtr(nullptr, device);
   void* p = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    throw SystemError("fully_shard: cannot map " + std::to_string(nbytes >> 20) +
-                        " MiB for a gathered unit (out of memory?)");
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    const std::string what = "fully_shard: cannot map " + std::to_string(nbytes >> 20) +
+                             " MiB for a gathered unit: " + std::strerror(err);
+    if (err == ENOMEM) throw OutOfMemoryError(what);
+    throw SystemError(what);
+  }
   return at::DataPtr(p, new std::pair<void*, size_t>(p, nbytes), &unmap, device);
 }
 
@@ -135,8 +141,9 @@ struct Unit {
   enum class State { kFree, kGathering, kGathered } state = State::kFree;
   Ptr<C10dWork> work;
   // Backward: the parameters whose gradients arrived in this backward.
-  std::vector<char> ready;
+  std::vector<char> arrived_at;
   size_t arrived = 0;
+  bool ready = false;              // every gradient in
   bool reduced = false;
   bool forward_with_grad = false;  // ran forward under grad mode since the last backward
 };
@@ -147,6 +154,10 @@ struct Reduction {
   at::Tensor input, output;
 };
 
+std::vector<std::vector<size_t>> unit_members(
+    const torch::nn::Module& root, const std::vector<std::shared_ptr<torch::nn::Module>>& units,
+    const NamedTensors& named);
+
 class Sharded : public FullyShardedParameters,
                 public UnitWrapper,
                 public std::enable_shared_from_this<Sharded> {
@@ -154,12 +165,9 @@ class Sharded : public FullyShardedParameters,
   Sharded(torch::nn::Module& root, std::shared_ptr<ProcessGroup> pg, std::vector<int> owners,
           const std::vector<std::shared_ptr<torch::nn::Module>>& units, FullyShardOptions options)
       : pg_(std::move(pg)), options_(options), named_(trainable_parameters(root)) {
-    owners_ = std::move(owners);
-    if (owners_.empty()) {
-      std::vector<at::Tensor> params;
-      for (const auto& [name, p] : named_) params.push_back(p);
-      owners_ = zero_partition(params, pg_->size());
-    }
+    if (unit_wrapper(root))
+      throw UsageError("fully_shard: this module is fully sharded already (once per root)");
+    owners_ = owners.empty() ? fully_shard_partition(root, units, pg_->size()) : std::move(owners);
     if (owners_.size() != named_.size())
       throw UsageError("fully_shard: " + std::to_string(owners_.size()) + " owners for " +
                        std::to_string(named_.size()) + " trainable parameters");
@@ -170,6 +178,8 @@ class Sharded : public FullyShardedParameters,
     build_units(root, units);
     divisor_ = c10::scalar_to_tensor(at::Scalar(1.0 / pg_->size()));
     divisor_.unsafeGetTensorImpl()->set_wrapped_number(true);
+    stash_.assign(named_.size(), at::Tensor());
+    reduced_grad_.assign(named_.size(), 0);
     for (const auto& [name, p] : named_) {
       placeholders_.push_back(
           at::full({1}, std::numeric_limits<double>::quiet_NaN(), p.options()).expand(p.sizes()));
@@ -194,7 +204,9 @@ class Sharded : public FullyShardedParameters,
   ~Sharded() override {
     for (size_t i = 0; i < accumulators_.size(); ++i)
       accumulators_[i]->del_post_hook(hook_keys_[i]);
-    for (const auto& u : units_) set_unit_wrapper(*u.module, nullptr);
+    for (const auto& u : units_)
+      if (unit_wrapper(*u.module).get() == static_cast<const UnitWrapper*>(this))
+        set_unit_wrapper(*u.module, nullptr);
     // Collectives in flight write into our buffers: let them land.
     for (auto& u : units_) wait_quietly(u.work);
     if (reduction_ && reduction_->scattering) wait_quietly(reduction_->scattering->work);
@@ -204,24 +216,29 @@ class Sharded : public FullyShardedParameters,
     for (const auto& u : units_) set_unit_wrapper(*u.module, shared_from_this());
   }
 
-  // Frees every unit: from here on each parameter lives on its owner only.
-  void shard() { reshard_all(); }
+  // From here on each parameter lives on its owner only: the others'
+  // copies (whole since construction) are dropped for placeholders.
+  void shard() {
+    for (size_t i = 0; i < named_.size(); ++i)
+      if (!owns(i)) named_[i].second.set_data(placeholders_[i]);
+  }
 
   // UnitWrapper
   void before_forward(const torch::nn::Module& module) override {
     const size_t k = unit_index(module);
     Unit& u = units_[k];
-    if (!u.root && !in_forward_) {
+    const bool grad = at::GradMode::is_enabled();
+    if (u.root) {
+      root_forwards_ += 1;
+      if (grad) begin_backward_pass();
+    } else if (root_forwards_ == 0) {
       // A unit called outside the root's forward (a forward without
       // call_unit on the model): the root is gathered for it as well.
       gather_now(root_);
     }
-    if (u.root) {
-      in_forward_ = true;
-      forward_order_.clear();
-    } else {
+    if (grad && !u.root &&
+        std::find(forward_order_.begin(), forward_order_.end(), k) == forward_order_.end())
       forward_order_.push_back(k);
-    }
     gather_now(k);
     if (options_.prefetch && !u.root) {
       const auto next = next_in(last_forward_order_, k, +1);
@@ -232,25 +249,38 @@ class Sharded : public FullyShardedParameters,
   at::Tensor after_forward(const torch::nn::Module& module, const at::Tensor& output) override {
     const size_t k = unit_index(module);
     Unit& u = units_[k];
-    const bool backward_follows = at::GradMode::is_enabled() && output.defined() &&
-                                  output.requires_grad();
+    const bool backward_follows =
+        at::GradMode::is_enabled() && output.defined() && output.requires_grad();
     if (u.root) {
-      in_forward_ = false;
-      last_forward_order_ = forward_order_;
-      if (!backward_follows) {
-        for (size_t j = 0; j < units_.size(); ++j) free_unit(j);
-        return output;
+      root_forwards_ -= 1;
+      if (backward_follows) {
+        u.forward_with_grad = true;
+        last_forward_order_ = forward_order_;
+        return output;  // kept until its gradients are reduced
       }
-      u.forward_with_grad = true;
-      return output;  // kept until its gradients are reduced
+      // A forward without backward: free what no pending backward needs.
+      const bool pending = forward_with_grad_pending();
+      for (size_t j = 0; j < units_.size(); ++j)
+        if (!units_[j].forward_with_grad && !(units_[j].root && pending)) free_unit(j);
+      return output;
     }
     if (!backward_follows) {
-      free_unit(k);
+      if (!u.forward_with_grad) free_unit(k);
       return output;
     }
     u.forward_with_grad = true;
     if (options_.reshard_after_forward) free_unit(k);
-    return PreBackward::apply(output, reinterpret_cast<int64_t>(this), static_cast<int64_t>(k));
+    // Before the unit's own backward its output's gradient arrives: a hook
+    // there gathers the unit again. A hook, not an identity function, so
+    // that the output stays the tensor the unit returned (in-place
+    // operations on it stay legal).
+    std::weak_ptr<Sharded> self = shared_from_this();
+    at::Tensor out = output;
+    out.register_hook([self, k](const at::Tensor& g) {
+      if (auto engine = self.lock()) engine->pre_backward(k);
+      return g;
+    });
+    return out;
   }
 
   // FullyShardedParameters
@@ -276,11 +306,20 @@ class Sharded : public FullyShardedParameters,
       if (!was_gathered) free_unit(k);
     }
   }
+  // Counted from the storages themselves: the parameters' own (a
+  // placeholder's is one element) and the gathered buffers'.
   int64_t resident_parameter_bytes() const override {
+    std::set<const c10::StorageImpl*> seen;
     int64_t bytes = 0;
-    for (size_t i = 0; i < named_.size(); ++i)
-      if (owners_[i] == pg_->rank()) bytes += static_cast<int64_t>(named_[i].second.nbytes());
-    return bytes + gathered_bytes_;
+    for (const auto& [name, p] : named_) {
+      const c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+      if (seen.insert(storage).second) bytes += static_cast<int64_t>(storage->nbytes());
+    }
+    for (const auto& u : units_) {
+      const c10::StorageImpl* storage = u.flat.storage().unsafeGetStorageImpl();
+      if (seen.insert(storage).second) bytes += static_cast<int64_t>(storage->nbytes());
+    }
+    return bytes;
   }
   int64_t peak_gathered_bytes() const override { return peak_gathered_bytes_; }
   const std::vector<int>& owners() const override { return owners_; }
@@ -292,50 +331,28 @@ class Sharded : public FullyShardedParameters,
     return out;
   }
 
-  // PreBackward's backward: before unit k's own backward.
+  // The hook on unit k's output: before unit k's own backward.
   void pre_backward(size_t k) {
     gather_now(k);
     if (options_.prefetch) {
       const auto previous = next_in(last_forward_order_, k, -1);
-      if (previous && !units_[*previous].reduced) start_gather(*previous);
+      if (previous && !units_[*previous].ready) start_gather(*previous);
     }
   }
 
  private:
   void build_units(torch::nn::Module& root,
                    const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
-    std::map<const c10::TensorImpl*, size_t> index;
-    for (size_t i = 0; i < named_.size(); ++i)
-      index[named_[i].second.unsafeGetTensorImpl()] = i;
-    std::vector<int> unit_of(named_.size(), -1);
-    for (const auto& m : modules) {
-      if (!m) throw UsageError("fully_shard: a unit is null");
-      if (m.get() == &root) throw UsageError("fully_shard: the root cannot also be a unit");
+    const auto members = unit_members(root, modules, named_);
+    for (size_t k = 0; k < members.size(); ++k) {
       Unit u;
-      u.module = m.get();
-      u.name = m->name() + " #" + std::to_string(units_.size());
-      for (const auto& p : m->parameters(/*recurse=*/true)) {
-        const auto it = index.find(p.unsafeGetTensorImpl());
-        if (it == index.end()) continue;  // frozen, or not under the root
-        if (unit_of[it->second] >= 0) {
-          if (unit_of[it->second] == static_cast<int>(units_.size())) continue;  // tied inside
-          throw UsageError("fully_shard: parameter '" + named_[it->second].first +
-                           "' is in two units (" + units_[static_cast<size_t>(unit_of[it->second])].name +
-                           " and " + u.name + "); units must not nest or share parameters");
-        }
-        unit_of[it->second] = static_cast<int>(units_.size());
-        u.params.push_back(it->second);
-      }
+      u.root = k + 1 == members.size();
+      u.module = u.root ? &root : modules[k].get();
+      u.name = u.root ? std::string("root") : modules[k]->name() + " #" + std::to_string(k);
+      u.params = members[k];
       units_.push_back(std::move(u));
     }
-    Unit r;
-    r.module = &root;
-    r.name = "root";
-    r.root = true;
-    for (size_t i = 0; i < named_.size(); ++i)
-      if (unit_of[i] < 0) r.params.push_back(i);
-    root_ = units_.size();
-    units_.push_back(std::move(r));
+    root_ = units_.size() - 1;
     unit_of_.assign(named_.size(), 0);
     const int world = pg_->size();
     for (size_t k = 0; k < units_.size(); ++k) {
@@ -368,7 +385,7 @@ class Sharded : public FullyShardedParameters,
                                             : named_[u.params.front()].second.options();
       u.flat = at::empty({world * u.chunk}, options.requires_grad(false));
       free_storage(u.flat);
-      u.ready.assign(u.params.size(), 0);
+      u.arrived_at.assign(u.params.size(), 0);
     }
   }
 
@@ -444,6 +461,57 @@ class Sharded : public FullyShardedParameters,
 
   bool synchronised() const { return !synchronised_ || synchronised_(); }
 
+  // At the start of a forward with grad (the root's): the state of a
+  // backward that threw half-way is cleared, the owners' reduced gradients
+  // are set aside to be added to the next reduction (PyTorch accumulates
+  // .grad across backwards), and no_sync is read (at the forward, as DDP
+  // reads it).
+  void begin_backward_pass() {
+    // A backward began (a gradient arrived) but never reached its end.
+    bool dirty = finalize_queued_ || reduction_.has_value() || next_reduce_ != 0;
+    for (const auto& u : units_) dirty = dirty || u.arrived > 0 || u.reduced || u.ready;
+    if (dirty) {
+      spdlog::warn(
+          "fully_shard: the previous backward did not finish (an exception?): its partial "
+          "gradients are dropped");
+      // The reduction in flight lands (every rank issued it) but is not
+      // written: the user may have cleared .grad since.
+      if (reduction_ && reduction_->scattering) wait_quietly(reduction_->scattering->work);
+      reduction_.reset();
+      finalize_queued_ = false;
+      for (size_t k = 0; k < units_.size(); ++k) reset_unit(k);
+      next_reduce_ = 0;
+    }
+    if (forward_with_grad_pending()) return;  // a second forward before one backward
+    forward_order_.clear();
+    sync_this_pass_ = synchronised();
+    for (size_t i = 0; i < named_.size(); ++i) {
+      if (!reduced_grad_[i]) continue;
+      reduced_grad_[i] = 0;
+      at::Tensor& p = named_[i].second;
+      if (p.grad().defined()) {
+        stash_[i] = p.grad();
+        p.mutable_grad().reset();
+      }
+    }
+  }
+
+  bool forward_with_grad_pending() const {
+    for (const auto& u : units_)
+      if (u.forward_with_grad) return true;
+    return false;
+  }
+
+  void reset_unit(size_t k) {
+    Unit& u = units_[k];
+    free_unit(k);
+    std::fill(u.arrived_at.begin(), u.arrived_at.end(), 0);
+    u.arrived = 0;
+    u.ready = false;
+    u.reduced = false;
+    u.forward_with_grad = false;
+  }
+
   void gradient_ready(size_t i) {
     if (!finalize_queued_) {
       finalize_queued_ = true;
@@ -453,19 +521,36 @@ class Sharded : public FullyShardedParameters,
     Unit& u = units_[k];
     size_t j = 0;
     while (u.params[j] != i) ++j;
-    if (u.ready[j] == 0) {
-      u.ready[j] = 1;
+    if (u.arrived_at[j] == 0) {
+      u.arrived_at[j] = 1;
       ++u.arrived;
     }
-    if (u.arrived == u.params.size() && !u.reduced) unit_done(k);
+    if (u.arrived == u.params.size() && !u.ready) {
+      u.ready = true;
+      reduce_in_order(false);
+    }
   }
 
-  // Every gradient of unit k is in (or backward ended without some).
-  void unit_done(size_t k) {
-    Unit& u = units_[k];
-    u.reduced = true;
-    if (synchronised() && pg_->size() > 1) reduce(k);
-    free_unit(k);  // its gradients are all in: backward needs it no more
+  // The reductions, strictly in the reverse of the forward's unit order
+  // (the root last), whatever order the gradients arrive in: every rank
+  // issues the same reduce-scatters in the same order, even when one
+  // rank's unit waits for a gradient the others got earlier. A unit whose
+  // turn has not come keeps its gradients (and stays gathered) until then.
+  // `all`: at the end of backward, the rest too.
+  void reduce_in_order(bool all) {
+    std::vector<size_t> order(last_forward_order_.rbegin(), last_forward_order_.rend());
+    order.push_back(root_);
+    while (next_reduce_ < order.size()) {
+      const size_t k = order[next_reduce_];
+      Unit& u = units_[k];
+      if (u.forward_with_grad) {
+        if (!u.ready && !all) return;
+        u.reduced = true;
+        if (sync_this_pass_ && pg_->size() > 1) reduce(k);
+        free_unit(k);  // its gradients are all in: backward needs it no more
+      }
+      ++next_reduce_;
+    }
   }
 
   void reduce(size_t k) {
@@ -504,33 +589,63 @@ class Sharded : public FullyShardedParameters,
       if (!owns(i)) continue;
       at::Tensor& p = named_[i].second;
       const at::Tensor sum = r.output.narrow(0, u.at[j] - base, p.numel()).view(p.sizes());
-      if (p.grad().defined()) {
+      if (stash_[i].defined()) {  // .grad from before this backward: accumulated
+        at::Tensor kept = std::move(stash_[i]);
+        kept.add_(sum);
+        p.mutable_grad() = kept;
+      } else if (p.grad().defined()) {
         p.mutable_grad().copy_(sum);
       } else {
         p.mutable_grad() = sum.clone();
       }
+      reduced_grad_[i] = 1;
     }
   }
 
   // The engine's callback at the end of backward.
   void finish_backward() {
     finalize_queued_ = false;
-    for (size_t k = 0; k < units_.size(); ++k) {
-      Unit& u = units_[k];
-      // A unit that ran forward but some of whose parameters got no
-      // gradient: they count as zeros (every rank runs the same model, so
-      // every rank takes this branch for the same units).
-      if (u.forward_with_grad && !u.reduced) unit_done(k);
+    // A parameter of a unit that ran forward but got no gradient: reduced
+    // as zeros, so that every rank issues the same collectives; then every
+    // rank learns of it and stops, as DDP without find_unused_parameters
+    // does.
+    int64_t missing = -1;
+    for (size_t k = 0; k < units_.size() && missing < 0; ++k) {
+      const Unit& u = units_[k];
+      if (!u.forward_with_grad) continue;
+      for (size_t j = 0; j < u.params.size(); ++j) {
+        if (u.arrived_at[j] == 0) {
+          missing = static_cast<int64_t>(u.params[j]);
+          break;
+        }
+      }
     }
+    const bool exchanged = sync_this_pass_ && pg_->size() > 1;
+    reduce_in_order(true);
     finish_reduction();
-    for (size_t k = 0; k < units_.size(); ++k) {
-      Unit& u = units_[k];
-      free_unit(k);
-      std::fill(u.ready.begin(), u.ready.end(), 0);
-      u.arrived = 0;
-      u.reduced = false;
-      u.forward_with_grad = false;
+    for (size_t k = 0; k < units_.size(); ++k) reset_unit(k);
+    next_reduce_ = 0;
+    int rank = missing >= 0 ? pg_->rank() : -1;
+    if (exchanged) {
+      // [any missing, world - the lowest rank with one]
+      at::Tensor flag =
+          at::tensor({missing >= 0 ? 1.0 : 0.0,
+                      missing >= 0 ? static_cast<double>(pg_->size() - pg_->rank()) : 0.0},
+                     at::kDouble)
+              .to(pg_->device());
+      pg_->allreduce(flag, ReduceKind::kMax);
+      const auto f = flag.cpu();
+      if (f[0].item<double>() > 0) rank = pg_->size() - static_cast<int>(f[1].item<double>());
     }
+    if (rank < 0) return;
+    throw UsageError(
+        "optim.zero 3: " +
+        (missing >= 0 && rank == pg_->rank()
+             ? "parameter '" + named_[static_cast<size_t>(missing)].first + "'"
+             : std::string("a parameter")) +
+        " got no gradient in a backward on rank " + std::to_string(rank) +
+        " although its unit ran forward; every parameter of a fully sharded unit must get one "
+        "(fully sharded parameters have no find_unused_parameters)");
   }
 
   static void wait_quietly(const Ptr<C10dWork>& work) {
@@ -554,19 +669,86 @@ class Sharded : public FullyShardedParameters,
   std::function<bool()> synchronised_;
   std::optional<Reduction> reduction_;
   std::vector<size_t> forward_order_, last_forward_order_;
-  bool in_forward_ = false;
+  int root_forwards_ = 0;  // root forwards running (nested calls count)
+  size_t next_reduce_ = 0;
+  bool sync_this_pass_ = true;
+  std::vector<at::Tensor> stash_;   // owners' .grad from before this backward
+  std::vector<char> reduced_grad_;  // .grad holds a reduction's result
   bool finalize_queued_ = false;
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_bytes_ = 0;
 };
 
-variable_list PreBackward::backward(AutogradContext* ctx, variable_list grads) {
-  auto* engine = reinterpret_cast<Sharded*>(ctx->saved_data["engine"].toInt());
-  engine->pre_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
-  return {grads[0], at::Tensor(), at::Tensor()};
+// The parameters of each unit (by index into trainable_parameters(root)),
+// the root's last; UsageError for a unit that is not under the root, holds
+// no trainable parameter, or shares one with another unit.
+std::vector<std::vector<size_t>> unit_members(
+    const torch::nn::Module& root, const std::vector<std::shared_ptr<torch::nn::Module>>& units,
+    const NamedTensors& named) {
+  std::map<const c10::TensorImpl*, size_t> index;
+  for (size_t i = 0; i < named.size(); ++i) index[named[i].second.unsafeGetTensorImpl()] = i;
+  std::set<const torch::nn::Module*> under;
+  for (const auto& m : root.modules(/*include_self=*/false)) under.insert(m.get());
+  std::vector<int> unit_of(named.size(), -1);
+  std::vector<std::vector<size_t>> members;
+  for (const auto& m : units) {
+    if (!m) throw UsageError("fully_shard: a unit is null");
+    if (m.get() == &root) throw UsageError("fully_shard: the root cannot also be a unit");
+    if (under.count(m.get()) == 0)
+      throw UsageError("fully_shard: unit " + std::to_string(members.size()) + " (" + m->name() +
+                       ") is not a module under the root");
+    std::vector<size_t> mine;
+    for (const auto& p : m->parameters(/*recurse=*/true)) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;  // frozen
+      if (unit_of[it->second] == static_cast<int>(members.size())) continue;  // tied inside
+      if (unit_of[it->second] >= 0)
+        throw UsageError("fully_shard: parameter '" + named[it->second].first +
+                         "' is in two units; units must not nest or share parameters");
+      unit_of[it->second] = static_cast<int>(members.size());
+      mine.push_back(it->second);
+    }
+    if (mine.empty())
+      throw UsageError("fully_shard: unit " + std::to_string(members.size()) + " (" + m->name() +
+                       ") has no trainable parameter");
+    members.push_back(std::move(mine));
+  }
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < named.size(); ++i)
+    if (unit_of[i] < 0) rest.push_back(i);
+  members.push_back(std::move(rest));
+  return members;
 }
 
 }  // namespace
+
+std::vector<int> fully_shard_partition(const torch::nn::Module& root,
+                                       const std::vector<std::shared_ptr<torch::nn::Module>>& units,
+                                       int world) {
+  if (world < 1) throw UsageError("fully_shard_partition: world size " + std::to_string(world));
+  const NamedTensors named = trainable_parameters(root);
+  std::vector<int> owners(named.size(), 0);
+  std::vector<int64_t> total(static_cast<size_t>(world), 0);
+  for (const auto& members : unit_members(root, units, named)) {
+    // Within the unit: largest first, to the rank holding the least of this
+    // unit (ties: the least overall, then the lower rank).
+    std::vector<size_t> order = members;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return named[a].second.numel() > named[b].second.numel();
+    });
+    std::vector<int64_t> load(static_cast<size_t>(world), 0);
+    for (size_t i : order) {
+      size_t best = 0;
+      for (size_t r = 1; r < load.size(); ++r) {
+        if (load[r] < load[best] || (load[r] == load[best] && total[r] < total[best])) best = r;
+      }
+      owners[i] = static_cast<int>(best);
+      load[best] += named[i].second.numel();
+      total[best] += named[i].second.numel();
+    }
+  }
+  return owners;
+}
 
 std::shared_ptr<FullyShardedParameters> fully_shard(
     torch::nn::Module& root, std::shared_ptr<ProcessGroup> pg, const std::vector<int>& owners,

@@ -93,7 +93,7 @@ int64_t field_id(const std::string& field) {
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig& config,
-                             NamedTensors named_params, int stage)
+                             NamedTensors named_params, int stage, std::vector<int> owners)
     : torch::optim::Optimizer(all_of(named_params),
                               std::make_unique<torch::optim::SGDOptions>(config.lr)),
       pg_(std::move(pg)),
@@ -106,7 +106,10 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig
     params.push_back(p);
     shapes_.push_back(p.sizes().vec());
   }
-  owners_ = zero_partition(params, pg_->size());
+  owners_ = owners.empty() ? zero_partition(params, pg_->size()) : std::move(owners);
+  if (owners_.size() != params.size())
+    throw InternalError("ZeroOptimizer: " + std::to_string(owners_.size()) + " owners for " +
+                        std::to_string(params.size()) + " parameters");
   std::vector<at::Tensor> mine;
   for (size_t i = 0; i < params.size(); ++i)
     if (owns(i)) mine.push_back(params[i]);

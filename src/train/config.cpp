@@ -697,6 +697,19 @@ void config_validate(const Config& c, int world_size) {
         c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
         "); use optim.zero: 1 with a comm hook");
   }
+  if (c.optim.zero == 3 && c.ddp.find_unused_parameters) {
+    throw ConfigError(
+        "ddp.find_unused_parameters: optim.zero: 3 reduces each block's gradients as soon as "
+        "they are all in, so every parameter of a block that ran forward must get one" +
+        config_origin(c, "ddp.find_unused_parameters") +
+        "; use optim.zero: 2 for a model with unused parameters");
+  }
+  if (c.optim.zero == 3 && c.check.buffers) {
+    throw ConfigError(
+        "check.buffers compares the ranks' weights and buffers, but with optim.zero: 3 each "
+        "weight lives on one rank (its check is the owner's seal)" +
+        config_origin(c, "check.buffers") + "; turn check.buffers off");
+  }
   if (c.optim.zero == 3 && c.check.policy == CheckPolicy::kResync) {
     throw ConfigError(
         "check.policy: resync copies rank 0's weights to the others, but with optim.zero: 3 "

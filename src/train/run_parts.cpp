@@ -29,8 +29,14 @@ void run_build_model(RunParts& run, const Config& config, const WorldInfo& world
 void run_build_optimizer(RunParts& run, const Config& config,
                          const std::shared_ptr<ProcessGroup>& pg) {
   if (config.optim.zero > 0) {
-    auto sharded = std::make_unique<ZeroOptimizer>(
-        pg, config.optim, trainable_parameters(*run.model), static_cast<int>(config.optim.zero));
+    // Stage 3: owners balanced within each unit (its gathers are padded to
+    // the largest owner's share).
+    std::vector<int> owners;
+    if (config.optim.zero == 3)
+      owners = fully_shard_partition(*run.model, run.model->sharding_units(), pg->size());
+    auto sharded = std::make_unique<ZeroOptimizer>(pg, config.optim,
+                                                   trainable_parameters(*run.model),
+                                                   static_cast<int>(config.optim.zero), owners);
     run.zero = sharded.get();
     run.optimizer = std::move(sharded);
   } else {

@@ -109,6 +109,14 @@ void TrainStep::handle(const std::vector<ConsistencyReport>& reports) {
   }
 }
 
+void TrainStep::verify_seal(int64_t step) {
+  if (!hooks.verify_weights || !sealed_) return;
+  const ConsistencyReport report = hooks.verify_weights(step);
+  if (report.consistent) return;
+  spdlog::error("checkpoint: {}", report.message);
+  throw ConsistencyError(report.message);  // nothing of this state is saved
+}
+
 void TrainStep::finish_checks() {
   if (checks_) handle(checks_->drain());
 }
@@ -252,7 +260,9 @@ void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
 // (its verdict taken before a later update: StepChecks).
 void TrainStep::maybe_start_check(int64_t done, StepStats& stats) {
   auto t = Clock::now();
-  if (options_.check.every > 0 && done % options_.check.every == 0 && hooks.seal_weights) {
+  if (options_.check.every > 0 && hooks.seal_weights) {
+    // Every step, whatever check.every: a seal taken only every N steps
+    // would absorb what changed between a verification and the next seal.
     hooks.seal_weights(done);
     sealed_ = true;
     stats.check_ms += ms_since(t);

@@ -15,7 +15,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -312,6 +314,37 @@ void Trainer::Impl::warn_schedule() const {
   }
 }
 
+// The digest of the final weights and buffers, the same on every rank.
+// Under optim.zero 3 rank 0 takes each unit in turn (no rank holds the
+// whole model gathered at once) and sends the digest to the others.
+std::string Trainer::Impl::final_fingerprint() {
+  auto tensors = fingerprint_tensors(*model, true);
+  if (!run.sharded) return hex_of(fingerprint_digest(tensors, DigestMode::kXxh3));
+  const NamedTensors params = trainable_parameters(*model);
+  std::map<const c10::TensorImpl*, at::Tensor> whole;
+  run.sharded->visit_whole([&](size_t i, const at::Tensor& t) {
+    if (world.rank == 0)
+      whole[params[i].second.unsafeGetTensorImpl()] =
+          zero->owns(i) ? t.detach() : t.detach().clone();
+  });
+  std::string hex(64, ' ');
+  if (world.rank == 0) {
+    for (auto& t : tensors) {
+      const auto it = whole.find(t.tensor.unsafeGetTensorImpl());
+      if (it != whole.end()) t.tensor = it->second;
+    }
+    const std::string digest = hex_of(fingerprint_digest(tensors, DigestMode::kXxh3));
+    hex.replace(0, std::min<size_t>(digest.size(), hex.size()), digest);
+  }
+  at::Tensor bytes = at::empty({64}, at::kByte);
+  std::memcpy(bytes.data_ptr(), hex.data(), 64);
+  bytes = bytes.to(pg->device());
+  pg->broadcast(bytes, 0);
+  bytes = bytes.cpu();
+  hex.assign(static_cast<const char*>(bytes.data_ptr()), 64);
+  return hex.substr(0, hex.find(' '));
+}
+
 // LOCKSTEP_FAULT=flip: a bit of the first weight this rank holds
 // (its own under optim.zero 3, where the others are placeholders).
 std::string Trainer::Impl::flip_a_weight_bit() {
@@ -424,10 +457,7 @@ void Trainer::Impl::finish(TrainResult& result, int64_t stop) {
   }
   report_memory();
   result.steps = state.step;
-  with_whole_weights(run, [&] {
-    result.fingerprint =
-        hex_of(fingerprint_digest(fingerprint_tensors(*model, true), DigestMode::kXxh3));
-  });
+  result.fingerprint = final_fingerprint();
   result.last_checkpoint = last_checkpoint;
   if (result.best_checkpoint.empty()) result.best_checkpoint = last_best;
   for (auto& c : callbacks) c->on_train_end(state, result);

@@ -155,6 +155,7 @@ struct Trainer::Impl {
   // and the end (the last validation, the trace, the memory line).
   int64_t stop_step() const;
   std::string flip_a_weight_bit();
+  std::string final_fingerprint();
   // Rank 0: a cosine whose warm-up fills it, or a run past its length.
   void warn_schedule() const;
   bool train_epoch(TrainResult& result, Interval& interval, int64_t stop);

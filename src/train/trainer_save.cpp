@@ -65,9 +65,13 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
   state.data_id = data_id;
   state.scaler = precision->state_dict();
   // Only weights every rank agrees on are worth keeping.
-  // Under optim.zero 3 there are no replicas to compare (the shard seal
-  // guards each weight on its owner, every check.every steps).
-  if (!run.sharded) check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
+  // Under optim.zero 3 there are no replicas to compare: the shard seal,
+  // verified now, guards each weight on its owner.
+  if (run.sharded) {
+    step->verify_seal(state.step);
+  } else {
+    check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
+  }
   refuse_nonfinite_weights();
   // Note [Stateful parts]: every part, every rank, in order (collectives:
   // the optimizer gathered from its owners, the generators, the hook).

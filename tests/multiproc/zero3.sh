@@ -76,7 +76,7 @@ for case in "2 fp32 false 1" "2 fp32 true 1" "2 bf16 true 1" "3 fp32 false 1" "3
 done
 # Each rank holds its share of the weights between steps (rank 0 of 3: about a third).
 held=$(grep -o "\[rank0\]: .*memory: weights [0-9.]* MiB held" "$WORK/gpt-3-fp32-false-1-3.out" | grep -oE "[0-9.]+ MiB" | awk '{print $1}')
-total=$($PY - "$(ck gpt-3-fp32-false-1-3 model.pt | sed 's/30/10/')" <<'PY'
+total=$($PY - "$runs/gpt-3-fp32-false-1-3/checkpoints/step_00000010/model.pt" <<'PY'
 import sys, torch
 print(sum(t.numel() * t.element_size() for t in torch.load(sys.argv[1]).values()) / 2**20)
 PY
@@ -130,6 +130,14 @@ expect_eq "$?" 1 "a flipped bit in rank 1's shard stops the run"
 flipped=$(grep -o "flipped a bit of '[^']*' on rank 1" "$WORK/flip.out" | head -1 | cut -d"'" -f2)
 expect_grep "$WORK/flip.out" "step 5: weight '${flipped:-none}' \(optim.zero 3: held by rank 1 only\) changed after its optimizer step" \
   "the shard seal names the weight (${flipped:-none}) and its rank at the next step"
+# The seal is taken after every step, whatever check.every: a flip between
+# two checks is caught too, and never saved.
+LOCKSTEP_FAULT=flip:rank=1:step=5 train flip2 2 gpt-text "${gpt[@]}" --set optim.zero=3 --set check.every=2
+expect_eq "$?" 1 "check.every 2, a flip after step 5: the run stops"
+expect_grep "$WORK/flip2.out" "step 6: weight '.*' \(optim.zero 3: held by rank 1 only\) changed after its optimizer step" \
+  "caught at step 6, the next step"
+[ -d "$runs/flip2/checkpoints/step_00000010" ] && fail "a checkpoint of the flipped weights was written" ||
+  pass "no checkpoint of the flipped weights"
 LOCKSTEP_FAULT=flip:rank=1:step=4 train flip0 2 gpt-text "${gpt[@]}" --set optim.zero=0
 expect_eq "$?" 1 "without sharding the same flip stops the run too"
 expect_grep "$WORK/flip0.out" "weights differ across ranks after step [45]: first differing tensor .transformer.wte.weight." "and the cross-rank check names the weight"
@@ -145,6 +153,8 @@ bad() {  # bad WHAT PATTERN ARGS...
 bad "optim.zero 3 with PowerSGD" "optim.zero: 3 .*ddp.comm_hook" --set optim.zero=3 --set ddp.comm_hook=powersgd
 bad "optim.zero 3 with check.policy resync" "check.policy: resync .*optim.zero: 3" --set optim.zero=3 --set check.policy=resync
 bad "optim.zero 4" "optim.zero.*4" --set optim.zero=4
+bad "optim.zero 3 with ddp.find_unused_parameters" "ddp.find_unused_parameters: optim.zero: 3" --set optim.zero=3 --set ddp.find_unused_parameters=true
+bad "optim.zero 3 with check.buffers" "check.buffers .*optim.zero: 3" --set optim.zero=3 --set check.buffers=true
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
   --set optim.zero=3 >"$WORK/check.out" 2>&1
 expect_eq "$?" 2 "lockstep check --config with optim.zero 3: exit 2"

@@ -51,10 +51,19 @@ struct FullyShardOptions {
 
 class FullyShardedParameters;
 
+// Owners for fully_shard: whole parameters, balanced within each unit
+// (largest first, to the rank holding the least of that unit; ties: the
+// least overall), so that a unit's gather is padded by at most about one
+// parameter per rank. One rank per parameter of trainable_parameters(root).
+std::vector<int> fully_shard_partition(const torch::nn::Module& root,
+                                       const std::vector<std::shared_ptr<torch::nn::Module>>& units,
+                                       int world);
+
 // Shards `root`'s trainable parameters (trainable_parameters(root), the
 // order ZeroOptimizer and DDP use) over `pg` with `owners` (one per
-// parameter; zero_partition's), with `units` (modules under `root`, none
-// inside another) as the units. Parameters must be whole and equal on
+// parameter; empty: fully_shard_partition's), with `units` (modules under
+// `root`, none inside another, each with a trainable parameter) as the
+// units; once per root. Parameters must be whole and equal on
 // every rank (after DDP's broadcast). Registers a UnitWrapper for `root`
 // and each unit; they stay registered while the result lives.
 std::shared_ptr<FullyShardedParameters> fully_shard(

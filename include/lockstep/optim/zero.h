@@ -34,8 +34,10 @@ class ZeroOptimizer : public torch::optim::Optimizer {
   // DDP's parameters in its order, with their state dict names. `stage` 1, 2 or 3 (3: the step
   // broadcasts nothing, fully_shard.h holds the weights). Every rank
   // constructs it alike.
+  // `owners`: one rank per parameter (empty: zero_partition's; stage 3 takes
+  // fully_shard_partition's, balanced per unit).
   ZeroOptimizer(std::shared_ptr<ProcessGroup> pg, const OptimConfig& config,
-                NamedTensors named_params, int stage);
+                NamedTensors named_params, int stage, std::vector<int> owners = {});
   ~ZeroOptimizer() override;
 
   // The owner's step of its parameters (the learning rate of this object's

@@ -80,10 +80,11 @@ struct StepHooks {
   // Last: what the wrappers add to the step's statistics (the loss scale).
   std::function<void(StepStats&)> report;
   // Replace the cross-rank weight check where ranks hold no replicas
-  // (optim.zero 3's shard seal, check/shard_seal.h): `seal_weights` after
-  // the optimizer step of every check.every-th step (`done`: steps done),
-  // `verify_weights` in the next step before the weights change (its
-  // report handled as the check's: the observer, or check.policy).
+  // (optim.zero 3's shard seal, check/shard_seal.h), when check.every > 0:
+  // `seal_weights` after every optimizer step (`done`: steps done),
+  // `verify_weights` in the next step before the weights change, and
+  // before a checkpoint (verify_seal); its report is handled as the
+  // check's (the observer, or check.policy).
   std::function<void(int64_t done)> seal_weights;
   std::function<ConsistencyReport(int64_t step)> verify_weights;
 };
@@ -135,6 +136,9 @@ class TrainStep {
 
   // Every verdict still owed (before a checkpoint, at the end).
   void finish_checks();
+  // The shard seal verified now (collective; a no-op without one): before
+  // a checkpoint is written, so that no changed weight is saved.
+  void verify_seal(int64_t step);
 
   // A divergence found by a per-step check is handled by check.policy
   // (abort throws ConsistencyError) unless an observer is set: then every

