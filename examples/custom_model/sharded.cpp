@@ -58,13 +58,15 @@ int main() {
   for (size_t i = 0; i < params.size(); ++i)
     if (sharded->owners()[i] == rank) mine.push_back(params[i].second);
   torch::optim::SGD sgd(mine, torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD sgd_reference(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_reference(reference->parameters(),
+                                  torch::optim::SGDOptions(0.1).momentum(0.9));
 
   const auto local = torch::indexing::Slice(rank * rows, (rank + 1) * rows);
   for (int step = 0; step < 20; ++step) {
     sgd.zero_grad();
     auto out = ddp.forward(x.index({local}));  // gathers the root, then each block in turn
-    torch::nn::functional::cross_entropy(out, y.index({local})).backward();  // mean gradients on their owners
+    torch::nn::functional::cross_entropy(out, y.index({local}))
+        .backward();  // mean gradients on their owners
     sgd.step();
     sgd_reference.zero_grad();
     torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
@@ -81,9 +83,10 @@ int main() {
     total += static_cast<double>(ours[i].nbytes());
   }
   sharded->reshard_all();
-  std::printf("rank %lld: 20 steps sharded; held %lld of %.0f weight bytes between steps; largest "
-              "difference from one process on the whole batch %.3g\n",
-              static_cast<long long>(rank), static_cast<long long>(held), total, worst);
+  std::printf(
+      "rank %lld: 20 steps sharded; held %lld of %.0f weight bytes between steps; largest "
+      "difference from one process on the whole batch %.3g\n",
+      static_cast<long long>(rank), static_cast<long long>(held), total, worst);
   dist.shutdown();
   return worst < 1e-5 ? 0 : 1;
 }

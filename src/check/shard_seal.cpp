@@ -54,8 +54,8 @@ ConsistencyReport ShardSeal::verify(const std::vector<std::pair<size_t, at::Tens
     }
   }
   // Every rank's first changed weight (index + 1; 0: none).
-  const auto flags =
-      pg_.allgather(at::full({1}, bad + 1, at::TensorOptions().dtype(at::kLong).device(pg_.device())));
+  const auto flags = pg_.allgather(
+      at::full({1}, bad + 1, at::TensorOptions().dtype(at::kLong).device(pg_.device())));
   int first_rank = -1;
   int64_t first = -1;
   for (size_t r = 0; r < flags.size(); ++r) {
@@ -69,8 +69,8 @@ ConsistencyReport ShardSeal::verify(const std::vector<std::pair<size_t, at::Tens
   if (first_rank < 0) return report;
   if (first >= static_cast<int64_t>(names_.size()) ||
       owners_[static_cast<size_t>(first)] != first_rank)
-    throw InternalError("shard seal: rank " + std::to_string(first_rank) +
-                        " reported weight " + std::to_string(first) + ", not its own");
+    throw InternalError("shard seal: rank " + std::to_string(first_rank) + " reported weight " +
+                        std::to_string(first) + ", not its own");
   report.consistent = false;
   report.first_tensor = names_[static_cast<size_t>(first)];
   report.message = "step " + std::to_string(step) + ": weight '" + report.first_tensor +

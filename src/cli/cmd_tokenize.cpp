@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "common.h"
@@ -25,7 +28,7 @@
 // independently, on as many threads as --threads, and are written in
 // order. At most 2 x threads chunks are in memory: memory does not grow with
 // the input, only with its longest stretch without a safe cut (refused past
-// 64 MiB). Files end chunks too (with --eot, each file's tokens are followed
+// 8 MiB). Files end chunks too (with --eot, each file's tokens are followed
 // by <|endoftext|>, as nanoGPT's prepare.py does per document). The split:
 // the input's last --val-fraction of bytes, from the first safe cut there,
 // go to val.bin.
@@ -34,7 +37,7 @@ namespace lockstep::cli {
 namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
-constexpr size_t kMaxUncut = size_t{64} << 20;
+constexpr size_t kMaxUncut = size_t{8} << 20;  // bounds the longest piece (~45 bytes of work memory per byte)
 
 // The vocabulary setup installs beside the programs (share/lockstep/gpt2),
 // found from this executable's path: build/ or an install prefix's bin/.
@@ -123,7 +126,8 @@ std::string with_commas(int64_t n) {
 int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
   const std::string bytes = read_regular_file(path, size_t{1} << 34);
   size_t at = 0;
-  if (bytes.size() >= 1024 && bytes.compare(0, 4, std::string("\x20\xf0\x34\x01", 4)) == 0) at = 1024;
+  if (bytes.size() >= 1024 && bytes.compare(0, 4, std::string("\x20\xf0\x34\x01", 4)) == 0)
+    at = 1024;
   if ((bytes.size() - at) % 2 != 0)
     throw DataError(path + ": " + std::to_string(bytes.size() - at) +
                     " bytes of tokens, not a whole number of uint16");
@@ -168,7 +172,8 @@ int cmd_tokenize(int argc, char** argv) {
       std::fputs(options.help().c_str(), stdout);
       return kExitOk;
     }
-    std::string vocab = args.count("vocab") != 0 ? args["vocab"].as<std::string>() : default_vocab();
+    std::string vocab =
+        args.count("vocab") != 0 ? args["vocab"].as<std::string>() : default_vocab();
     if (vocab.empty())
       throw ConfigError(
           "no GPT-2 vocabulary found beside this program (share/lockstep/gpt2: scripts/setup.sh "
@@ -190,8 +195,9 @@ int cmd_tokenize(int argc, char** argv) {
     const bool eot = args.count("eot") != 0;
     if (eot && bpe.end_of_text() < 0)
       throw ConfigError("--eot: the vocabulary has no <|endoftext|> token");
-    int threads = args.count("threads") != 0 ? args["threads"].as<int>()
-                                             : static_cast<int>(std::thread::hardware_concurrency());
+    int threads = args.count("threads") != 0
+                      ? args["threads"].as<int>()
+                      : static_cast<int>(std::thread::hardware_concurrency());
     if (args.count("threads") != 0 && (threads < 1 || threads > 1024))
       throw ConfigError("--threads " + std::to_string(threads) + " is outside [1, 1024]");
     threads = std::max(threads, 1);
@@ -207,7 +213,8 @@ int cmd_tokenize(int argc, char** argv) {
     make_directories(out);
     const bool llmc = format == "llmc";
     TokenFile train(out + "/train.bin", llmc), val(out + "/val.bin", llmc);
-    const uint64_t split_at = static_cast<uint64_t>(static_cast<double>(total) * (1 - val_fraction));
+    const uint64_t split_at =
+        static_cast<uint64_t>(static_cast<double>(total) * (1 - val_fraction));
     const bool tty = isatty(STDERR_FILENO) != 0;
     const auto start = std::chrono::steady_clock::now();
     auto last_shown = start;
@@ -218,11 +225,11 @@ int cmd_tokenize(int argc, char** argv) {
     const auto show = [&](bool final) {
       const double s = std::max(seconds(), 1e-9);
       const double mb = static_cast<double>(done_bytes) / 1e6;
-      std::fprintf(stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %.1f MB/s, %s tokens%s",
-                   tty ? "\r" : "", mb, static_cast<double>(total) / 1e6,
-                   total > 0 ? 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total) : 100.0,
-                   mb / s, with_commas(train.count() + val.count()).c_str(),
-                   final || !tty ? "\n" : "");
+      std::fprintf(
+          stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %.1f MB/s, %s tokens%s", tty ? "\r" : "",
+          mb, static_cast<double>(total) / 1e6,
+          total > 0 ? 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total) : 100.0,
+          mb / s, with_commas(train.count() + val.count()).c_str(), final || !tty ? "\n" : "");
       std::fflush(stderr);
     };
 
@@ -244,17 +251,63 @@ int cmd_tokenize(int argc, char** argv) {
         show(false);
       }
     };
+    // A pool of long-lived workers: each keeps its tokenizer cache warm.
+    struct Task {
+      std::string text;
+      int32_t eot_id;
+      std::promise<std::vector<int32_t>> done;
+    };
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<Task> tasks;
+    bool closing = false;
+    std::vector<std::thread> workers;
+    for (int w = 0; w < threads; ++w) {
+      workers.emplace_back([&] {
+        for (;;) {
+          Task task;
+          {
+            std::unique_lock<std::mutex> lock(mutex);
+            ready.wait(lock, [&] { return closing || !tasks.empty(); });
+            if (tasks.empty()) return;
+            task = std::move(tasks.front());
+            tasks.pop_front();
+          }
+          try {
+            std::vector<int32_t> ids = bpe.encode(task.text);
+            if (task.eot_id >= 0) ids.push_back(task.eot_id);
+            task.done.set_value(std::move(ids));
+          } catch (...) {
+            task.done.set_exception(std::current_exception());
+          }
+        }
+      });
+    }
+    struct Joiner {
+      std::mutex& m;
+      std::condition_variable& cv;
+      bool& closing;
+      std::vector<std::thread>& workers;
+      ~Joiner() {
+        {
+          std::lock_guard<std::mutex> lock(m);
+          closing = true;
+        }
+        cv.notify_all();
+        for (auto& t : workers) t.join();
+      }
+    } joiner{mutex, ready, closing, workers};
     const auto submit = [&](std::string text, bool to_val, bool end_of_file) {
       if (pending.size() >= static_cast<size_t>(2 * threads)) drain_one();
       const uint64_t bytes = text.size();
-      const int32_t eot_id = eot && end_of_file ? bpe.end_of_text() : -1;
-      pending.push_back({std::async(std::launch::async,
-                                    [&bpe, text = std::move(text), eot_id] {
-                                      std::vector<int32_t> ids = bpe.encode(text);
-                                      if (eot_id >= 0) ids.push_back(eot_id);
-                                      return ids;
-                                    }),
-                         to_val, bytes});
+      Task task{std::move(text), eot && end_of_file ? bpe.end_of_text() : -1, {}};
+      auto ids = task.done.get_future();
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        tasks.push_back(std::move(task));
+      }
+      ready.notify_one();
+      pending.push_back({std::move(ids), to_val, bytes});
     };
 
     uint64_t position = 0;  // bytes of the input before `buffer`
@@ -286,8 +339,8 @@ int cmd_tokenize(int argc, char** argv) {
         }
         if (cut >= buffer.size() && !eof) {
           if (buffer.size() >= kMaxUncut)
-            throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) +
-                            " MiB from byte " + std::to_string(position) +
+            throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) + " MiB from byte " +
+                            std::to_string(position) +
                             " without a line ending after a printable character: lockstep "
                             "tokenize splits its input at such places");
           const size_t have = buffer.size();

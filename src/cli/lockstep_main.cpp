@@ -22,6 +22,7 @@ constexpr const char* kUsage =
     "  export   a checkpoint's weights as safetensors (--checkpoint PATH --out DIR [--layout "
     "hf|lockstep])\n"
     "  generate sample from a GPT checkpoint (--checkpoint PATH --prompt TEXT)\n"
+    "  tokenize text files to GPT-2 BPE token files (INPUT... --out DIR)\n"
     "\n"
     "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
     "-r 0:1 -t 0:1), srun or mpirun for several ranks;\n"
@@ -65,9 +66,10 @@ int main(int argc, char** argv) {
   if (command == "generate") return cmd_generate(argc - 1, argv + 1);
   if (command == "eval") return cmd_eval(argc - 1, argv + 1);
   if (command == "export") return cmd_export(argc - 1, argv + 1);
+  if (command == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
   std::fprintf(
       stderr,
-      "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, generate)\n%s",
+      "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, generate, tokenize)\n%s",
       command.c_str(), kUsage);
   return kExitBadInput;
 }

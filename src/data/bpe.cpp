@@ -225,14 +225,30 @@ class JsonObjectReader {
       const char e = peek();
       ++i_;
       switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
+        case '"':
+          out.push_back('"');
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '/':
+          out.push_back('/');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {
@@ -270,7 +286,7 @@ class JsonObjectReader {
 
 constexpr size_t kMaxVocabFileBytes = size_t{64} << 20;
 constexpr int64_t kMaxVocab = int64_t{1} << 22;
-constexpr size_t kShortPiece = 64;     // symbols: below, the quadratic loop
+constexpr size_t kShortPiece = 64;  // symbols: below, the quadratic loop
 constexpr size_t kCacheEntries = 1 << 18;
 constexpr size_t kCachedPieceBytes = 64;
 
@@ -362,9 +378,9 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& folder) {
   for (auto& [id, token] : entries) {
     if (id >= static_cast<int64_t>(entries.size()) || seen[static_cast<size_t>(id)] != 0)
       throw DataError(encoder_path + ": token id " + std::to_string(id) + " is " +
-                      (id >= static_cast<int64_t>(entries.size()) ? "outside [0, " +
-                                                                        std::to_string(entries.size()) + ")"
-                                                                  : std::string("given twice")));
+                      (id >= static_cast<int64_t>(entries.size())
+                           ? "outside [0, " + std::to_string(entries.size()) + ")"
+                           : std::string("given twice")));
     seen[static_cast<size_t>(id)] = 1;
     if (!bpe.ids_.emplace(token, static_cast<int32_t>(id)).second)
       throw DataError(encoder_path + ": two ids for the token '" + token.substr(0, 40) + "'");
@@ -412,7 +428,8 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& folder) {
 
 void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   std::vector<int32_t> sym(piece.size());
-  for (size_t k = 0; k < piece.size(); ++k) sym[k] = byte_ids_[static_cast<unsigned char>(piece[k])];
+  for (size_t k = 0; k < piece.size(); ++k)
+    sym[k] = byte_ids_[static_cast<unsigned char>(piece[k])];
   const auto rank_of = [&](int32_t x, int32_t y) -> const std::pair<int32_t, int32_t>* {
     const auto it = merges_.find(pair_key(x, y));
     return it == merges_.end() ? nullptr : &it->second;
@@ -444,7 +461,8 @@ void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<int32_t>& out) co
   const size_t n = sym.size();
   std::vector<size_t> prev(n), next(n);
   std::vector<char> alive(n, 1);
-  for (size_t k = 0; k < n; ++k) prev[k] = k - 1, next[k] = k + 1;  // prev[0], next[n-1]: out of range
+  for (size_t k = 0; k < n; ++k)
+    prev[k] = k - 1, next[k] = k + 1;                           // prev[0], next[n-1]: out of range
   using Entry = std::tuple<int32_t, size_t, int32_t, int32_t>;  // rank, left, left id, right id
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
   const auto push = [&](size_t left) {
@@ -495,7 +513,9 @@ void Gpt2Bpe::encode_into(std::string_view text, std::vector<int32_t>& out) cons
     const size_t before = out.size();
     encode_piece(piece, out);
     if (cache.pieces.size() >= kCacheEntries) cache.pieces.clear();
-    cache.pieces.emplace(std::move(key), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+    cache.pieces.emplace(
+        std::move(key),
+        std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
   }
 }
 

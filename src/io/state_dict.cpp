@@ -6,11 +6,11 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/nn/module.h>
 
-#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <sstream>
 
 #include "lockstep/util/error.h"
@@ -86,8 +86,8 @@ static void pickle_untagged(const c10::IValue& value, FileWriter& file) {
       }
       return size;
     });
-    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
-                                       pickler.tensorData(), writer);
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                       writer);
     writer.writeEndOfFile();
   }
   if (failure) std::rethrow_exception(failure);

@@ -114,7 +114,8 @@ at::DataPtr mapped(size_t nbytes, at::Device device) {
 
 void allocate_storage(const at::Tensor& t, size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(t.is_cpu() ? mapped(nbytes, t.device()) : s->allocator()->allocate(nbytes));
+  s->set_data_ptr_noswap(t.is_cpu() ? mapped(nbytes, t.device())
+                                    : s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
 
@@ -143,7 +144,7 @@ struct Unit {
   // Backward: the parameters whose gradients arrived in this backward.
   std::vector<char> arrived_at;
   size_t arrived = 0;
-  bool ready = false;              // every gradient in
+  bool ready = false;  // every gradient in
   bool reduced = false;
   bool forward_with_grad = false;  // ran forward under grad mode since the last backward
 };
@@ -370,7 +371,8 @@ class Sharded : public FullyShardedParameters,
           const at::Tensor& p = named_[i].second;
           if (p.scalar_type() != u.dtype || p.device() != first.device())
             throw UsageError("fully_shard: unit " + u.name + " mixes dtypes or devices ('" +
-                             named_[i].first + "' is " + std::string(c10::toString(p.scalar_type())) +
+                             named_[i].first + "' is " +
+                             std::string(c10::toString(p.scalar_type())) +
                              "): split it into units of one dtype");
         }
       }
@@ -700,7 +702,7 @@ std::vector<std::vector<size_t>> unit_members(
     std::vector<size_t> mine;
     for (const auto& p : m->parameters(/*recurse=*/true)) {
       const auto it = index.find(p.unsafeGetTensorImpl());
-      if (it == index.end()) continue;  // frozen
+      if (it == index.end()) continue;                                        // frozen
       if (unit_of[it->second] == static_cast<int>(members.size())) continue;  // tied inside
       if (unit_of[it->second] >= 0)
         throw UsageError("fully_shard: parameter '" + named[it->second].first +

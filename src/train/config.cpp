@@ -690,12 +690,11 @@ void config_validate(const Config& c, int world_size) {
   if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd))
     powersgd_validate(powersgd_options_from_config(c.ddp));
   if (c.optim.zero >= 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce)) {
-    throw ConfigError(
-        "optim.zero: " + std::to_string(c.optim.zero) +
-        " exchanges the gradients by reduce-scatter, so it takes no "
-        "ddp.comm_hook (it is '" +
-        c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
-        "); use optim.zero: 1 with a comm hook");
+    throw ConfigError("optim.zero: " + std::to_string(c.optim.zero) +
+                      " exchanges the gradients by reduce-scatter, so it takes no "
+                      "ddp.comm_hook (it is '" +
+                      c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
+                      "); use optim.zero: 1 with a comm hook");
   }
   if (c.optim.zero == 3 && c.ddp.find_unused_parameters) {
     throw ConfigError(

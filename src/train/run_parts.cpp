@@ -34,9 +34,9 @@ void run_build_optimizer(RunParts& run, const Config& config,
     std::vector<int> owners;
     if (config.optim.zero == 3)
       owners = fully_shard_partition(*run.model, run.model->sharding_units(), pg->size());
-    auto sharded = std::make_unique<ZeroOptimizer>(pg, config.optim,
-                                                   trainable_parameters(*run.model),
-                                                   static_cast<int>(config.optim.zero), owners);
+    auto sharded =
+        std::make_unique<ZeroOptimizer>(pg, config.optim, trainable_parameters(*run.model),
+                                        static_cast<int>(config.optim.zero), owners);
     run.zero = sharded.get();
     run.optimizer = std::move(sharded);
   } else {
@@ -54,8 +54,7 @@ void run_build_ddp(RunParts& run, const Config& config, const std::shared_ptr<Pr
   run.ddp = std::make_unique<ClassifierDdp>(run.model, pg, ddp);
   if (fully_sharded) {
     // After DDP's broadcast: every rank starts from rank 0's weights.
-    run.sharded =
-        fully_shard(*run.model, pg, run.zero->owners(), run.model->sharding_units(), {});
+    run.sharded = fully_shard(*run.model, pg, run.zero->owners(), run.model->sharding_units(), {});
     ClassifierDdp* core = run.ddp.get();
     run.sharded->set_gradient_sync([core] { return core->gradients_synchronised(); });
   }

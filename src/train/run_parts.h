@@ -24,7 +24,7 @@ struct RunParts {
   at::Device device{at::kCPU};
   std::unique_ptr<MixedPrecision> precision;  // train.precision: autocast, the GradScaler
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  ZeroOptimizer* zero = nullptr;        // `optimizer`, when optim.zero is 1, 2 or 3
+  ZeroOptimizer* zero = nullptr;  // `optimizer`, when optim.zero is 1, 2 or 3
   // optim.zero 3: the weights, each on its owner, gathered per unit.
   std::shared_ptr<FullyShardedParameters> sharded;
   std::shared_ptr<CommHook> comm_hook;  // ddp.comm_hook's (nullptr: plain all-reduce)

@@ -5,8 +5,8 @@
 // on a unit's output, a unit used twice, an evaluation forward between a
 // forward and its backward, a backward that throws; and the failures it
 // must name (a parameter without gradient on one rank only).
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
+#include <catch2/catch.hpp>
 
 #include <mutex>
 
@@ -64,9 +64,9 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 struct Probe {
-  double worst = -1;      // largest |gradient - reference| over owned parameters
-  int64_t held = 0;       // parameter bytes held right after fully_shard
-  int64_t whole = 0;      // the model's
+  double worst = -1;  // largest |gradient - reference| over owned parameters
+  int64_t held = 0;   // parameter bytes held right after fully_shard
+  int64_t whole = 0;  // the model's
   std::string error;
 };
 
@@ -159,7 +159,8 @@ std::vector<Probe> run(const std::string& which) {
 
 }  // namespace
 
-TEST_CASE("fully_shard: each owner's gradients equal one process on the whole batch", "[fully_shard]") {
+TEST_CASE("fully_shard: each owner's gradients equal one process on the whole batch",
+          "[fully_shard]") {
   for (const char* which : {"base", "backward_twice", "inplace", "twice", "throw", "interleave"}) {
     INFO(which);
     for (const auto& p : run(which)) {
@@ -178,7 +179,8 @@ TEST_CASE("fully_shard: right after it, a rank holds its own parameters only", "
   }
 }
 
-TEST_CASE("fully_shard: a parameter without gradient on one rank stops every rank, named", "[fully_shard]") {
+TEST_CASE("fully_shard: a parameter without gradient on one rank stops every rank, named",
+          "[fully_shard]") {
   const auto probes = run("unused");
   for (const auto& p : probes) {
     INFO(p.error);

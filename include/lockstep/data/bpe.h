@@ -35,8 +35,8 @@ class Gpt2Bpe {
  private:
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
 
-  std::vector<std::string> tokens_;                       // id -> bytes
-  std::unordered_map<std::string, int32_t> ids_;          // bytes -> id
+  std::vector<std::string> tokens_;                                   // id -> bytes
+  std::unordered_map<std::string, int32_t> ids_;                      // bytes -> id
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a, b) -> (rank, id of ab)
   int32_t byte_ids_[256] = {};
   int32_t end_of_text_ = -1;

@@ -34,9 +34,9 @@
 
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/ddp/ddp_options.h"
-#include "lockstep/util/unit_call.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/distributed/process_group.h"
+#include "lockstep/util/unit_call.h"
 
 namespace lockstep {
 
@@ -146,8 +146,9 @@ class DistributedDataParallel : public DdpCore {
     pre_forward();
     using Out = decltype(module_->forward(std::forward<Args>(args)...));
     if constexpr (std::is_same_v<std::decay_t<Out>, at::Tensor>) {
-      return call_unit(*ddp_module_ptr(module_),
-                       [&]() -> at::Tensor { return module_->forward(std::forward<Args>(args)...); });
+      return call_unit(*ddp_module_ptr(module_), [&]() -> at::Tensor {
+        return module_->forward(std::forward<Args>(args)...);
+      });
     } else {
       return module_->forward(std::forward<Args>(args)...);
     }

@@ -85,7 +85,8 @@ class FullyShardedParameters {
   // called with each of its parameters whole (index: in
   // trainable_parameters' order), then freed again: a state dict without
   // the whole model gathered at once.
-  virtual void visit_whole(const std::function<void(size_t index, const at::Tensor& whole)>& fn) = 0;
+  virtual void visit_whole(
+      const std::function<void(size_t index, const at::Tensor& whole)>& fn) = 0;
   // Bytes of parameters this rank holds now: its own shard, plus whatever
   // is gathered at this moment.
   virtual int64_t resident_parameter_bytes() const = 0;

