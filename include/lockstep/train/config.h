@@ -96,6 +96,9 @@ struct DataConfig {
   int64_t synthetic_features = 32;
   int64_t synthetic_classes = 10;
   int64_t vocab_size = 0;  // tokens: the vocabulary (0: 50257 for llm.c files, else required)
+  // tokens: the tokenizer that made them ("gpt2", a folder with encoder.json
+  // and vocab.bpe, or empty: ids only), for lockstep generate's --prompt.
+  std::string tokenizer;
 };
 
 struct TrainConfig {

@@ -38,6 +38,8 @@ struct SampleOptions {
   double temperature = 1.0;  // 0 (or below kGreedyBelow): greedy (argmax)
   int64_t top_k = 0;         // 0: every token
   uint64_t seed = 0;         // the same seed, the same tokens
+  int64_t vocab_limit = 0;   // > 0: draw only ids below it (a tokenizer's vocabulary
+                             // inside a padded model vocabulary)
 };
 
 // Draws max_new_tokens tokens after `prompt` (cropped to the last
