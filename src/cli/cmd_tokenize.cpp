@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -37,7 +37,8 @@ namespace lockstep::cli {
 namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
-constexpr size_t kMaxUncut = size_t{8} << 20;  // bounds the longest piece (~45 bytes of work memory per byte)
+constexpr size_t kMaxUncut = size_t{8}
+                             << 20;  // bounds the longest piece (~45 bytes of work memory per byte)
 
 std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;

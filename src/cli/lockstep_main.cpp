@@ -67,9 +67,9 @@ int main(int argc, char** argv) {
   if (command == "eval") return cmd_eval(argc - 1, argv + 1);
   if (command == "export") return cmd_export(argc - 1, argv + 1);
   if (command == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
-  std::fprintf(
-      stderr,
-      "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, generate, tokenize)\n%s",
-      command.c_str(), kUsage);
+  std::fprintf(stderr,
+               "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, "
+               "generate, tokenize)\n%s",
+               command.c_str(), kUsage);
   return kExitBadInput;
 }
