@@ -98,5 +98,5 @@ expect_eq "$?" 0 "2 ranks train on nanoGPT's train.bin/val.bin"
 expect_grep "$WORK/tok.out" "18,000 tokens in .*train.bin, 2,000 in .*val.bin" "val.bin beside train.bin validates"
 gen "$WORK/runs/tokens" --prompt-tokens 1,2,3 --max-new-tokens 5 --temperature 0 >"$WORK/ids" 2>&1
 expect_grep "$WORK/ids" "^1 2 3( [0-9]+){5}\$" "a model of token ids takes and prints ids"
-bad "text for a model of token ids" "trained on token ids (data.name: tokens) without data.tokenizer" --checkpoint "$WORK/runs/tokens" --prompt "hi"
+bad "text for a model of token ids" "trained on token ids \(data.name: tokens\) without data.tokenizer" --checkpoint "$WORK/runs/tokens" --prompt "hi"
 finish
