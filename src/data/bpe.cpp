@@ -1,6 +1,7 @@
 #include "lockstep/data/bpe.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <queue>
 
@@ -148,41 +149,35 @@ void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
-// encoder.json: one JSON object of string -> non-negative integer.
-class JsonObjectReader {
- public:
-  JsonObjectReader(std::string_view text, std::string file) : s_(text), file_(std::move(file)) {}
+// JSON (RFC 8259) for the vocabulary files: a tree, nesting capped.
+struct Json {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
+  bool boolean = false;
+  double number = 0;
+  bool whole = false;  // the number was written as a non-negative integer
+  std::string string;
+  std::vector<Json> array;
+  std::vector<std::pair<std::string, Json>> object;
+  const Json* get(const std::string& key) const {
+    for (const auto& [k, v] : object)
+      if (k == key) return &v;
+    return nullptr;
+  }
+};
 
-  template <typename Fn>
-  void each(Fn&& fn) {
+class JsonParser {
+ public:
+  JsonParser(std::string_view text, std::string file) : s_(text), file_(std::move(file)) {}
+  Json parse() {
+    Json v = value(0);
     skip();
-    expect('{');
-    skip();
-    if (peek() == '}') return;
-    for (;;) {
-      skip();
-      std::string key = string();
-      skip();
-      expect(':');
-      skip();
-      const int64_t value = integer();
-      fn(key, value);
-      skip();
-      if (peek() == ',') {
-        ++i_;
-        continue;
-      }
-      expect('}');
-      skip();
-      if (i_ != s_.size()) fail("text after the object");
-      return;
-    }
+    if (i_ != s_.size()) fail("text after the value");
+    return v;
   }
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw DataError(file_ + ": not a JSON object of token -> id at byte " + std::to_string(i_) +
-                    ": " + what);
+    throw DataError(file_ + ": not valid JSON at byte " + std::to_string(i_) + ": " + what);
   }
   char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
   void skip() {
@@ -192,6 +187,88 @@ class JsonObjectReader {
   void expect(char c) {
     if (peek() != c) fail(std::string("expected '") + c + "'");
     ++i_;
+  }
+  bool literal(const char* word) {
+    const std::string_view w(word);
+    if (s_.substr(i_, w.size()) != w) return false;
+    i_ += w.size();
+    return true;
+  }
+  Json value(int depth) {
+    if (depth > 64) fail("nested deeper than 64");
+    skip();
+    Json v;
+    const char c = peek();
+    if (c == '{') {
+      v.kind = Json::Kind::kObject;
+      ++i_;
+      skip();
+      if (peek() == '}') return ++i_, v;
+      for (;;) {
+        skip();
+        std::string key = string();
+        skip();
+        expect(':');
+        v.object.emplace_back(std::move(key), value(depth + 1));
+        skip();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect('}');
+        return v;
+      }
+    }
+    if (c == '[') {
+      v.kind = Json::Kind::kArray;
+      ++i_;
+      skip();
+      if (peek() == ']') return ++i_, v;
+      for (;;) {
+        v.array.push_back(value(depth + 1));
+        skip();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect(']');
+        return v;
+      }
+    }
+    if (c == '"') {
+      v.kind = Json::Kind::kString;
+      v.string = string();
+      return v;
+    }
+    if (literal("true")) return v.kind = Json::Kind::kBool, v.boolean = true, v;
+    if (literal("false")) return v.kind = Json::Kind::kBool, v;
+    if (literal("null")) return v;
+    return number();
+  }
+  Json number() {
+    const size_t start = i_;
+    if (peek() == '-') ++i_;
+    if (!(peek() >= '0' && peek() <= '9')) fail("not a value");
+    while (peek() >= '0' && peek() <= '9') ++i_;
+    bool whole = s_[start] != '-' && i_ - start <= 15;
+    if (peek() == '.') {
+      whole = false;
+      ++i_;
+      if (!(peek() >= '0' && peek() <= '9')) fail("a bad number");
+      while (peek() >= '0' && peek() <= '9') ++i_;
+    }
+    if (peek() == 'e' || peek() == 'E') {
+      whole = false;
+      ++i_;
+      if (peek() == '+' || peek() == '-') ++i_;
+      if (!(peek() >= '0' && peek() <= '9')) fail("a bad number");
+      while (peek() >= '0' && peek() <= '9') ++i_;
+    }
+    Json v;
+    v.kind = Json::Kind::kNumber;
+    v.whole = whole;
+    v.number = std::strtod(std::string(s_.substr(start, i_ - start)).c_str(), nullptr);
+    return v;
   }
   uint32_t hex4() {
     if (i_ + 4 > s_.size()) fail("a short \\u escape");
@@ -268,16 +345,6 @@ class JsonObjectReader {
           fail("a bad escape");
       }
     }
-  }
-  int64_t integer() {
-    const size_t start = i_;
-    int64_t v = 0;
-    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
-      if (i_ - start >= 9) fail("an id over 10^9");
-      v = v * 10 + (s_[i_++] - '0');
-    }
-    if (i_ == start) fail("a token's id is not a non-negative integer");
-    return v;
   }
 
   std::string_view s_;
@@ -356,36 +423,168 @@ size_t gpt2_safe_cut(std::string_view s, size_t from) {
   return s.size();
 }
 
-Gpt2Bpe Gpt2Bpe::load(const std::string& folder) {
+namespace {
+
+// A vocabulary as its files give it: (id, token as the byte map's UTF-8)
+// and the merges, (left, right) in rank order, with where each came from.
+struct VocabSource {
+  std::string vocab_file, merges_file;
+  std::vector<std::pair<int64_t, std::string>> tokens;
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<size_t> merge_lines;  // for messages: the line (vocab.bpe) or index
+};
+
+int64_t token_id(const Json& v, const std::string& file, const std::string& token) {
+  if (v.kind != Json::Kind::kNumber || !v.whole || v.number >= static_cast<double>(kMaxVocab))
+    throw DataError(file + ": the id of token '" + token.substr(0, 40) +
+                    "' is not a whole number below " + std::to_string(kMaxVocab));
+  return static_cast<int64_t>(v.number);
+}
+
+// GPT-2's encoder.json and vocab.bpe.
+VocabSource read_gpt2_files(const std::string& folder) {
+  VocabSource src;
+  src.vocab_file = folder + "/encoder.json";
+  src.merges_file = folder + "/vocab.bpe";
+  const Json encoder =
+      JsonParser(read_regular_file(src.vocab_file, kMaxVocabFileBytes), src.vocab_file).parse();
+  if (encoder.kind != Json::Kind::kObject)
+    throw DataError(src.vocab_file + ": not a JSON object of token -> id");
+  for (const auto& [token, id] : encoder.object)
+    src.tokens.emplace_back(token_id(id, src.vocab_file, token), token);
+  const std::string merges = read_regular_file(src.merges_file, kMaxVocabFileBytes);
+  size_t line_no = 0;
+  for (size_t at = 0; at < merges.size();) {
+    size_t end = merges.find('\n', at);
+    if (end == std::string::npos) end = merges.size();
+    std::string_view line(merges.data() + at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_no == 1 && line.rfind("#", 0) == 0)) continue;
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || space == 0 || space + 1 >= line.size() ||
+        line.find(' ', space + 1) != std::string_view::npos)
+      throw DataError(src.merges_file + " line " + std::to_string(line_no) +
+                      ": not two tokens separated by one space");
+    src.merges.emplace_back(std::string(line.substr(0, space)),
+                            std::string(line.substr(space + 1)));
+    src.merge_lines.push_back(line_no);
+  }
+  return src;
+}
+
+// A Hugging Face tokenizer.json of GPT-2's kind: model.type BPE with its
+// vocab and merges ("a b" or ["a", "b"]), a ByteLevel pre-tokenizer with
+// GPT-2's pattern and no prefix space; added tokens (<|endoftext|>) join
+// the vocabulary.
+VocabSource read_tokenizer_json(const std::string& path) {
+  VocabSource src;
+  src.vocab_file = src.merges_file = path;
+  const Json root = JsonParser(read_regular_file(path, kMaxVocabFileBytes), path).parse();
+  const Json* model = root.get("model");
+  const Json* type = model != nullptr ? model->get("type") : nullptr;
+  if (model == nullptr || model->kind != Json::Kind::kObject || type == nullptr ||
+      type->string != "BPE")
+    throw DataError(path + ": model.type is not BPE (only GPT-2's byte-level BPE is read)");
+  // The pre-tokenizer: ByteLevel, alone or in a Sequence.
+  const Json* pre = root.get("pre_tokenizer");
+  const Json* byte_level = nullptr;
+  if (pre != nullptr && pre->kind == Json::Kind::kObject) {
+    const Json* t = pre->get("type");
+    if (t != nullptr && t->string == "ByteLevel") byte_level = pre;
+    const Json* seq = pre->get("pretokenizers");
+    if (t != nullptr && t->string == "Sequence" && seq != nullptr)
+      for (const auto& p : seq->array) {
+        const Json* pt = p.get("type");
+        if (pt != nullptr && pt->string == "ByteLevel") byte_level = &p;
+      }
+  }
+  if (byte_level == nullptr)
+    throw DataError(path + ": pre_tokenizer is not ByteLevel (GPT-2's): another tokenizer kind");
+  const Json* prefix = byte_level->get("add_prefix_space");
+  if (prefix != nullptr && prefix->boolean)
+    throw DataError(path + ": pre_tokenizer.add_prefix_space is true; GPT-2's is false");
+  const Json* regex = byte_level->get("use_regex");
+  if (regex != nullptr && regex->kind == Json::Kind::kBool && !regex->boolean)
+    throw DataError(path + ": pre_tokenizer.use_regex is false; GPT-2's pattern is used");
+  const Json* vocab = model->get("vocab");
+  const Json* merges = model->get("merges");
+  if (vocab == nullptr || vocab->kind != Json::Kind::kObject)
+    throw DataError(path + ": model.vocab is not an object of token -> id");
+  if (merges == nullptr || merges->kind != Json::Kind::kArray)
+    throw DataError(path + ": model.merges is not an array");
+  for (const auto& [token, id] : vocab->object)
+    src.tokens.emplace_back(token_id(id, path, token), token);
+  if (const Json* added = root.get("added_tokens"); added != nullptr) {
+    for (const auto& a : added->array) {
+      const Json* content = a.get("content");
+      const Json* id = a.get("id");
+      if (content == nullptr || id == nullptr || content->kind != Json::Kind::kString)
+        throw DataError(path + ": an added token without content and id");
+      const int64_t n = token_id(*id, path, content->string);
+      bool known = false;
+      for (const auto& t : src.tokens) known = known || t.first == n;
+      if (!known) src.tokens.emplace_back(n, content->string);
+    }
+  }
+  for (size_t k = 0; k < merges->array.size(); ++k) {
+    const Json& m = merges->array[k];
+    if (m.kind == Json::Kind::kString) {
+      const size_t space = m.string.find(' ');
+      if (space == std::string::npos || space == 0 || space + 1 >= m.string.size() ||
+          m.string.find(' ', space + 1) != std::string::npos)
+        throw DataError(path + ": merge " + std::to_string(k) + " is not two tokens and a space");
+      src.merges.emplace_back(m.string.substr(0, space), m.string.substr(space + 1));
+    } else if (m.kind == Json::Kind::kArray && m.array.size() == 2 &&
+               m.array[0].kind == Json::Kind::kString && m.array[1].kind == Json::Kind::kString) {
+      src.merges.emplace_back(m.array[0].string, m.array[1].string);
+    } else {
+      throw DataError(path + ": merge " + std::to_string(k) + " is neither \"a b\" nor [a, b]");
+    }
+    src.merge_lines.push_back(k);
+  }
+  return src;
+}
+
+}  // namespace
+
+Gpt2Bpe Gpt2Bpe::load(const std::string& where) {
+  std::error_code ec;
+  const bool json_file = std::filesystem::is_regular_file(where, ec);
+  VocabSource src;
+  if (json_file) {
+    src = read_tokenizer_json(where);
+  } else if (!std::filesystem::exists(where + "/encoder.json", ec) &&
+             std::filesystem::exists(where + "/tokenizer.json", ec)) {
+    src = read_tokenizer_json(where + "/tokenizer.json");
+  } else {
+    src = read_gpt2_files(where);
+  }
   Gpt2Bpe bpe;
   std::unordered_map<uint32_t, char> byte_of;
   for (int b = 0; b < 256; ++b) byte_of[byte_char(b)] = static_cast<char>(b);
-  const std::string encoder_path = folder + "/encoder.json";
-  const std::string encoder = read_regular_file(encoder_path, kMaxVocabFileBytes);
-  std::vector<std::pair<int64_t, std::string>> entries;
+  const std::string& encoder_path = src.vocab_file;
+  if (static_cast<int64_t>(src.tokens.size()) > kMaxVocab)
+    throw DataError(encoder_path + ": more than " + std::to_string(kMaxVocab) + " tokens");
+  if (src.tokens.size() < 256) throw DataError(encoder_path + ": fewer than 256 tokens");
+  bpe.tokens_.assign(src.tokens.size(), std::string());
+  std::vector<char> seen(src.tokens.size(), 0);
   std::string bytes;
-  JsonObjectReader(encoder, encoder_path).each([&](const std::string& key, int64_t id) {
-    if (static_cast<int64_t>(entries.size()) >= kMaxVocab)
-      throw DataError(encoder_path + ": more than " + std::to_string(kMaxVocab) + " tokens");
-    if (!unmap_bytes(key, byte_of, bytes))
-      throw DataError(encoder_path + ": token '" + key.substr(0, 40) +
+  for (auto& [id, token] : src.tokens) {
+    if (!unmap_bytes(token, byte_of, bytes))
+      throw DataError(encoder_path + ": token '" + token.substr(0, 40) +
                       "' has a character outside GPT-2's byte alphabet (not a byte-level BPE "
                       "vocabulary?)");
-    entries.emplace_back(id, bytes);
-  });
-  if (entries.size() < 256) throw DataError(encoder_path + ": fewer than 256 tokens");
-  bpe.tokens_.assign(entries.size(), std::string());
-  std::vector<char> seen(entries.size(), 0);
-  for (auto& [id, token] : entries) {
-    if (id >= static_cast<int64_t>(entries.size()) || seen[static_cast<size_t>(id)] != 0)
+    if (id >= static_cast<int64_t>(src.tokens.size()) || seen[static_cast<size_t>(id)] != 0)
       throw DataError(encoder_path + ": token id " + std::to_string(id) + " is " +
-                      (id >= static_cast<int64_t>(entries.size())
-                           ? "outside [0, " + std::to_string(entries.size()) + ")"
+                      (id >= static_cast<int64_t>(src.tokens.size())
+                           ? "outside [0, " + std::to_string(src.tokens.size()) + ")"
                            : std::string("given twice")));
     seen[static_cast<size_t>(id)] = 1;
-    if (!bpe.ids_.emplace(token, static_cast<int32_t>(id)).second)
+    if (!bpe.ids_.emplace(bytes, static_cast<int32_t>(id)).second)
       throw DataError(encoder_path + ": two ids for the token '" + token.substr(0, 40) + "'");
-    bpe.tokens_[static_cast<size_t>(id)] = std::move(token);
+    bpe.tokens_[static_cast<size_t>(id)] = bytes;
   }
   for (int b = 0; b < 256; ++b) {
     const auto it = bpe.ids_.find(std::string(1, static_cast<char>(b)));
@@ -396,34 +595,21 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& folder) {
   }
   if (const auto it = bpe.ids_.find("<|endoftext|>"); it != bpe.ids_.end())
     bpe.end_of_text_ = it->second;
-
-  const std::string merges_path = folder + "/vocab.bpe";
-  const std::string merges = read_regular_file(merges_path, kMaxVocabFileBytes);
-  size_t line_no = 0;
   std::string a, b;
-  for (size_t at = 0; at < merges.size();) {
-    size_t end = merges.find('\n', at);
-    if (end == std::string::npos) end = merges.size();
-    std::string_view line(merges.data() + at, end - at);
-    at = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.rfind("#", 0) == 0)) continue;
-    const size_t space = line.find(' ');
-    const auto where = merges_path + " line " + std::to_string(line_no);
-    if (space == std::string_view::npos || space == 0 || space + 1 >= line.size() ||
-        line.find(' ', space + 1) != std::string_view::npos)
-      throw DataError(where + ": not two tokens separated by one space");
-    if (!unmap_bytes(line.substr(0, space), byte_of, a) ||
-        !unmap_bytes(line.substr(space + 1), byte_of, b))
-      throw DataError(where + ": a character outside GPT-2's byte alphabet");
+  for (size_t k = 0; k < src.merges.size(); ++k) {
+    const auto where_ = src.merges_file +
+                        (json_file || src.merges_file == src.vocab_file ? " merge " : " line ") +
+                        std::to_string(src.merge_lines[k]);
+    if (!unmap_bytes(src.merges[k].first, byte_of, a) ||
+        !unmap_bytes(src.merges[k].second, byte_of, b))
+      throw DataError(where_ + ": a character outside GPT-2's byte alphabet");
     const auto ia = bpe.ids_.find(a), ib = bpe.ids_.find(b), iab = bpe.ids_.find(a + b);
     if (ia == bpe.ids_.end() || ib == bpe.ids_.end() || iab == bpe.ids_.end())
-      throw DataError(where + ": the merge's parts or result are not in " + encoder_path);
+      throw DataError(where_ + ": the merge's parts or result are not in " + encoder_path);
     const auto rank = static_cast<int32_t>(bpe.merges_.size());
     bpe.merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));
   }
-  if (bpe.merges_.empty()) throw DataError(merges_path + ": no merges");
+  if (bpe.merges_.empty()) throw DataError(src.merges_file + ": no merges");
   return bpe;
 }
 

@@ -81,6 +81,27 @@ PY
 )
 expect_eq "$out" "20240520 1 True True True" "--format llmc: llm.c's header (magic 20240520, version 1, the count), then the ids"
 
+# The same vocabulary as a Hugging Face tokenizer.json (merges as "a b"
+# strings, and as [a, b] pairs as newer versions write them): the same ids.
+$PY - "$build/share/lockstep/gpt2" "$WORK" <<'PY'
+import json, sys
+d, w = sys.argv[1], sys.argv[2]
+vocab = json.load(open(d + "/encoder.json", encoding="utf-8"))
+merges = [l for l in open(d + "/vocab.bpe", encoding="utf-8").read().split("\n")[1:] if l]
+for name, ms in (("hf-strings", merges), ("hf-pairs", [m.split(" ") for m in merges])):
+    doc = {"version": "1.0", "added_tokens": [{"id": 50256, "content": "<|endoftext|>", "special": True}],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "vocab": vocab, "merges": ms}}
+    json.dump(doc, open(f"{w}/{name}.json", "w", encoding="utf-8"), ensure_ascii=False)
+doc["pre_tokenizer"]["add_prefix_space"] = True
+json.dump(doc, open(f"{w}/hf-prefix.json", "w", encoding="utf-8"))
+PY
+for form in strings pairs; do
+  "$LOCKSTEP" tokenize "$WORK/edge.bin" --vocab "$WORK/hf-$form.json" --out "$WORK/hf-$form" --val-fraction 0 2>/dev/null
+  cmp -s "$WORK/hf-$form/train.bin" "$WORK/edge.bin.ref" && pass "a tokenizer.json (merges as $form): the reference's ids" ||
+    fail "a tokenizer.json (merges as $form) gives other ids"
+done
+
 # configs/gpt-bpe.yaml on tokenize's output (small and short here): the
 # config records data.tokenizer, and generate takes and prints text.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/gpt-bpe.yaml" \
@@ -127,12 +148,13 @@ bad "--val-fraction 1.5" "--val-fraction 1.5.* is outside \[0, 1\)" "$WORK/edge.
 mkdir -p "$WORK/vocab"
 bad "a vocabulary folder without files" "cannot open '.*vocab/encoder.json'" "$WORK/edge.bin" --out "$WORK/x3" --vocab "$WORK/vocab"
 head -c 100000 "$build/share/lockstep/gpt2/encoder.json" >"$WORK/vocab/encoder.json"
-bad "a truncated encoder.json" "encoder.json: not a JSON object of token -> id at byte 999[0-9][0-9]" "$WORK/edge.bin" --out "$WORK/x4" --vocab "$WORK/vocab"
+bad "a truncated encoder.json" "encoder.json: not valid JSON at byte 999[0-9][0-9]" "$WORK/edge.bin" --out "$WORK/x4" --vocab "$WORK/vocab"
 cp "$build/share/lockstep/gpt2/encoder.json" "$WORK/vocab/"
 printf '#version: 0.2\nĠ t\nq q q\n' >"$WORK/vocab/vocab.bpe"
 bad "a malformed merge" "vocab.bpe line 3: not two tokens separated by one space" "$WORK/edge.bin" --out "$WORK/x5" --vocab "$WORK/vocab"
 head -c 9000000 /dev/zero | tr '\0' 'a' >"$WORK/long.txt"
 bad "9 MiB without a line end" "long.txt: 8 MiB from byte 0 without a line ending" "$WORK/long.txt" --out "$WORK/x6"
+bad "a tokenizer.json with add_prefix_space" "hf-prefix.json: pre_tokenizer.add_prefix_space is true" "$WORK/edge.bin" --out "$WORK/x7" --vocab "$WORK/hf-prefix.json"
 printf 'abc' >"$WORK/odd.bin"
 bad "decoding a file of odd length" "3 bytes of tokens, not a whole number of uint16" --decode "$WORK/odd.bin"
 printf '\xff\xff' >"$WORK/big.bin"

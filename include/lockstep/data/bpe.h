@@ -15,11 +15,13 @@ namespace lockstep {
 
 class Gpt2Bpe {
  public:
-  // `folder` holds encoder.json and vocab.bpe; DataError naming the file
+  // `where`: a folder with encoder.json and vocab.bpe (GPT-2's files), a
+  // Hugging Face tokenizer.json of GPT-2's kind (BPE, ByteLevel without a
+  // prefix space), or a folder holding one; DataError naming the file
   // and entry for anything malformed (hostile-input hardened: sizes capped,
   // every token a string of the byte alphabet, ids dense and unique, every
   // merge's parts and result in the vocabulary).
-  static Gpt2Bpe load(const std::string& folder);
+  static Gpt2Bpe load(const std::string& where);
 
   // Token ids of `text` (any bytes). Thread-safe (each thread its own cache).
   std::vector<int32_t> encode(std::string_view text) const;
