@@ -64,7 +64,7 @@ int cmd_generate(int argc, char** argv) {
     if (!loaded.bytes && !loaded.config.data.tokenizer.empty()) {
       try {
         bpe = Gpt2Bpe::load(bpe_vocab_folder(loaded.config.data.tokenizer));
-      } catch (const DataError& e) {
+      } catch (const Error& e) {  // DataError (a bad file), ConfigError (gpt2 not installed)
         throw ConfigError(std::string("data.tokenizer '") + loaded.config.data.tokenizer +
                           "' of checkpoint '" + loaded.folder + "': " + e.what());
       }

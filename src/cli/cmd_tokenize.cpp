@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -64,7 +65,10 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
 
 class TokenFile {
  public:
-  TokenFile(const std::string& path, bool llmc) : path_(path), llmc_(llmc), file_(path) {
+  // Written as PATH.tmp and renamed by finish(): a failed run leaves no
+  // train.bin or val.bin behind (nor anything a rerun would refuse).
+  TokenFile(const std::string& path, bool llmc)
+      : path_(path), tmp_(path + ".tmp"), llmc_(llmc), file_(tmp_) {
     if (llmc_) {
       const std::vector<char> header(256 * 4, 0);
       file_.append(header.data(), header.size());
@@ -79,15 +83,24 @@ class TokenFile {
     file_.append(buffer_.data(), buffer_.size());
     count_ += static_cast<int64_t>(ids.size());
   }
+  ~TokenFile() {
+    if (!renamed_) std::remove(tmp_.c_str());
+  }
   void finish() {
     file_.finish();
+    write_header();
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw StorageError("cannot rename '" + tmp_ + "' to '" + path_ + "'");
+    renamed_ = true;
+  }
+  void write_header() {
     if (!llmc_) return;
     if (count_ > INT32_MAX)
       throw ConfigError(path_ + ": " + std::to_string(count_) +
                         " tokens, more than llm.c's header can count (2^31 - 1)");
     // llm.c's header: magic 20240520, version 1 (uint16 tokens), the count.
     const int32_t head[3] = {20240520, 1, static_cast<int32_t>(count_)};
-    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(tmp_, std::ios::in | std::ios::out | std::ios::binary);
     f.write(reinterpret_cast<const char*>(head), sizeof head);
     f.flush();
     if (!f) throw StorageError("cannot write the header of '" + path_ + "'");
@@ -95,8 +108,9 @@ class TokenFile {
   int64_t count() const { return count_; }
 
  private:
-  std::string path_;
+  std::string path_, tmp_;
   bool llmc_;
+  bool renamed_ = false;
   FileWriter file_;
   std::vector<char> buffer_;
   int64_t count_ = 0;
@@ -114,8 +128,18 @@ std::string with_commas(int64_t n) {
 int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
   const std::string bytes = read_regular_file(path, size_t{1} << 34);
   size_t at = 0;
-  if (bytes.size() >= 1024 && bytes.compare(0, 4, std::string("\x20\xf0\x34\x01", 4)) == 0)
+  if (bytes.size() >= 1024 && bytes.compare(0, 4, std::string("\x20\xf0\x34\x01", 4)) == 0) {
+    // llm.c's header: version 1 holds uint16 ids, and the count must fit.
+    int32_t head[3];
+    std::memcpy(head, bytes.data(), sizeof head);
+    if (head[1] != 1)
+      throw DataError(path + ": llm.c header version " + std::to_string(head[1]) +
+                      " (only version 1, uint16 ids, is decoded here)");
+    if (head[2] < 0 || static_cast<uint64_t>(head[2]) * 2 != bytes.size() - 1024)
+      throw DataError(path + ": the llm.c header counts " + std::to_string(head[2]) +
+                      " tokens, the file holds " + std::to_string((bytes.size() - 1024) / 2));
     at = 1024;
+  }
   if ((bytes.size() - at) % 2 != 0)
     throw DataError(path + ": " + std::to_string(bytes.size() - at) +
                     " bytes of tokens, not a whole number of uint16");
@@ -345,6 +369,11 @@ int cmd_tokenize(int argc, char** argv) {
     while (!pending.empty()) drain_one();
     train.finish();
     val.finish();
+    if (val_fraction > 0 && val.count() == 0)
+      std::fprintf(stderr,
+                   "tokenize: WARNING: no place to split in the input's last %.0f%% (no space or "
+                   "line end after other text there): val.bin is empty\n",
+                   100 * val_fraction);
     show(true);
     const double s = std::max(seconds(), 1e-9);
     std::fprintf(stderr,

@@ -1,9 +1,11 @@
 #include "lockstep/data/bpe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <queue>
+#include <unordered_set>
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
@@ -149,7 +151,10 @@ void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
-// JSON (RFC 8259) for the vocabulary files: a tree, nesting capped.
+// JSON (RFC 8259) for the vocabulary files: a tree, nesting capped and the
+// number of values too (a node is ~100 bytes: 3 million bound it to ~0.3 GB
+// whatever a hostile file holds; GPT-2's tokenizer.json has ~150,000).
+constexpr size_t kMaxJsonValues = 3000000;
 struct Json {
   enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
   bool boolean = false;
@@ -196,6 +201,7 @@ class JsonParser {
   }
   Json value(int depth) {
     if (depth > 64) fail("nested deeper than 64");
+    if (++values_ > kMaxJsonValues) fail("more than 3,000,000 values");
     skip();
     Json v;
     const char c = peek();
@@ -350,11 +356,12 @@ class JsonParser {
   std::string_view s_;
   std::string file_;
   size_t i_ = 0;
+  size_t values_ = 0;
 };
 
 constexpr size_t kMaxVocabFileBytes = size_t{64} << 20;
-constexpr int64_t kMaxVocab = int64_t{1} << 22;
-constexpr size_t kShortPiece = 64;  // symbols: below, the quadratic loop
+constexpr int64_t kMaxVocab = int64_t{1} << 20;  // GPT-2 has 50,257; Llama 3 128,256
+constexpr size_t kShortPiece = 64;               // symbols: below, the quadratic loop
 constexpr size_t kCacheEntries = 1 << 18;
 constexpr size_t kCachedPieceBytes = 64;
 
@@ -416,9 +423,15 @@ std::vector<size_t> gpt2_pieces(std::string_view s) {
 
 size_t gpt2_safe_cut(std::string_view s, size_t from) {
   for (size_t p = std::max<size_t>(from, 1); p < s.size(); ++p) {
-    if (s[p] != '\n') continue;
-    const unsigned char before = static_cast<unsigned char>(s[p - 1]);
-    if (before >= 0x21 && before <= 0x7E) return p;
+    const char c = s[p];
+    if (c != '\n' && c != ' ' && c != '\t' && c != '\r' && c != '\v' && c != '\f') continue;
+    // The character that ends at p: back over continuation bytes to its lead.
+    size_t lead = p - 1;
+    while (lead > 0 && p - lead < 4 && (static_cast<unsigned char>(s[lead]) & 0xC0) == 0x80) --lead;
+    const Char before = char_at(s, lead);
+    const bool whole = lead + before.len == p;
+    if (whole && class_of(before.cp) == Cls::kSpace) continue;
+    return p;  // a space after a non-space (or an invalid byte): no piece spans it
   }
   return s.size();
 }
@@ -502,6 +515,23 @@ VocabSource read_tokenizer_json(const std::string& path) {
   }
   if (byte_level == nullptr)
     throw DataError(path + ": pre_tokenizer is not ByteLevel (GPT-2's): another tokenizer kind");
+  // Whatever else would change the ids is refused by name: lockstep reads
+  // GPT-2's kind only.
+  const auto is_null_or = [](const Json* v, const char* empty) {
+    return v == nullptr || v->kind == Json::Kind::kNull ||
+           (v->kind == Json::Kind::kString && v->string == empty) ||
+           (v->kind == Json::Kind::kBool && !v->boolean);
+  };
+  if (!is_null_or(root.get("normalizer"), ""))
+    throw DataError(path + ": normalizer is set; GPT-2's tokenizer has none");
+  if (byte_level != pre)
+    for (const auto& p : pre->get("pretokenizers")->array)
+      if (&p != byte_level)
+        throw DataError(path + ": pre_tokenizer holds another pre-tokenizer beside ByteLevel");
+  for (const char* field :
+       {"continuing_subword_prefix", "end_of_word_suffix", "dropout", "ignore_merges"})
+    if (!is_null_or(model->get(field), ""))
+      throw DataError(path + ": model." + field + " is set; GPT-2's BPE has none");
   const Json* prefix = byte_level->get("add_prefix_space");
   if (prefix != nullptr && prefix->boolean)
     throw DataError(path + ": pre_tokenizer.add_prefix_space is true; GPT-2's is false");
@@ -516,6 +546,8 @@ VocabSource read_tokenizer_json(const std::string& path) {
     throw DataError(path + ": model.merges is not an array");
   for (const auto& [token, id] : vocab->object)
     src.tokens.emplace_back(token_id(id, path, token), token);
+  std::unordered_set<int64_t> known;
+  for (const auto& t : src.tokens) known.insert(t.first);
   if (const Json* added = root.get("added_tokens"); added != nullptr) {
     for (const auto& a : added->array) {
       const Json* content = a.get("content");
@@ -523,9 +555,7 @@ VocabSource read_tokenizer_json(const std::string& path) {
       if (content == nullptr || id == nullptr || content->kind != Json::Kind::kString)
         throw DataError(path + ": an added token without content and id");
       const int64_t n = token_id(*id, path, content->string);
-      bool known = false;
-      for (const auto& t : src.tokens) known = known || t.first == n;
-      if (!known) src.tokens.emplace_back(n, content->string);
+      if (known.insert(n).second) src.tokens.emplace_back(n, content->string);
     }
   }
   for (size_t k = 0; k < merges->array.size(); ++k) {
@@ -596,6 +626,7 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& where) {
   if (const auto it = bpe.ids_.find("<|endoftext|>"); it != bpe.ids_.end())
     bpe.end_of_text_ = it->second;
   std::string a, b;
+  std::unordered_set<int32_t> made;
   for (size_t k = 0; k < src.merges.size(); ++k) {
     const auto where_ = src.merges_file +
                         (json_file || src.merges_file == src.vocab_file ? " merge " : " line ") +
@@ -606,10 +637,18 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& where) {
     const auto ia = bpe.ids_.find(a), ib = bpe.ids_.find(b), iab = bpe.ids_.find(a + b);
     if (ia == bpe.ids_.end() || ib == bpe.ids_.end() || iab == bpe.ids_.end())
       throw DataError(where_ + ": the merge's parts or result are not in " + encoder_path);
+    // Each pair merged once and each token made by one merge: what makes
+    // merging by rank one pair at a time the same as encoder.py's loop.
     const auto rank = static_cast<int32_t>(bpe.merges_.size());
-    bpe.merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));
+    if (!bpe.merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second))
+             .second)
+      throw DataError(where_ + ": the same pair is merged twice");
+    if (!made.insert(iab->second).second)
+      throw DataError(where_ + ": its result is made by an earlier merge too");
   }
   if (bpe.merges_.empty()) throw DataError(src.merges_file + ": no merges");
+  static std::atomic<uint64_t> serial{0};
+  bpe.serial_ = ++serial;
   return bpe;
 }
 
@@ -675,13 +714,13 @@ void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<int32_t>& out) co
 
 void Gpt2Bpe::encode_into(std::string_view text, std::vector<int32_t>& out) const {
   struct Cache {
-    const Gpt2Bpe* owner = nullptr;
+    uint64_t owner = 0;  // the vocabulary's serial: a new one at the same address is another
     std::unordered_map<std::string, std::vector<int32_t>> pieces;
   };
   thread_local Cache cache;
-  if (cache.owner != this) {
+  if (cache.owner != serial_) {
     cache.pieces.clear();
-    cache.owner = this;
+    cache.owner = serial_;
   }
   size_t start = 0;
   for (const size_t end : gpt2_pieces(text)) {

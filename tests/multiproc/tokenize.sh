@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lockstep tokenize (GPT-2's byte-level BPE, docs/models.md) against the
 # reference, the npm package gpt-3-encoder run by node (tests/node):
-# 1. parity: every token id equal on ~10 MB of varied text: the KJV, 5 MB of
+# 1. parity: every token id equal on ~10 MB of varied text (the reference's
+#    pattern reads \s as OpenAI's encoder.py and tiktoken do): the KJV, 5 MB of
 #    Debian's documentation (licences and copyright files), and 1 MiB of
 #    Unicode edge cases with invalid UTF-8 (tests/node/unicode_edge_cases.js);
 #    on 1 and 2 threads; decode(encode(x)) == x for each;
@@ -62,6 +63,17 @@ cat "$WORK/split/train.bin" "$WORK/split/val.bin" | cmp -s - "$WORK/kjv.txt.ref"
 "$LOCKSTEP" tokenize --decode "$WORK/split/val.bin" >"$WORK/val.txt" 2>/dev/null
 share=$(awk -v v="$(stat -c %s "$WORK/val.txt")" -v t="$(stat -c %s "$root/data/kjv.txt")" 'BEGIN{printf "%.3f", v / t}')
 awk -v s="$share" 'BEGIN{exit !(s > 0.099 && s < 0.101)}' && pass "val.bin holds the text's last 10% ($share)" || fail "val.bin holds $share of the text"
+# Text whose lines end in CRLF, in CJK or in spaces still splits (a cut is
+# any space or line end after other text), and the parts are the whole.
+head -c 1500000 "$root/data/kjv.txt" | sed 's/$/\r/' >"$WORK/crlf.txt"
+(for i in $(seq 1 20000); do printf '这是第%d行。\n' "$i"; done) >"$WORK/cjk.txt"
+for t in crlf cjk; do
+  node "$root/tests/node/gpt2_reference.js" "$pkg" "$WORK/$t.txt" "$WORK/$t.ref" >/dev/null
+  "$LOCKSTEP" tokenize "$WORK/$t.txt" --out "$WORK/split-$t" --val-fraction 0.1 2>"$WORK/split-$t.err"
+  [ -s "$WORK/split-$t/val.bin" ] && cat "$WORK/split-$t/train.bin" "$WORK/split-$t/val.bin" | cmp -s - "$WORK/$t.ref" &&
+    pass "$t lines: val.bin is not empty and train + val are the reference's ids" ||
+    fail "$t lines: the split is empty or changed ids ($(tail -1 "$WORK/split-$t.err"))"
+done
 "$LOCKSTEP" tokenize "$WORK/edge.bin" "$WORK/edge.bin" --eot --out "$WORK/eot" --val-fraction 0 2>/dev/null
 out=$($PY - "$WORK/eot/train.bin" "$WORK/edge.bin.ref" <<'PY'
 import sys, struct
@@ -156,6 +168,10 @@ head -c 9000000 /dev/zero | tr '\0' 'a' >"$WORK/long.txt"
 bad "9 MiB without a line end" "long.txt: 8 MiB from byte 0 without a line ending" "$WORK/long.txt" --out "$WORK/x6"
 bad "a tokenizer.json with add_prefix_space" "hf-prefix.json: pre_tokenizer.add_prefix_space is true" "$WORK/edge.bin" --out "$WORK/x7" --vocab "$WORK/hf-prefix.json"
 printf 'abc' >"$WORK/odd.bin"
+printf '#version: 0.2\nĠ t\nĠ t\n' >"$WORK/vocab/vocab.bpe"
+bad "a merge given twice" "vocab.bpe line 3: the same pair is merged twice" "$WORK/edge.bin" --out "$WORK/x8" --vocab "$WORK/vocab"
+[ ! -e "$WORK/x8/train.bin" ] && [ ! -e "$WORK/x6/train.bin" ] && pass "a failed run leaves no train.bin behind" ||
+  fail "a failed run left train.bin"
 bad "decoding a file of odd length" "3 bytes of tokens, not a whole number of uint16" --decode "$WORK/odd.bin"
 printf '\xff\xff' >"$WORK/big.bin"
 bad "decoding an id outside the vocabulary" "token id 65535 is outside the vocabulary \[0, 50257\)" --decode "$WORK/big.bin"

@@ -1,5 +1,6 @@
 // The reference GPT-2 tokenizer for lockstep's parity test: the npm package
-// gpt-3-encoder (openai/gpt-2's encoder.py in JavaScript). Writes the token
+// gpt-3-encoder (openai/gpt-2's encoder.py in JavaScript: its vocabulary,
+// byte map and bpe()), with GPT-2's pattern read as encoder.py reads it. Writes the token
 // ids of FILE as little-endian uint16 to OUT and prints "<bytes> <tokens>
 // <seconds>".
 //   node gpt2_reference.js PACKAGE_DIR FILE OUT
@@ -52,11 +53,21 @@ function bytesEscaped(str) {  // the inverse: a lone U+DC80..U+DCFF is its byte 
   return bytes;
 }
 
-function encodeBytes(buf) {  // the package's pattern and bpe(), piece by piece
+// GPT-2's pattern with \s as OpenAI's tokenizers read it (encoder.py's
+// Python regex, tiktoken's Rust regex: Unicode White_Space, which holds
+// U+0085 and not U+FEFF; JavaScript's \s, the package's, differs there).
+const S = "\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const openai = new RegExp(
+  `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^${S}\\p{L}\\p{N}]+|[${S}]+(?![^${S}])|[${S}]+`, "gu");
+
+function encodeBytes(buf, pattern = openai) {  // a pattern and the package's bpe(), piece by piece
   const ids = [];
-  for (const m of decodeEscaped(buf).matchAll(pat)) {
+  for (const m of decodeEscaped(buf).matchAll(pattern)) {
     const piece = bytesEscaped(m[0]).map((b) => byte_encoder[b]).join("");
-    for (const t of bpe(piece).split(" ")) ids.push(encoder[t]);
+    for (const t of bpe(piece).split(" ")) {
+      if (!(t in encoder)) throw new Error(`bpe() made '${t}', which is not in encoder.json`);
+      ids.push(encoder[t]);
+    }
   }
   return ids;
 }
@@ -64,10 +75,11 @@ function encodeBytes(buf) {  // the package's pattern and bpe(), piece by piece
 const buf = fs.readFileSync(file);
 // The package's own encode() concatenates arrays token by token (quadratic
 // in the text: hours for 4 MB), so the whole file goes through its parts
-// above; on a valid UTF-8 head of the file both must agree.
+// above; on a valid UTF-8 head of the file (with the package's own pattern)
+// both must agree.
 const head = buf.subarray(0, 65536).toString("utf8");
 if (Buffer.from(head, "utf8").equals(buf.subarray(0, Buffer.byteLength(head)))) {
-  const a = encode(head), b = encodeBytes(Buffer.from(head, "utf8"));
+  const a = encode(head), b = encodeBytes(Buffer.from(head, "utf8"), pat);
   if (a.length !== b.length || a.some((v, k) => v !== b[k])) {
     console.error("gpt2_reference: the package's encode() and its parts disagree on the head");
     process.exit(1);

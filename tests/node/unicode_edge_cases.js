@@ -12,7 +12,8 @@ const rand = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return se
 const samples = [
   "e\u0301te\u0301 cafe\u0301 Zu\u0308rich a\u030a\u0301\u0302 ", "Ω≈ç√∫˜µ≤≥÷ ",
   "👍🏽 👩‍👩‍👧‍👦 🇩🇪🇯🇵 🧑🏿‍🚀 ❤️‍🔥 ", "漢字かなカナ한국어 中文测试，标点。", "שלום עולם ", "مرحبا بالعالم ١٢٣ ",
-  "\u00a0\u2003\u3000\u200b\ufeff\u2028\u2029 ", "I'm you're we've they'll he'd it's I'M YOU'RE 'S 'll ",
+  "\u00a0\u2003\u3000\u200b\ufeff\u2028\u2029 ", "x \u0085y a \ufeffb \u0085\u0085 z\ufeff\ufeff ",
+  "crlf line \r\nnext\r\n\r\n", "trailing spaces   \nend \n", "行末。\n次の行、\n", "I'm you're we've they'll he'd it's I'M YOU'RE 'S 'll ",
   "\t\ttabs\r\nwindows\r\n", "x²³ ½ ⅓ Ⅻ ٣ ߀ 𝟘𝟙 ", "\u0000\u0001\u001f\u007f ", "$$$ !!! ??? ... --- === ",
   "𝓗𝓮𝓵𝓵𝓸 𐍈 𠀀𠀁 ", "naïve coöperate façade ",
 ];

@@ -44,6 +44,7 @@ class Gpt2Bpe {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a, b) -> (rank, id of ab)
   int32_t byte_ids_[256] = {};
   int32_t end_of_text_ = -1;
+  uint64_t serial_ = 0;  // each loaded vocabulary's own: the key of the piece caches
 };
 
 // The folder of a tokenizer name: "gpt2" is the vocabulary set-up installs
