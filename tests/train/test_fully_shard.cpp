@@ -6,7 +6,7 @@
 // forward and its backward, a backward that throws; and the failures it
 // must name (a parameter without gradient on one rank only).
 #include <torch/torch.h>
-#include <catch2/catch.hpp>
+#include "support/catch.h"
 
 #include <mutex>
 
