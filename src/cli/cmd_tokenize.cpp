@@ -24,8 +24,9 @@
 // Note [Streamed tokenizing]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The input is read in chunks of about 1 MiB, each ending at a safe cut
-// (gpt2_safe_cut: between a printable ASCII character and a newline, where
-// GPT-2's pre-tokenizer starts afresh), so that chunks encode
+// (gpt2_safe_cut: before an ASCII space, tab or line end that follows a
+// character other than a space, where GPT-2's pre-tokenizer starts afresh),
+// so that chunks encode
 // independently, on as many threads as --threads, and are written in
 // order. At most 2 x threads chunks are in memory: memory does not grow with
 // the input, only with its longest stretch without a safe cut (refused past
@@ -324,14 +325,17 @@ int cmd_tokenize(int argc, char** argv) {
       if (!in) throw DataError("cannot read '" + path + "'");
       std::string buffer;
       bool eof = false;
+      const auto read_more = [&] {  // up to another chunk's bytes onto the buffer
+        const size_t have = buffer.size();
+        buffer.resize(have + kChunkBytes);
+        in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
+        buffer.resize(have + static_cast<size_t>(in.gcount()));
+        if (in.bad()) throw DataError("cannot read '" + path + "'");
+        eof = in.eof();
+      };
       while (!eof || !buffer.empty()) {
         if (!eof && buffer.size() < kChunkBytes) {
-          const size_t have = buffer.size();
-          buffer.resize(have + kChunkBytes);
-          in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
-          buffer.resize(have + static_cast<size_t>(in.gcount()));
-          if (in.bad()) throw DataError("cannot read '" + path + "'");
-          eof = in.eof();
+          read_more();
           if (!eof) continue;
         }
         // The next cut: the split when it falls here, else about a chunk on.
@@ -348,14 +352,9 @@ int cmd_tokenize(int argc, char** argv) {
           if (buffer.size() >= kMaxUncut)
             throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) + " MiB from byte " +
                             std::to_string(position) +
-                            " without a line ending after a printable character: lockstep "
+                            " without a line ending or space after other text: lockstep "
                             "tokenize splits its input at such places");
-          const size_t have = buffer.size();
-          buffer.resize(have + kChunkBytes);
-          in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
-          buffer.resize(have + static_cast<size_t>(in.gcount()));
-          if (in.bad()) throw DataError("cannot read '" + path + "'");
-          eof = in.eof();
+          read_more();
           continue;
         }
         cut = std::min(cut, buffer.size());

@@ -1,3 +1,7 @@
+// Size (~790 lines): one tokenizer, read and run: the pattern scanner, the
+// two merge paths, and the two vocabulary formats with the strict JSON
+// reader they need (hostile files are refused here, where their meaning is
+// known); split by file they would share most of their helpers.
 #include "lockstep/data/bpe.h"
 
 #include <algorithm>

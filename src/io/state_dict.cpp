@@ -6,9 +6,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/nn/module.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <sstream>
@@ -91,26 +89,13 @@ static void pickle_untagged(const c10::IValue& value, FileWriter& file) {
     writer.writeEndOfFile();
   }
   if (failure) std::rethrow_exception(failure);
-  file.finish();
 }
 
 void state_dict_save_file(const StateDict& state, const std::string& path) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : state) dict.insert(name, tensor.detach().cpu().contiguous());
   // Through a temporary: a failure leaves an existing file at `path` as it was.
-  const std::string tmp = path + ".tmp";
-  try {
-    FileWriter file(tmp);
-    pickle_untagged(c10::IValue(dict), file);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw StorageError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
-  }
+  write_file_replacing(path, [&](FileWriter& file) { pickle_untagged(c10::IValue(dict), file); });
 }
 
 StateDict state_dict_load_file(const std::string& path) {

@@ -105,9 +105,15 @@ void write_file(const std::string& path, const std::string& bytes) {
 }
 
 void write_file_replacing(const std::string& path, const std::string& bytes) {
+  write_file_replacing(path, [&](FileWriter& file) { file.append(bytes.data(), bytes.size()); });
+}
+
+void write_file_replacing(const std::string& path, const std::function<void(FileWriter&)>& write) {
   const std::string tmp = path + ".tmp";
   try {
-    write_file(tmp, bytes);
+    FileWriter file(tmp);
+    write(file);
+    file.finish();
   } catch (...) {
     std::remove(tmp.c_str());
     throw;

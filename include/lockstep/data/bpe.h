@@ -60,7 +60,8 @@ std::string bpe_vocab_folder(const std::string& tokenizer);
 std::vector<size_t> gpt2_pieces(std::string_view text);
 
 // Where `text` can be cut so that the two parts tokenize as the whole does:
-// between an ASCII character that is not a space and a '\n'. Returns the
+// before an ASCII space, tab or line end (CR included) that follows a
+// character other than a space (no piece spans that). Returns the
 // first such cut at or after `from` (text.size() when none).
 size_t gpt2_safe_cut(std::string_view text, size_t from);
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -37,6 +38,9 @@ class FileWriter {
   std::string path_;
   int fd_ = -1;
 };
+// write_file_replacing, streamed: `write` appends to PATH.tmp (not to be
+// finished by it), renamed over `path` once it is whole.
+void write_file_replacing(const std::string& path, const std::function<void(FileWriter&)>& write);
 // write_file to `path`.tmp, then renamed over `path`: a failure leaves no
 // half-written `path` (the temporary is removed).
 void write_file_replacing(const std::string& path, const std::string& bytes);
