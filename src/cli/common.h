@@ -28,6 +28,7 @@ int cmd_generate(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_export(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
+int cmd_checkpoint(int argc, char** argv);
 int bench_allreduce(const cxxopts::ParseResult& args);
 
 }  // namespace lockstep::cli

@@ -23,6 +23,8 @@ constexpr const char* kUsage =
     "hf|lockstep])\n"
     "  generate sample from a GPT checkpoint (--checkpoint PATH --prompt TEXT)\n"
     "  tokenize text files to GPT-2 BPE token files (INPUT... --out DIR)\n"
+    "  checkpoint  consolidate DIR --out OUT (a sharded checkpoint as model.pt/optimizer.pt), "
+    "info DIR\n"
     "\n"
     "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
     "-r 0:1 -t 0:1), srun or mpirun for several ranks;\n"
@@ -67,9 +69,10 @@ int main(int argc, char** argv) {
   if (command == "eval") return cmd_eval(argc - 1, argv + 1);
   if (command == "export") return cmd_export(argc - 1, argv + 1);
   if (command == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
+  if (command == "checkpoint") return cmd_checkpoint(argc - 1, argv + 1);
   std::fprintf(stderr,
                "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, "
-               "generate, tokenize)\n%s",
+               "generate, tokenize, checkpoint)\n%s",
                command.c_str(), kUsage);
   return kExitBadInput;
 }

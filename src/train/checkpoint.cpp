@@ -29,20 +29,19 @@
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"
+#include "sharded_checkpoint.h"
 
 namespace lockstep {
 namespace {
 
 const std::vector<std::string> kFiles{"model.pt", "optimizer.pt", "rng.pt", "state.yaml",
                                       "config.yaml"};
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
+// Note [Sharded checkpoints]: the shard files and their index instead.
+const std::vector<std::string> kShardedFiles{kShardIndexFile, "rng.pt", "state.yaml",
+                                             "config.yaml"};
+// A MANIFEST's lines: the files above and one shard per writing rank.
+constexpr size_t kMaxManifestFiles = 70000;
+constexpr int64_t kMaxManifestBytes = 8 << 20;
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -131,8 +130,49 @@ Checkpointer::Checkpointer(std::string run_dir, int64_t keep)
 // .tmp-* and .old-* folders of writers that are gone (their pid not alive
 // on this host).
 
+std::string Checkpointer::staging_folder(int64_t step, bool best, long writer_pid) const {
+  return dir_ + "/.tmp-" + (best ? std::string("best") : folder_name(step)) + "-" +
+         std::to_string(writer_pid);
+}
+
+void Checkpointer::create_staging(const std::string& staging, int64_t step, bool best) {
+  for (const std::string& path : {dir_, staging}) {
+    if (path == staging) remove_tree(staging);
+    if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      const int err = errno;
+      const auto previous = best ? std::optional<std::string>() : newest();
+      throw StorageError(std::string(best ? "best checkpoint" : "checkpoint") + " of step " +
+                         std::to_string(step) + " not written (" +
+                         (previous ? "the previous one, " + *previous + ", is intact"
+                                   : std::string("no earlier checkpoint exists")) +
+                         "): cannot create '" + path + "': " + std::strerror(err));
+    }
+  }
+}
+
+void Checkpointer::discard_staging(const std::string& staging) { remove_tree(staging); }
+
+void Checkpointer::write_consolidated(const std::string& out, const TrainerState& state,
+                                      const std::vector<SavedPart>& parts,
+                                      const std::string& config_yaml) {
+  if (path_exists(out)) throw DataError("'" + out + "' exists; consolidate writes a new folder");
+  const std::string tmp = out + ".tmp-" + std::to_string(getpid());
+  remove_tree(tmp);
+  if (mkdir(tmp.c_str(), 0755) != 0)
+    throw StorageError("cannot create '" + tmp + "': " + std::strerror(errno));
+  try {
+    write_folder(tmp, state, parts, config_yaml, "", nullptr);
+    if (rename(tmp.c_str(), out.c_str()) != 0)
+      throw StorageError("cannot rename '" + tmp + "' to '" + out + "': " + std::strerror(errno));
+  } catch (...) {
+    remove_tree(tmp);
+    throw;
+  }
+}
+
 std::string Checkpointer::save(const TrainerState& state, const std::vector<SavedPart>& parts,
-                               const std::string& config_yaml, const std::string& best_yaml) {
+                               const std::string& config_yaml, const std::string& best_yaml,
+                               const ShardIndex* shards, const std::string& staging) {
   const bool best = !best_yaml.empty();
   const std::string name = best ? "best" : folder_name(state.step);
   // What a failure leaves, said truthfully (Note [Failed checkpoint]).
@@ -153,14 +193,17 @@ std::string Checkpointer::save(const TrainerState& state, const std::vector<Save
     const int err = errno;
     failed("cannot create '" + dir_ + "': " + std::strerror(err), true);
   }
-  const std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(getpid());
-  remove_tree(tmp);
-  if (mkdir(tmp.c_str(), 0755) != 0) {
-    const int err = errno;
-    failed("cannot create '" + tmp + "': " + std::strerror(err), true);
+  const std::string tmp =
+      shards != nullptr ? staging : dir_ + "/.tmp-" + name + "-" + std::to_string(getpid());
+  if (shards == nullptr) {
+    remove_tree(tmp);
+    if (mkdir(tmp.c_str(), 0755) != 0) {
+      const int err = errno;
+      failed("cannot create '" + tmp + "': " + std::strerror(err), true);
+    }
   }
   try {
-    write_folder(tmp, state, parts, config_yaml, best_yaml);
+    write_folder(tmp, state, parts, config_yaml, best_yaml, shards);
   } catch (const std::exception& e) {
     // Note [Failed checkpoint]: nothing half-written stays behind, and the
     // previous checkpoint was never touched.
@@ -257,8 +300,14 @@ std::vector<std::string> Checkpointer::repair() {
 
 void Checkpointer::write_folder(const std::string& tmp, const TrainerState& state,
                                 const std::vector<SavedPart>& parts, const std::string& config_yaml,
-                                const std::string& best_yaml) {
+                                const std::string& best_yaml, const ShardIndex* shards) {
   std::vector<std::string> files{"state.yaml", "config.yaml"};
+  std::string manifest;  // the shard files' digests, taken as they were written
+  if (shards != nullptr) {
+    write_file(tmp + "/" + kShardIndexFile, shards->to_text());
+    files.push_back(kShardIndexFile);
+    for (const auto& f : shards->files) manifest += f.sha256 + "  " + f.name + "\n";
+  }
   for (const auto& part : parts) {
     const std::string path = tmp + "/" + part.file;
     if (part.entries.size() == 1 && part.entries[0].first.empty()) {
@@ -269,7 +318,7 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
     }
     files.push_back(part.file);
   }
-  for (const auto& required : kFiles) {
+  for (const auto& required : shards != nullptr ? kShardedFiles : kFiles) {
     if (std::find(files.begin(), files.end(), required) == files.end())
       throw InternalError("checkpoint without " + required);
   }
@@ -317,9 +366,8 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
     write_file(tmp + "/best.yaml", best_yaml);
     files.push_back("best.yaml");
   }
-  std::string manifest;
   for (const auto& file : files)
-    manifest += sha256_hex(read_all(tmp + "/" + file)) + "  " + file + "\n";
+    manifest += sha256_file_hex(tmp + "/" + file) + "  " + file + "\n";
   write_file(tmp + "/MANIFEST", manifest);
   fsync_path(tmp, true);
 }
@@ -344,35 +392,46 @@ std::optional<std::string> Checkpointer::newest() const {
   return all.back().second;
 }
 
-void Checkpointer::verify(const std::string& folder) {
+bool Checkpointer::is_sharded(const std::string& folder) {
+  try {
+    const std::string manifest = read_regular_file(folder + "/MANIFEST", kMaxManifestBytes);
+    return manifest.find(std::string("  ") + kShardIndexFile + "\n") != std::string::npos;
+  } catch (const DataError&) {
+    return false;
+  }
+}
+
+void Checkpointer::verify(const std::string& folder, bool shards) {
   if (!path_exists(folder + "/MANIFEST")) {
     throw DataError("checkpoint '" + folder + "' has no MANIFEST (incomplete or not a checkpoint)");
   }
-  // A regular file of at most 64 KiB (64 lines of 64 + 2 + a name), read
-  // whole first: a FIFO, a device or a giant file is refused unread.
+  // A regular file of at most 8 MiB (a line of 64 + 2 + a name for each
+  // file, a shard per rank among them), read whole first: a FIFO, a device
+  // or a giant file is refused unread.
   struct stat st {};
   if (stat((folder + "/MANIFEST").c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      st.st_size > 64 * 1024) {
+      st.st_size > kMaxManifestBytes) {
     throw DataError("checkpoint '" + folder + "': MANIFEST is " + std::to_string(st.st_size) +
-                    " bytes, over the 64 KiB a MANIFEST can need");
+                    " bytes, over the 8 MiB a MANIFEST can need");
   }
   std::istringstream manifest(read_regular_file(folder + "/MANIFEST"));
   std::map<std::string, std::string> expected;
   std::string hash, file;
   while (manifest >> hash >> file) {
     // A MANIFEST lists each of a handful of files once, with a SHA-256.
-    if (expected.size() >= 64 || hash.size() != 64 ||
+    if (expected.size() >= kMaxManifestFiles || hash.size() != 64 ||
         hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
       throw DataError("checkpoint '" + folder +
                       "': MANIFEST is malformed (a line is not "
-                      "'<64 hex digits>  <file>', or it lists over 64 files)");
+                      "'<64 hex digits>  <file>', or it lists over 70000 files)");
     }
     if (!expected.emplace(file, hash).second) {
       throw DataError("checkpoint '" + folder + "': MANIFEST lists '" + file.substr(0, 64) +
                       "' twice");
     }
   }
-  for (const auto& f : kFiles) {
+  const bool sharded = expected.count(kShardIndexFile) != 0;
+  for (const auto& f : sharded ? kShardedFiles : kFiles) {
     if (expected.find(f) == expected.end())
       throw DataError("checkpoint '" + folder + "': MANIFEST does not list " + f);
   }
@@ -386,9 +445,11 @@ void Checkpointer::verify(const std::string& folder) {
       throw DataError("checkpoint '" + folder + "': MANIFEST lists '" + f.substr(0, 64) +
                       "', which is no file name of a checkpoint");
     }
+    // A shard file: hashed here only when asked (resume hashes each on one rank).
+    if (!shards && f.rfind("shard_", 0) == 0) continue;
     std::string actual;
     try {
-      actual = sha256_hex(read_all(folder + "/" + f));
+      actual = sha256_file_hex(folder + "/" + f);
     } catch (const DataError&) {
       throw DataError("checkpoint '" + folder + "': " + f + " is missing");
     }
@@ -413,8 +474,8 @@ at::Tensor Checkpointer::Loaded::rng_states() const {
 }
 
 Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim::Optimizer* legacy,
-                                        const std::vector<std::string>& files) {
-  verify(folder);
+                                        const std::vector<std::string>& files, bool read_shards) {
+  verify(folder, read_shards);
   Loaded loaded;
   loaded.folder = folder;
   try {
@@ -483,8 +544,34 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
   }
   // Note [Stateful parts]: every .pt file the (verified) MANIFEST lists.
   std::istringstream manifest(read_regular_file(folder + "/MANIFEST"));
+  std::map<std::string, std::string> listed;
   std::string hash, file;
-  while (manifest >> hash >> file) {
+  while (manifest >> hash >> file) listed[file] = hash;
+  if (listed.count(kShardIndexFile) != 0) {
+    // Note [Sharded checkpoints]: the index, held against the MANIFEST and
+    // the files' sizes before anything is read from them.
+    const std::string path = folder + "/" + kShardIndexFile;
+    loaded.shards = ShardIndex::parse(read_regular_file(path, 64u << 20), path);
+    for (const auto& f : loaded.shards->files) {
+      const auto in = listed.find(f.name);
+      if (in == listed.end() || in->second != f.sha256)
+        throw DataError(path + ": " + f.name + " is not in the MANIFEST with the same SHA-256");
+    }
+    for (const auto& [name, digest] : listed) {
+      const bool indexed = std::any_of(loaded.shards->files.begin(), loaded.shards->files.end(),
+                                       [&](const ShardFile& f) { return f.name == name; });
+      if (name.rfind("shard_", 0) == 0 && !indexed)
+        throw DataError(path + ": the MANIFEST lists " + name + ", the index does not");
+    }
+    loaded.shards->check_files(folder);
+    for (const char* part : {"model.pt", "optimizer.pt"}) {
+      if (!read_shards || (!files.empty() && std::find(files.begin(), files.end(), part) == files.end()))
+        continue;
+      loaded.parts[part] = read_whole_part(folder, *loaded.shards, part);
+    }
+  }
+  std::istringstream listing(read_regular_file(folder + "/MANIFEST"));
+  while (listing >> hash >> file) {
     if (file.size() < 4 || file.compare(file.size() - 3, 3, ".pt") != 0) continue;
     if (!files.empty() && std::find(files.begin(), files.end(), file) == files.end()) continue;
     if (file == "optimizer.pt") continue;  // below: an older lockstep's archive, perhaps
@@ -495,6 +582,9 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
       loaded.parts[file] = state_dict_load_file(folder + "/" + file);
     }
   }
+  if (loaded.shards) return loaded;
+  if (!files.empty() && std::find(files.begin(), files.end(), "optimizer.pt") == files.end())
+    return loaded;
   const std::string path = folder + "/optimizer.pt";
   try {
     loaded.parts["optimizer.pt"] = state_dict_load_file(path);

@@ -414,6 +414,16 @@ const std::vector<Field>& fields() {
                  &CheckpointConfig::allow_data_change, Type::kBool,
                  "resume although the training data's size or identity differs from the "
                  "checkpoint's (a warning, the epoch re-mapped); false: exit 2"),
+      make_choice("checkpoint", "format", &C::checkpoint, &CheckpointConfig::format,
+                  kCheckpointFormatNames,
+                  "consolidated: model.pt and optimizer.pt written by rank 0 (torch.load opens "
+                  "them); sharded: each rank writes what it owns to its own file, in parallel, "
+                  "with an index, and any world size reads it back (lockstep checkpoint "
+                  "consolidate makes the other form)"),
+      make_field("checkpoint", "async", &C::checkpoint, &CheckpointConfig::async, Type::kBool,
+                 "format sharded: the periodic checkpoints (checkpoint.every) pause training "
+                 "only to copy the state to memory and are written by a background thread; the "
+                 "last, best and signal checkpoints are written at once"),
       make_field("log", "level", &C::log, &LogConfig::level, Type::kString, "log level", -kInf,
                  kInf, names_of(kLogLevelNames)),
       make_field("log", "every", &C::log, &LogConfig::every, Type::kInt,
@@ -699,6 +709,12 @@ void config_validate(const Config& c, int world_size) {
                       "ddp.comm_hook (it is '" +
                       c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
                       "); use optim.zero: 1 with a comm hook");
+  }
+  if (c.checkpoint.async && c.checkpoint.format != CheckpointFormat::kSharded) {
+    throw ConfigError("checkpoint.async writes each rank's shard in the background, so it needs "
+                      "checkpoint.format: sharded" +
+                      config_origin(c, "checkpoint.format") +
+                      " (rank 0 alone writes a consolidated checkpoint); set both");
   }
   if (c.optim.zero == 3 && c.ddp.find_unused_parameters) {
     throw ConfigError(

@@ -14,19 +14,20 @@
 
 namespace lockstep {
 std::string checkpoint_folder(const std::string& path) {
-  if (path_exists(path + "/model.pt")) return path;
+  if (path_exists(path + "/model.pt") || path_exists(path + "/metadata.txt")) return path;
   if (path_exists(path + "/checkpoints")) {
     if (auto newest = Checkpointer(path, 0).newest()) return *newest;
     throw ConfigError("--checkpoint '" + path + "': the run folder holds no checkpoint yet");
   }
   throw ConfigError("--checkpoint '" + path +
-                    "': neither a checkpoint folder (with model.pt) nor a run folder (with "
+                    "': neither a checkpoint folder (with model.pt or metadata.txt) nor a run folder (with "
                     "checkpoints/)" +
                     (path_exists(path) ? "" : ": it does not exist"));
 }
 
 LoadedGpt gpt_load_checkpoint(const std::string& folder) {
-  Checkpointer::verify(folder);
+  // Sharded or not: model.pt's entries (every shard file verified and read).
+  const Checkpointer::Loaded checkpoint = Checkpointer::load(folder, nullptr, {"model.pt"});
   LoadedGpt loaded;
   loaded.folder = folder;
   loaded.config = config_load(folder + "/config.yaml");
@@ -35,7 +36,7 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
     throw ConfigError("checkpoint '" + folder + "' holds a " + m.name +
                       " model: lockstep generate samples from model.name: gpt");
   loaded.bytes = loaded.config.data.name == DatasetKind::kText;
-  const StateDict state = state_dict_load_file(folder + "/model.pt");
+  const StateDict& state = checkpoint.part("model.pt");
   // Note [Untrusted model shapes]: the config comes from the checkpoint
   // folder like the weights, and a model built from it allocates what it
   // says (n_embd 4096 x block_size 131072: 3 GB from a 304 KiB file). So

@@ -6,16 +6,62 @@
 
 #include "hook_state.h"
 #include "lockstep/optim/optim.h"
+#include "lockstep/optim/zero.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/module_tensors.h"
 
 namespace lockstep {
 namespace {
 
+// Note [Sharded checkpoints]: which rank writes each entry of model.pt (and
+// a parameter's optimizer state): a trainable parameter its ZeRO owner (at
+// optim.zero 0 the owner zero_partition would give it), any other entry
+// (a buffer, a frozen parameter) the rank with the fewest bytes so far.
+// The same on every rank: the shapes are (placeholders keep theirs).
+struct Writers {
+  std::map<std::string, int> of_entry;  // model.pt's names
+  std::vector<int> of_param;            // by trainable_parameters' index
+};
+
+Writers writers_of(const RunParts& run, int world) {
+  Writers w;
+  const NamedTensors params = trainable_parameters(*run.model);
+  if (run.zero != nullptr) {
+    w.of_param = run.zero->owners();
+  } else {
+    std::vector<at::Tensor> tensors;
+    for (const auto& [name, p] : params) tensors.push_back(p);
+    w.of_param = zero_partition(tensors, world);
+  }
+  std::vector<int64_t> bytes(static_cast<size_t>(world), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    w.of_entry[params[i].first] = w.of_param[i];
+    bytes[static_cast<size_t>(w.of_param[i])] += params[i].second.numel() *
+                                                  params[i].second.element_size();
+  }
+  for (const auto& [name, t] : state_dict_of(*run.model)) {
+    if (w.of_entry.count(name) != 0) continue;
+    const auto least = std::min_element(bytes.begin(), bytes.end()) - bytes.begin();
+    w.of_entry[name] = static_cast<int>(least);
+    bytes[static_cast<size_t>(least)] += t.numel() * t.element_size();
+  }
+  return w;
+}
+
 class ModelPart : public Stateful {
  public:
-  ModelPart(RunParts& run, int rank) : run_(run), rank_(rank) {}
+  ModelPart(RunParts& run, int rank, int world) : run_(run), rank_(rank), world_(world) {}
   std::string file() const override { return "model.pt"; }
+  bool shardable() const override { return true; }
+  // This rank's entries as they are (under optim.zero 3 an owner's own
+  // weights): written from the live tensors, nothing gathered.
+  StateDict local_state_dict() override {
+    const Writers w = writers_of(run_, world_);
+    StateDict out;
+    for (auto& [name, t] : state_dict_of(*run_.model))
+      if (w.of_entry.at(name) == rank_) out.emplace_back(name, t.detach());
+    return out;
+  }
   // Under optim.zero 3 the weights are gathered for it (collective).
   StateDict state_dict() override {
     if (!run_.sharded) return state_dict_of(*run_.model);
@@ -44,7 +90,7 @@ class ModelPart : public Stateful {
 
  private:
   RunParts& run_;
-  int rank_;
+  int rank_, world_;
 };
 
 // Whole on rank 0 whatever the stage: a ZeroOptimizer gathers it from the
@@ -53,6 +99,26 @@ class OptimizerPart : public Stateful {
  public:
   OptimizerPart(RunParts& run, ProcessGroup& pg) : run_(run), pg_(pg) {}
   std::string file() const override { return "optimizer.pt"; }
+  bool shardable() const override { return true; }
+  // A parameter's state goes with its weight (Writers): a ZeroOptimizer's
+  // owner holds it; a plain optimizer's replicas are written once each.
+  StateDict local_state_dict() override {
+    const NamedTensors params = trainable_parameters(*run_.model);
+    const Writers w = writers_of(run_, pg_.size());
+    NamedTensors mine;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (w.of_param[i] == pg_.rank()) mine.push_back(params[i]);
+    return optimizer_state_dict(run_.zero != nullptr ? run_.zero->local() : *run_.optimizer, mine);
+  }
+  // Loading: a ZeroOptimizer's owner reads its parameters' state alone.
+  bool needs_every_entry() const override { return run_.zero == nullptr; }
+  bool reads(const std::string& entry) const override {
+    const std::string param = entry.substr(0, entry.rfind('.'));
+    const NamedTensors params = trainable_parameters(*run_.model);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].first == param) return run_.zero->owns(i);
+    return true;  // an unknown parameter: read, and refused by name on load
+  }
   StateDict state_dict() override {
     if (run_.zero != nullptr) return run_.zero->consolidated_state_dict();
     if (pg_.rank() != 0) return {};
@@ -138,7 +204,7 @@ std::vector<std::unique_ptr<Stateful>> run_stateful_parts(RunParts& run, const C
                                                           ProcessGroup& pg, const WorldInfo& world,
                                                           const TrainerState& saved) {
   std::vector<std::unique_ptr<Stateful>> parts;
-  parts.push_back(std::make_unique<ModelPart>(run, world.rank));
+  parts.push_back(std::make_unique<ModelPart>(run, world.rank, world.world_size));
   parts.push_back(std::make_unique<OptimizerPart>(run, pg));
   parts.push_back(std::make_unique<RngPart>(config, pg, world.rank));
   parts.push_back(std::make_unique<CommHookPart>(run, pg, world, saved));

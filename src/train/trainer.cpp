@@ -12,6 +12,9 @@
 #include <torch/optim/optimizer.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdio>
 #include <cstdlib>
@@ -196,6 +199,12 @@ void Trainer::Impl::build_optimizer() {
                                  : "");
   }
   checkpointer = std::make_unique<Checkpointer>(run_dir, config.checkpoint.keep);
+  if (config.checkpoint.format == CheckpointFormat::kSharded) {
+    // Note [Sharded checkpoints]: every rank writes into rank 0's staging folder.
+    at::Tensor pid = at::full({1}, static_cast<int64_t>(getpid()), at::kLong).to(pg->device());
+    pg->broadcast(pid, 0);
+    staging_pid = static_cast<long>(pid.cpu().item<int64_t>());
+  }
 }
 
 StepStats Trainer::Impl::train_step(BatchLoader& loader, Interval& in, int64_t micro_left) {
@@ -217,7 +226,8 @@ StepStats Trainer::Impl::train_step(BatchLoader& loader, Interval& in, int64_t m
   ++state.step;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  training_peak_kib = usage.ru_maxrss;  // before this step's checkpoint, if any
+  // Before this step's checkpoint, if any (a save resets the kernel's peak).
+  training_peak_kib = std::max(training_peak_kib, usage.ru_maxrss);
   return stats;
 }
 
@@ -414,7 +424,7 @@ bool Trainer::Impl::after_step(TrainResult& result, Interval& interval, int64_t 
     }
   }
   if (end || (config.checkpoint.every > 0 && state.step % config.checkpoint.every == 0))
-    save_checkpoint();
+    save_checkpoint("", /*periodic=*/!end);
   if (end) return true;
   if (!config.checkpoint.on_signal) return false;
   // Every rank learns whether any rank was signalled, so all stop at the
@@ -443,6 +453,7 @@ void Trainer::Impl::finish(TrainResult& result, int64_t stop) {
       spdlog::info("validation of the checkpoint's weights: loss {:.5g}, accuracy {:.4f}",
                    result.val_loss, result.val_accuracy);
   }
+  settle_background_save();  // checkpoint.async: the last one in flight
   if (saves == 0 && failed_saves > 0) {
     // checkpoint.on_error: warn trained on, but nothing of this run is on disk.
     throw StorageError("training ended, but none of this run's " + std::to_string(failed_saves) +
@@ -504,7 +515,8 @@ void Trainer::Impl::report_memory() const {
       "peak {:.1f} MiB",
       static_cast<double>(state_bytes) / (1 << 20), config.optim.zero,
       static_cast<double>(training_peak_kib) / 1024.0,
-      static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<double>(vm_peak_kib()) / 1024.0);
+      static_cast<double>(std::max(usage.ru_maxrss, peak_before_save_kib)) / 1024.0,
+      static_cast<double>(vm_peak_kib()) / 1024.0);
 }
 
 }  // namespace lockstep

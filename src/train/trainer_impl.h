@@ -23,6 +23,7 @@
 #include "lockstep/util/trace.h"
 #include "metrics.h"
 #include "run_parts.h"
+#include "sharded_checkpoint.h"
 
 namespace lockstep {
 
@@ -126,7 +127,22 @@ struct Trainer::Impl {
   std::string last_save_problem;        // checkpoint.on_error: warn
 
   // `best_yaml` non-empty: the best checkpoint (checkpoint.keep_best).
-  void save_checkpoint(const std::string& best_yaml = "");
+  // `periodic`: a checkpoint.every save, which checkpoint.async may write
+  // in the background (the last, best and signal ones are written at once).
+  void save_checkpoint(const std::string& best_yaml = "", bool periodic = false);
+  // A save's outcome: counted, logged, callbacks told, or checkpoint.on_error
+  // applied to `problem` (every rank's the same words).
+  void conclude_save(const std::string& problem, const std::string& best_yaml,
+                     const TrainerState& saved_state, const std::string& how);
+  // checkpoint.async: waits for the save in flight and agrees on its
+  // outcome (collective; nothing when none is in flight).
+  void settle_background_save();
+  // Note [Sharded checkpoints]: the staging folders carry rank 0's pid.
+  long staging_pid = 0;
+  BackgroundSave background;
+  std::optional<TrainerState> in_flight;  // the state the save in flight holds
+  std::chrono::steady_clock::time_point in_flight_since;
+  long peak_before_save_kib = 0;  // the resident peak before a save reset it
   void end_interval(Interval& in, TrainResult& result) {
     result.last_loss = metrics->end_interval(in, state, stop_step());
   }

@@ -10,6 +10,7 @@
 #include <set>
 #include "lockstep/util/error.h"
 
+#include "lockstep/distributed/agree.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/util/module_tensors.h"
 #include "lockstep/util/text.h"
@@ -109,8 +110,24 @@ void Trainer::Impl::maybe_resume() {
   auto loaded = reading_key("checkpoint.resume", [&] {
     std::vector<std::string> files;  // only what the parts restore is read
     for (const auto& part : parts) files.push_back(part->file());
-    return Checkpointer::load(folder, zero != nullptr ? nullptr : optimizer.get(), files);
+    return Checkpointer::load(folder, zero != nullptr ? nullptr : optimizer.get(), files,
+                              /*read_shards=*/false);
   });
+  if (loaded.shards) {
+    // Note [Sharded checkpoints]: each shard file hashed on one rank, then
+    // each rank reads the byte ranges it needs (failures agreed).
+    reading_key("checkpoint.resume", [&] {
+      verify_shards(*pg, folder, *loaded.shards);
+      for (const auto& part : parts) {
+        if (!part->shardable()) continue;
+        Stateful& p = *part;
+        loaded.parts[p.file()] =
+            read_sharded_part(*pg, folder, *loaded.shards, p.file(), p.needs_every_entry(),
+                              [&](const std::string& entry) { return p.reads(entry); });
+      }
+      return 0;
+    });
+  }
   const int64_t old_world = loaded.state.world_size;
   if (loaded.legacy_optimizer && old_world != world.world_size) {
     throw ConfigError("checkpoint '" + folder +
@@ -126,7 +143,18 @@ void Trainer::Impl::maybe_resume() {
   {
     std::set<std::string> parameters;
     for (const auto& [name, _] : trainable_parameters(*model)) parameters.insert(name);
-    Checkpointer::check_values(loaded, parameters, generator_state().numel());
+    // A sharded checkpoint's owners check different entries: one verdict.
+    const auto check = [&] {
+      Checkpointer::check_values(loaded, parameters, generator_state().numel());
+    };
+    if (loaded.shards) {
+      reading_key("checkpoint.resume", [&] {
+        agree_on_failure(*pg, check);
+        return 0;
+      });
+    } else {
+      check();
+    }
   }
   const bool data_changed = check_data_unchanged(loaded.state, folder);
   precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");

@@ -6,6 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/util/allocator.h"
@@ -52,8 +56,46 @@ void Trainer::Impl::refuse_nonfinite_weights() const {
   }
 }
 
-void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
+namespace {
+
+// VmHWM: this process's resident peak since it began or since the last
+// reset_resident_peak() (Linux's clear_refs 5).
+long resident_peak_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib;
+}
+
+void reset_resident_peak() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string folder_of(const std::string& run_dir, int64_t step, bool best) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return run_dir + "/checkpoints/" + (best ? std::string("best") : std::string(name));
+}
+
+}  // namespace
+
+void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic) {
+  settle_background_save();  // one save in flight at most
   step->finish_checks();
+  const auto began = std::chrono::steady_clock::now();
+  peak_before_save_kib = std::max(peak_before_save_kib, resident_peak_kib());
+  reset_resident_peak();
   state.world_size = world.world_size;
   state.zero = config.optim.zero;
   state.batch_size = config.data.batch_size;
@@ -73,26 +115,127 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
   }
   refuse_nonfinite_weights();
+  const bool sharded = config.checkpoint.format == CheckpointFormat::kSharded;
+  const bool best = !best_yaml.empty();
   // Note [Stateful parts]: every part, every rank, in order (collectives:
   // the optimizer gathered from its owners, the generators, the hook).
+  // Note [Sharded checkpoints]: a shardable part gives this rank's entries.
   std::vector<SavedPart> saved;
+  ShardPieces pieces;
   for (const auto& part : parts) {
+    if (sharded && part->shardable()) {
+      for (auto& [name, t] : part->local_state_dict())
+        pieces.emplace_back(part->file() + "/" + name, std::move(t));
+      continue;
+    }
     StateDict entries = part->state_dict();
     if (world.rank == 0 && (part->required() || !entries.empty()))
       saved.push_back({part->file(), std::move(entries)});
   }
-  const std::string problem = rank0_outcome(*pg, [&] {
-    const std::string folder = checkpointer->save(state, saved, config_yaml, best_yaml);
-    if (best_yaml.empty()) {
-      last_checkpoint = folder;
-      spdlog::info("checkpoint: {}", absolute_path(folder));
-    } else {
-      last_best = folder;
-      spdlog::info("best checkpoint: {} (step {})", absolute_path(folder), state.step);
+  std::string problem, how;
+  if (!sharded) {
+    problem = rank0_outcome(*pg, [&] { checkpointer->save(state, saved, config_yaml, best_yaml); });
+    how = "consolidated";
+  } else {
+    const std::string staging = checkpointer->staging_folder(state.step, best, staging_pid);
+    problem =
+        rank0_outcome(*pg, [&] { checkpointer->create_staging(staging, state.step, best); });
+    std::vector<std::string> order;  // metadata.txt's order: the state dict's
+    if (world.rank == 0) {
+      for (const auto& [name, t] : state_dict_of(*model)) order.push_back("m:" + name);
+      for (const auto& [name, p] : trainable_parameters(*model)) order.push_back("p:" + name);
     }
-  });
+    const int rank = world.rank, size = world.world_size;
+    const int64_t zero_stage = config.optim.zero, at_step = state.step;
+    if (problem.empty() && periodic && config.checkpoint.async) {
+      // The pause: this rank's entries copied to host memory.
+      int64_t bytes = 0;
+      for (auto& [name, t] : pieces) {
+        t = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+        bytes += static_cast<int64_t>(t.nbytes());
+      }
+      in_flight = state;
+      in_flight_since = began;
+      Checkpointer* writer = checkpointer.get();
+      const auto* cancelled = background.cancelled();
+      background.start([staging, rank, size, zero_stage, at_step, writer, cancelled,
+                        pieces = std::move(pieces), saved = std::move(saved), order = std::move(order),
+                        saved_state = state, yaml = config_yaml] {
+        write_rank_shard(staging, rank, zero_stage, at_step, pieces);
+        if (rank != 0) return;
+        try {
+          const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
+                                                     std::chrono::seconds(1800), cancelled);
+          writer->save(saved_state, saved, yaml, "", &index, staging);
+        } catch (...) {
+          Checkpointer::discard_staging(staging);
+          throw;
+        }
+      });
+      if (world.rank == 0)
+        spdlog::info(
+            "checkpoint of step {}: training paused {:.3f} s (this rank's {:.1f} MiB copied to "
+            "memory; rank 0 resident peak {:.1f} MiB); written in the background",
+            at_step, seconds_since(began), static_cast<double>(bytes) / (1 << 20),
+            static_cast<double>(resident_peak_kib()) / 1024.0);
+      return;
+    }
+    if (problem.empty()) {
+      try {
+        agree_on_failure(*pg,
+                         [&] { write_rank_shard(staging, rank, zero_stage, at_step, pieces); });
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    }
+    pieces.clear();
+    if (problem.empty()) {
+      problem = rank0_outcome(*pg, [&] {
+        const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
+                                                   std::chrono::seconds(10));
+        checkpointer->save(state, saved, config_yaml, best_yaml, &index, staging);
+      });
+    }
+    if (!problem.empty() && world.rank == 0) Checkpointer::discard_staging(staging);
+    how = "sharded";
+  }
   saved.clear();
   release_free_memory();  // the gathered state's peak, not kept resident (Note [Allocator tuning])
+  if (problem.empty() && world.rank == 0)
+    spdlog::info("checkpoint of step {}: {} save took {:.3f} s (training paused throughout); "
+                 "rank 0 resident peak {:.1f} MiB",
+                 state.step, how, seconds_since(began),
+                 static_cast<double>(resident_peak_kib()) / 1024.0);
+  conclude_save(problem, best_yaml, state, how);
+}
+
+void Trainer::Impl::settle_background_save() {
+  if (!in_flight) return;
+  double waited = 0;
+  const std::string mine = background.wait(&waited);
+  const TrainerState saved_state = *in_flight;
+  in_flight.reset();
+  std::string problem;
+  try {
+    agree_on_failure(*pg, [&] {
+      if (!mine.empty()) throw StorageError(mine);
+    });
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  if (world.rank == 0 && problem.empty())
+    spdlog::info("checkpoint of step {}: written in the background, {:.2f} s after its step{}",
+                 saved_state.step, seconds_since(in_flight_since),
+                 waited > 0.01 ? " (training waited " + std::to_string(waited).substr(0, 5) +
+                                     " s for it: one save in flight at most)"
+                               : std::string());
+  conclude_save(problem, "", saved_state, "sharded, in the background");
+}
+
+void Trainer::Impl::conclude_save(const std::string& problem, const std::string& best_yaml,
+                                  const TrainerState& saved_state, const std::string& how) {
+  const bool best = !best_yaml.empty();
+  const std::string folder = folder_of(run_dir, saved_state.step, best);
   if (!problem.empty()) {
     const bool disk = problem.find("ENOSPC") != std::string::npos ||
                       problem.find("cannot write") != std::string::npos ||
@@ -104,18 +247,21 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml) {
       throw DataError(problem);
     }
     spdlog::warn("{}; training goes on (checkpoint.on_error: warn)", problem);
-    if (best_yaml.empty()) {
+    if (!best) {
       ++failed_saves;
       last_save_problem = problem;
     }
     return;
   }
-  if (best_yaml.empty()) ++saves;
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(state.step));
-  const std::string folder =
-      run_dir + "/checkpoints/" + (best_yaml.empty() ? std::string(name) : "best");
-  for (auto& c : callbacks) c->on_checkpoint(state, folder);
+  if (best) {
+    last_best = folder;
+    if (world.rank == 0) spdlog::info("best checkpoint: {} (step {})", absolute_path(folder), saved_state.step);
+  } else {
+    ++saves;
+    last_checkpoint = folder;
+    if (world.rank == 0) spdlog::info("checkpoint: {} ({})", absolute_path(folder), how);
+  }
+  for (auto& c : callbacks) c->on_checkpoint(saved_state, folder);
 }
 
 }  // namespace lockstep

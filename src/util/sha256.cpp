@@ -3,6 +3,13 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/hex.h"
@@ -31,6 +38,31 @@ std::string Sha256::finish() {
 std::string sha256_hex(const std::string& bytes) {
   Sha256 h;
   h.update(bytes.data(), bytes.size());
+  return hex_of(h.finish());
+}
+
+std::string sha256_file_hex(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    throw DataError("'" + path + "' is not a regular file");
+  }
+  Sha256 h;
+  std::vector<char> buffer(size_t{1} << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      throw DataError("cannot read '" + path + "': " + std::strerror(err));
+    }
+    if (n == 0) break;
+    h.update(buffer.data(), static_cast<size_t>(n));
+  }
+  close(fd);
   return hex_of(h.finish());
 }
 

@@ -19,6 +19,11 @@
 //   config.yaml   the resolved configuration
 //   MANIFEST      "<sha256>  <file>" for each file above
 //
+// checkpoint.format: sharded (Note [Sharded checkpoints]) holds, instead of
+// model.pt and optimizer.pt, shard_<rank>.bin (each rank's entries, written
+// by that rank) and metadata.txt (io/shard_index.h: every tensor's dtype,
+// shape, file and byte range); the MANIFEST lists them too.
+//
 // Writing (rank 0): into .tmp-step_..., every file fsynced, then renamed
 // and the parent fsynced, so a crash leaves either the old set or the new
 // one, never a torn one. Loading verifies the manifest first and refuses a
@@ -33,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/io/shard_index.h"
 #include "lockstep/io/state_dict.h"
 #include "lockstep/train/run_state.h"
 #include "lockstep/train/stateful.h"
@@ -59,8 +65,25 @@ class Checkpointer {
   // in its MANIFEST.
   // `parts`: the Stateful parts' files (stateful.h), model.pt, optimizer.pt
   // and rng.pt among them.
+  // `shards` (sharded format): the merged index of the shard files every
+  // rank has written into `staging` (staging_folder(), made by
+  // create_staging()), which becomes the folder.
   std::string save(const TrainerState& state, const std::vector<SavedPart>& parts,
-                   const std::string& config_yaml, const std::string& best_yaml = "");
+                   const std::string& config_yaml, const std::string& best_yaml = "",
+                   const ShardIndex* shards = nullptr, const std::string& staging = "");
+  // The staging folder of a sharded save of `step` (or best/), named with
+  // rank 0's pid (`writer_pid`) so that repair() knows its writer.
+  std::string staging_folder(int64_t step, bool best, long writer_pid) const;
+  // Rank 0: an empty staging folder (an older one removed); a failure is
+  // a StorageError saying what it leaves, as save()'s.
+  void create_staging(const std::string& staging, int64_t step, bool best);
+  // A failed sharded save's staging folder removed (best effort).
+  static void discard_staging(const std::string& staging);
+  // A consolidated checkpoint folder at `out` (consolidate): written in a
+  // sibling temporary folder and renamed; `out` must not exist.
+  static void write_consolidated(const std::string& out, const TrainerState& state,
+                                 const std::vector<SavedPart>& parts,
+                                 const std::string& config_yaml);
 
   // The newest checkpoint folder, whether or not it verifies.
   std::optional<std::string> newest() const;
@@ -75,6 +98,9 @@ class Checkpointer {
     // Each .pt file the MANIFEST lists, by file name (rng.pt: one entry
     // named ""); optimizer.pt absent when `legacy_optimizer`.
     std::map<std::string, StateDict> parts;
+    // A sharded checkpoint's index (its model.pt and optimizer.pt parts are
+    // read from the shards: all of them by load(), or by the caller).
+    std::optional<ShardIndex> shards;
     bool legacy_optimizer = false;  // an archive, loaded into the optimizer given
     std::string folder;
     // The file's entries; empty when the folder has no such file.
@@ -86,10 +112,16 @@ class Checkpointer {
   // `files` that the MANIFEST lists (empty: every .pt file it lists). An
   // optimizer.pt of the older archive form is loaded in place into `legacy`
   // (nullptr: refused, DataError).
+  // A sharded checkpoint's parts are read from its shards whole, unless
+  // `read_shards` is false: then its shard files are neither hashed nor
+  // read (the trainer does both across its ranks: sharded_checkpoint.h).
   static Loaded load(const std::string& folder, torch::optim::Optimizer* legacy,
-                     const std::vector<std::string>& files = {});
-  // Throws DataError naming the first file whose SHA-256 differs.
-  static void verify(const std::string& folder);
+                     const std::vector<std::string>& files = {}, bool read_shards = true);
+  // Throws DataError naming the first file whose SHA-256 differs (the
+  // shard files of a sharded checkpoint only with `shards`).
+  static void verify(const std::string& folder, bool shards = true);
+  // Whether the folder's MANIFEST lists a sharded checkpoint's index.
+  static bool is_sharded(const std::string& folder);
   // The values read as hostile (Note [Checkpoint values]): every floating
   // tensor of optimizer.pt and comm_hook.pt, and model.pt's `parameters`,
   // finite and in its range, rng.pt one state of `generator_bytes` per
@@ -102,9 +134,9 @@ class Checkpointer {
                                  const std::string& file);
 
  private:
-  void write_folder(const std::string& tmp, const TrainerState& state,
-                    const std::vector<SavedPart>& parts, const std::string& config_yaml,
-                    const std::string& best_yaml);
+  static void write_folder(const std::string& tmp, const TrainerState& state,
+                           const std::vector<SavedPart>& parts, const std::string& config_yaml,
+                           const std::string& best_yaml, const ShardIndex* shards);
   void rotate(const std::string& just_written);
 
   std::string dir_;

@@ -61,6 +61,11 @@ inline constexpr NameTable<MetricMode, 3> kMetricModeNames{
 enum class OnCheckpointError { kFail, kWarn };
 inline constexpr NameTable<OnCheckpointError, 2> kOnCheckpointErrorNames{
     {{OnCheckpointError::kFail, "fail"}, {OnCheckpointError::kWarn, "warn"}}};
+// checkpoint.format (docs/checkpoints.md): rank 0's model.pt/optimizer.pt,
+// or every rank's shard file with an index (Note [Sharded checkpoints]).
+enum class CheckpointFormat { kConsolidated, kSharded };
+inline constexpr NameTable<CheckpointFormat, 2> kCheckpointFormatNames{
+    {{CheckpointFormat::kConsolidated, "consolidated"}, {CheckpointFormat::kSharded, "sharded"}}};
 enum class Progress { kAuto, kBar, kPlain };
 inline constexpr NameTable<Progress, 3> kProgressNames{
     {{Progress::kAuto, "auto"}, {Progress::kBar, "bar"}, {Progress::kPlain, "plain"}}};
@@ -158,6 +163,10 @@ struct CheckpointConfig {
   // Resume although the training data's size or identity differs from the
   // writer's (state.yaml's data_size, data_id): the epoch is re-mapped.
   bool allow_data_change = false;
+  CheckpointFormat format = CheckpointFormat::kConsolidated;
+  // Sharded only: the step pauses for a copy to host memory; the files are
+  // written on a background thread (one save in flight).
+  bool async = false;
 };
 
 struct LogConfig {

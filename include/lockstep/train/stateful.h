@@ -30,6 +30,19 @@ class Stateful {
   // (empty when an optional part's file is absent). `source` names the
   // file in errors (DataError / ConfigError).
   virtual void load_state_dict(const StateDict& saved, const std::string& source) = 0;
+
+  // Sharded checkpoints (checkpoint.format: sharded; Note [Sharded
+  // checkpoints], sharded_checkpoint.cpp). Whether the part's entries go
+  // to the ranks' shard files, each entry written once by the rank a
+  // fixed rule names (false: the part's file, from rank 0, as above).
+  virtual bool shardable() const { return false; }
+  // The entries this rank writes, in the part's order. Not collective.
+  virtual StateDict local_state_dict() { return {}; }
+  // Loading: whether every rank needs every entry (each then read by one
+  // rank and broadcast); otherwise each rank reads the entries for which
+  // reads() holds, and only those reach load_state_dict.
+  virtual bool needs_every_entry() const { return true; }
+  virtual bool reads(const std::string& /*entry*/) const { return true; }
 };
 
 // A part's state as the checkpointer writes it: `file` holds `entries` as a

@@ -21,6 +21,9 @@ class Sha256 {
 };
 
 std::string sha256_hex(const std::string& bytes);
+// A regular file's SHA-256 (hex), read in 1 MiB pieces: memory does not
+// grow with the file. DataError naming the path when it cannot be read.
+std::string sha256_file_hex(const std::string& path);
 
 // HMAC-SHA256 of `data` under `key` (RFC 2104): 32 raw bytes.
 std::string hmac_sha256(std::string_view key, std::string_view data);
