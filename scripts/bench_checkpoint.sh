@@ -14,11 +14,13 @@
 # line with checkpoint.every 50 against none (the last save comes after it
 # either way), medians of ROUNDS rounds, the modes alternated.
 #   scripts/bench_checkpoint.sh [BUILD_DIR]
-#   env: ROUNDS (3), STEPS (150), WORLDS ("2 3"), ZERO (1), MODELS ("mlp gpt")
+# The cost runs are on COST_WORLD ranks only (each is STEPS MLP steps).
+#   env: ROUNDS (3), STEPS (110), WORLDS ("2 3"), COST_WORLD (2), ZERO (1), MODELS ("mlp gpt")
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
-ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-150} WORLDS=${WORLDS:-"2 3"} ZERO=${ZERO:-1}
+ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-110} WORLDS=${WORLDS:-"2 3"} ZERO=${ZERO:-1}
+COST_WORLD=${COST_WORLD:-2}
 MODELS=${MODELS:-"mlp gpt"}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -49,7 +51,7 @@ run() {  # run NAME MODEL WORLD MODE STEPS EVERY
   "$build/lockstep-run" --nproc-per-node "$n" --master-port 0 "$build/lockstep" train \
     $(model_args "$model") $(mode_args "$mode") --set run.dir="$work" --set run.name="$name" \
     --set optim.zero="$ZERO" --set train.max_steps="$steps" --set train.epochs=1000 \
-    --set log.every=1 --set log.progress=plain --set check.every=0 \
+    --set log.every=1 --set log.progress=plain --set check.every=0 --set train.eval_batches=1 \
     --set checkpoint.every="$every" --set checkpoint.keep=2 >"$work/$name.out" 2>&1 || {
     echo "$name failed:" >&2
     tail -20 "$work/$name.out" >&2
@@ -65,7 +67,7 @@ for round in $(seq 1 "$ROUNDS"); do
       # Save figures: a periodic save (step 2) and the last (step 4).
       for mode in "${order[@]}"; do run "save-$model-$n-$mode-$round" "$model" "$n" "$mode" 4 2; done
     done
-    if [[ " $MODELS " == *" mlp "* ]]; then
+    if [[ " $MODELS " == *" mlp "* ]] && [ "$n" = "$COST_WORLD" ]; then
       for mode in none "${order[@]}"; do
         every=50
         [ "$mode" = none ] && every=0
@@ -74,37 +76,41 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
   done
 done
-/usr/bin/python3 - "$work" "$ROUNDS" "$WORLDS" "$MODELS" "$ZERO" "$STEPS" <<'PY'
+/usr/bin/python3 - "$work" "$ROUNDS" "$WORLDS" "$MODELS" "$ZERO" "$STEPS" "$COST_WORLD" <<'PY'
 import datetime, re, statistics, subprocess, sys
 work, rounds, worlds, models, zero, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5], int(sys.argv[6])
+cost_world = sys.argv[7]
 cpu = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines() if l.startswith("Model name")), "?")
-sync = re.compile(r"\[rank0\].*checkpoint of step (\d+): (\w+) save took ([0-9.]+) s .*rank 0 resident peak ([0-9.]+) MiB")
-paused = re.compile(r"\[rank0\].*checkpoint of step (\d+): training paused ([0-9.]+) s \(this rank's ([0-9.]+) MiB.*rank 0 resident peak ([0-9.]+) MiB")
+sync = re.compile(r"\[rank0\].*checkpoint of step (\d+): (\w+) save took ([0-9.]+) s .*rank 0 resident ([0-9.]+) MiB at its start, peak ([0-9.]+) MiB")
+paused = re.compile(r"\[rank0\].*checkpoint of step (\d+): training paused ([0-9.]+) s .*rank 0 resident ([0-9.]+) MiB at its start, peak ([0-9.]+) MiB")
 done = re.compile(r"\[rank0\].*checkpoint of step (\d+): written in the background, ([0-9.]+) s after")
 params = re.compile(r"with ([0-9]+) parameters")
 stamp = re.compile(r"\[rank0\]: \[([0-9-]+ [0-9:.]+)\] \[info\] step (\d+)/")
 med = statistics.median
 print(f"CPU: {cpu}; optim.zero {zero}; medians of {rounds} rounds")
 print()
-print(f"{'model':>5} | {'ranks':>5} | {'format':>12} | {'save s':>7} | {'pause s':>7} | {'rank 0 peak MiB':>15}")
+print("a periodic save (step 2; async: the first, which also allocates the host buffers)")
+print(f"{'model':>5} | {'ranks':>5} | {'format':>13} | {'save s':>7} | {'pause s':>7} | {'rank 0 MiB at start':>19} | {'rank 0 peak MiB':>15}")
 for model in models:
     for n in worlds:
         for mode in ("consolidated", "sharded", "async"):
-            save, pause, peak = [], [], []
+            save, pause, start, peak = [], [], [], []
             for r in range(1, rounds + 1):
                 text = open(f"{work}/save-{model}-{n}-{mode}-{r}.out").read()
                 p = params.search(text)
                 for m in sync.finditer(text):
                     if int(m.group(1)) == 2:
-                        save.append(float(m.group(3))); pause.append(float(m.group(3))); peak.append(float(m.group(4)))
+                        save.append(float(m.group(3))); pause.append(float(m.group(3)))
+                        start.append(float(m.group(4))); peak.append(float(m.group(5)))
                 for m in paused.finditer(text):
                     if int(m.group(1)) == 2:
-                        pause.append(float(m.group(2))); peak.append(float(m.group(4)))
+                        pause.append(float(m.group(2)))
+                        start.append(float(m.group(3))); peak.append(float(m.group(4)))
                 for m in done.finditer(text):
                     if int(m.group(1)) == 2:
                         save.append(float(m.group(2)))
             label = "sharded+async" if mode == "async" else mode
-            print(f"{model:>5} | {n:>5} | {label:>12} | {med(save):7.3f} | {med(pause):7.3f} | {med(peak):15.1f}")
+            print(f"{model:>5} | {n:>5} | {label:>13} | {med(save):7.3f} | {med(pause):7.3f} | {med(start):19.1f} | {med(peak):15.1f}")
         print(f"      ({p.group(1) if p else '?'} parameters)")
 if "mlp" in models:
     print()
@@ -115,7 +121,7 @@ if "mlp" in models:
         for m in stamp.finditer(open(path).read()):
             t[int(m.group(2))] = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f")
         return (t[max(t)] - t[1]).total_seconds()
-    for n in worlds:
+    for n in [cost_world]:
         base = med([span(f"{work}/cost-{n}-none-{r}.out") for r in range(1, rounds + 1)])
         print(f"{n:>5} | {'none':>13} | {base:15.2f} | {'':>7}")
         for mode in ("consolidated", "sharded", "async"):

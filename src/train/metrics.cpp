@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "lockstep/distributed/agree.h"
+#include "lockstep/util/allocator.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/log.h"
 
@@ -234,8 +235,6 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
   const double ranks = pg_.size();
   const double step_ms =
       in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
   std::vector<MetricField> f;
   f.push_back({"step", static_cast<double>(state.step), "%.0f"});
   f.push_back({"epoch", static_cast<double>(state.epoch + 1), "%.0f"});
@@ -253,7 +252,7 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
   if (in.grad_norm.defined())
     f.push_back({"grad_norm", in.grad_norm.item<double>(), "%.6g", "train/grad_norm"});
   // Rank 0's peak resident memory so far, its gradient exchange per step.
-  f.push_back({"peak_rss_mib", static_cast<double>(usage.ru_maxrss) / 1024.0, "%.1f"});
+  f.push_back({"peak_rss_mib", static_cast<double>(process_resident_peak_kib()) / 1024.0, "%.1f"});
   f.push_back({"comm_bytes_per_step", in.comm_bytes / n, "%.0f", "train/comm_bytes_per_step"});
   f.push_back({nullptr, step_ms > 0 ? in.comm_ms / step_ms : 0.0, "", "train/comm_share"});
   if (language) {

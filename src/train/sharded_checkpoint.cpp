@@ -253,6 +253,7 @@ void BackgroundSave::start(std::function<void()> job) {
     } catch (...) {
       problem_ = "the background save failed (an unknown exception)";
     }
+    finished_ = std::chrono::steady_clock::now();
   });
 }
 

@@ -69,8 +69,11 @@ class BackgroundSave {
   // succeeded or none was in flight) and the seconds waited.
   std::string wait(double* waited_seconds = nullptr);
   const std::atomic<bool>* cancelled() const { return &cancel_; }
+  // When the last job ended (valid after wait()).
+  std::chrono::steady_clock::time_point finished() const { return finished_; }
 
  private:
+  std::chrono::steady_clock::time_point finished_;
   std::atomic<bool> cancel_{false};
   std::thread thread_;
   std::string problem_;

@@ -36,6 +36,7 @@
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
+#include "lockstep/util/allocator.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
@@ -224,10 +225,9 @@ StepStats Trainer::Impl::train_step(BatchLoader& loader, Interval& in, int64_t m
   }
   in.add(stats);
   ++state.step;
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  // Before this step's checkpoint, if any (a save resets the kernel's peak).
-  training_peak_kib = std::max(training_peak_kib, usage.ru_maxrss);
+  // Before this step's checkpoint, if any (the process's peak: a save
+  // resets the kernel's, reset_resident_peak).
+  training_peak_kib = process_resident_peak_kib();
   return stats;
 }
 
@@ -500,8 +500,6 @@ void Trainer::Impl::report_memory() const {
     for (const auto& t : optimizer_state_tensors(*optimizer, trainable_parameters(*model)))
       state_bytes += static_cast<int64_t>(t.tensor.nbytes());
   }
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
   if (run.sharded) {
     spdlog::info(
         "memory: weights {:.1f} MiB held on this rank between steps (optim.zero 3), at most "
@@ -515,7 +513,7 @@ void Trainer::Impl::report_memory() const {
       "peak {:.1f} MiB",
       static_cast<double>(state_bytes) / (1 << 20), config.optim.zero,
       static_cast<double>(training_peak_kib) / 1024.0,
-      static_cast<double>(std::max(usage.ru_maxrss, peak_before_save_kib)) / 1024.0,
+      static_cast<double>(process_resident_peak_kib()) / 1024.0,
       static_cast<double>(vm_peak_kib()) / 1024.0);
 }
 

@@ -142,7 +142,7 @@ struct Trainer::Impl {
   BackgroundSave background;
   std::optional<TrainerState> in_flight;  // the state the save in flight holds
   std::chrono::steady_clock::time_point in_flight_since;
-  long peak_before_save_kib = 0;  // the resident peak before a save reset it
+  std::vector<at::Tensor> host_copies;  // checkpoint.async's buffers, reused save to save
   void end_interval(Interval& in, TrainResult& result) {
     result.last_loss = metrics->end_interval(in, state, stop_step());
   }

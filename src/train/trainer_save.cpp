@@ -58,24 +58,16 @@ void Trainer::Impl::refuse_nonfinite_weights() const {
 
 namespace {
 
-// VmHWM: this process's resident peak since it began or since the last
-// reset_resident_peak() (Linux's clear_refs 5).
-long resident_peak_kib() {
+// VmRSS now.
+long resident_now_kib() {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (f == nullptr) return 0;
   char line[256];
   long kib = 0;
   while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
   std::fclose(f);
   return kib;
-}
-
-void reset_resident_peak() {
-  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-    std::fputs("5", f);
-    std::fclose(f);
-  }
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -94,8 +86,8 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
   settle_background_save();  // one save in flight at most
   step->finish_checks();
   const auto began = std::chrono::steady_clock::now();
-  peak_before_save_kib = std::max(peak_before_save_kib, resident_peak_kib());
-  reset_resident_peak();
+  const long resident_at_start = resident_now_kib();
+  reset_resident_peak();  // rank 0's peak during the save, logged below
   state.world_size = world.world_size;
   state.zero = config.optim.zero;
   state.batch_size = config.data.batch_size;
@@ -115,6 +107,7 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
   }
   refuse_nonfinite_weights();
+  const double checked = seconds_since(began);
   const bool sharded = config.checkpoint.format == CheckpointFormat::kSharded;
   const bool best = !best_yaml.empty();
   // Note [Stateful parts]: every part, every rank, in order (collectives:
@@ -149,9 +142,19 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
     const int64_t zero_stage = config.optim.zero, at_step = state.step;
     if (problem.empty() && periodic && config.checkpoint.async) {
       // The pause: this rank's entries copied to host memory.
+      const auto copy_began = std::chrono::steady_clock::now();
+      // Into the buffers of the last async save when the shapes allow
+      // (its write has ended: settled above), so that only the first save
+      // pays for fresh pages; they stay allocated for the run.
       int64_t bytes = 0;
-      for (auto& [name, t] : pieces) {
-        t = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      if (host_copies.size() != pieces.size()) host_copies.assign(pieces.size(), at::Tensor());
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        at::Tensor& t = pieces[i].second;
+        at::Tensor& copy = host_copies[i];
+        if (!copy.defined() || copy.sizes() != t.sizes() || copy.scalar_type() != t.scalar_type())
+          copy = at::empty(t.sizes(), t.options().device(at::kCPU));
+        copy.copy_(t);
+        t = copy;
         bytes += static_cast<int64_t>(t.nbytes());
       }
       in_flight = state;
@@ -174,9 +177,11 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
       });
       if (world.rank == 0)
         spdlog::info(
-            "checkpoint of step {}: training paused {:.3f} s (this rank's {:.1f} MiB copied to "
-            "memory; rank 0 resident peak {:.1f} MiB); written in the background",
-            at_step, seconds_since(began), static_cast<double>(bytes) / (1 << 20),
+            "checkpoint of step {}: training paused {:.3f} s (weights checked in {:.3f} s, this "
+            "rank's {:.1f} MiB copied to memory in {:.3f} s); rank 0 resident {:.1f} MiB at its "
+            "start, peak {:.1f} MiB; written in the background",
+            at_step, seconds_since(began), checked, static_cast<double>(bytes) / (1 << 20),
+            seconds_since(copy_began), static_cast<double>(resident_at_start) / 1024.0,
             static_cast<double>(resident_peak_kib()) / 1024.0);
       return;
     }
@@ -202,10 +207,12 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
   saved.clear();
   release_free_memory();  // the gathered state's peak, not kept resident (Note [Allocator tuning])
   if (problem.empty() && world.rank == 0)
-    spdlog::info("checkpoint of step {}: {} save took {:.3f} s (training paused throughout); "
-                 "rank 0 resident peak {:.1f} MiB",
-                 state.step, how, seconds_since(began),
-                 static_cast<double>(resident_peak_kib()) / 1024.0);
+    spdlog::info(
+        "checkpoint of step {}: {} save took {:.3f} s (weights checked in {:.3f} s; training "
+        "paused throughout); rank 0 resident {:.1f} MiB at its start, peak {:.1f} MiB",
+        state.step, how, seconds_since(began), checked,
+        static_cast<double>(resident_at_start) / 1024.0,
+        static_cast<double>(resident_peak_kib()) / 1024.0);
   conclude_save(problem, best_yaml, state, how);
 }
 
@@ -225,7 +232,8 @@ void Trainer::Impl::settle_background_save() {
   }
   if (world.rank == 0 && problem.empty())
     spdlog::info("checkpoint of step {}: written in the background, {:.2f} s after its step{}",
-                 saved_state.step, seconds_since(in_flight_since),
+                 saved_state.step,
+                 std::chrono::duration<double>(background.finished() - in_flight_since).count(),
                  waited > 0.01 ? " (training waited " + std::to_string(waited).substr(0, 5) +
                                      " s for it: one save in flight at most)"
                                : std::string());

@@ -1,6 +1,11 @@
 #include "lockstep/util/allocator.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 
 #include <cstdlib>
 #include <cstring>
@@ -58,6 +63,38 @@ std::string tune_allocator() {
 
 void release_free_memory() {
   malloc_trim(0);
+}
+
+namespace {
+std::atomic<long> peak_before_reset_kib{0};
+}  // namespace
+
+long resident_peak_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib;
+}
+
+void reset_resident_peak() {
+  const long now = resident_peak_kib();
+  long before = peak_before_reset_kib.load();
+  while (now > before && !peak_before_reset_kib.compare_exchange_weak(before, now)) {
+  }
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
+long process_resident_peak_kib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return std::max({usage.ru_maxrss, resident_peak_kib(), peak_before_reset_kib.load()});
 }
 
 }  // namespace lockstep

@@ -13,6 +13,7 @@
 #include <limits>
 #include <set>
 
+#include "lockstep/io/shard_index.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/util/error.h"
@@ -334,4 +335,77 @@ TEST_CASE("checkpoint: a full disk is a StorageError naming ENOSPC, the path and
   CHECK_THROWS_AS(write_file("/dev/full", "bytes"), StorageError);
   CHECK_THROWS_WITH(write_file("/dev/full", "bytes"),
                     Contains("cannot write '/dev/full': ENOSPC: no space left on device"));
+}
+
+// Note [Shard index]: a sharded checkpoint's index written and read back,
+// every range read alone, and each malformed line refused by what it is.
+TEST_CASE("checkpoint: a shard index round trip and its hostile forms", "[checkpoint][shards]") {
+  TempDir dir;
+  const at::Tensor a = at::arange(12, at::kFloat).view({3, 4});
+  const at::Tensor b = at::tensor({1, 0, 1}, at::kInt).to(at::kBool);
+  const at::Tensor c = at::scalar_tensor(7, at::kLong);
+  ShardIndex index;
+  index.world_size = 2;
+  index.zero = 3;
+  index.step = 40;
+  {
+    ShardWriter writer(dir.path + "/" + shard_file_name(1));
+    index.entries.push_back(writer.append("model.pt/a", a));
+    index.entries.push_back(writer.append("model.pt/b", b));
+    index.entries.push_back(writer.append("optimizer.pt/a.step", c));
+    index.files.push_back(writer.finish());
+  }
+  CHECK(index.files[0].name == "shard_00001.bin");
+  CHECK(index.entries[1].offset % 64 == 0);
+  CHECK(index.entries[2].offset == 128);
+  CHECK(index.files[0].size == 136);
+  CHECK(index.files[0].sha256 == sha256_file_hex(dir.path + "/shard_00001.bin"));
+  const std::string text = index.to_text();
+  const ShardIndex back = ShardIndex::parse(text, "metadata.txt");
+  REQUIRE(back.entries.size() == 3);
+  CHECK(back.world_size == 2);
+  CHECK(back.zero == 3);
+  CHECK(back.step == 40);
+  back.check_files(dir.path);
+  CHECK(at::equal(shard_read(dir.path, back, back.entries[0]), a));
+  CHECK(at::equal(shard_read(dir.path, back, back.entries[1]), b));
+  const at::Tensor step = shard_read(dir.path, back, back.entries[2]);
+  CHECK(step.dim() == 0);
+  CHECK(step.item<int64_t>() == 7);
+  CHECK(back.part("model.pt").size() == 2);
+
+  const auto refused = [&](const std::string& from, const std::string& to, const std::string& says) {
+    std::string bad = text;
+    const auto at = bad.find(from);
+    REQUIRE(at != std::string::npos);
+    bad.replace(at, from.size(), to);
+    CHECK_THROWS_WITH(ShardIndex::parse(bad, "metadata.txt"), Contains(says));
+  };
+  refused("lockstep-sharded-checkpoint 1", "lockstep-sharded-checkpoint 2", "version 1");
+  refused("end\n", "", "no 'end' line");
+  refused("end\n", "end", "does not end with a line break");
+  refused("float32 3,4", "float64 3,4", "48 bytes for a float64 tensor");
+  refused("float32 3,4", "complex 3,4", "unknown dtype");
+  refused("float32 3,4", "float32 3,4,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "up to 16 whole numbers");
+  refused("float32 3,4", "float32 1099511627776,1099511627776", "overflows");
+  refused("float32 3,4", "float32 3,-4", "up to 16 whole numbers");
+  refused("model.pt/b", "model.pt/a", "listed twice");
+  refused("model.pt/b", "b", "'<part>.pt/<entry>'");
+  refused("bool 3 0 64 3", "bool 3 0 2 3", "overlap in shard_00001.bin");
+  refused("int64 - 0 128 8", "int64 - 0 130 8", "lie outside shard_00001.bin");
+  refused("int64 - 0 128 8", "int64 - 1 128 8", "names no 'file' line");
+  refused("zero 3", "zero 4", "zero outside [0, 3]");
+  refused("world_size 2", "world_size 0", "world_size outside");
+  refused("step 40\n", "", "each required");
+  refused("shard_00001.bin 136", "../shard_00001.bin 136", "no file name of this folder");
+  refused("shard_00001.bin 136 ", "shard_00001.bin 136 x", "not 64 hex digits");
+  refused("tensor model.pt/a", "tensor  model.pt/a", "unknown record");
+
+  // The files on disk against the index: a short or missing shard.
+  ShardIndex longer = back;
+  longer.files[0].size = 200;
+  CHECK_THROWS_WITH(longer.check_files(dir.path), Contains("is 136 bytes, its index says 200"));
+  std::filesystem::remove(dir.path + "/shard_00001.bin");
+  CHECK_THROWS_WITH(back.check_files(dir.path), Contains("shard_00001.bin is missing"));
+  CHECK_THROWS_AS(shard_read(dir.path, back, back.entries[0]), DataError);
 }

@@ -20,4 +20,13 @@ std::string tune_allocator();
 // above it would otherwise stay resident for the rest of the run.
 void release_free_memory();
 
+// Resident memory peaks (Linux: VmHWM, reset through /proc/self/clear_refs):
+// the peak since the last reset_resident_peak() (the process's start if
+// none), and the process's whole peak, resets or not. A checkpoint resets
+// it to measure its own peak; metrics and the closing "memory:" line read
+// process_resident_peak_kib(). 0 where /proc cannot be read.
+void reset_resident_peak();
+long resident_peak_kib();
+long process_resident_peak_kib();
+
 }  // namespace lockstep
