@@ -33,7 +33,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+double mib(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
 
 int consolidate(const std::string& path, const std::string& out) {
   const std::string folder = checkpoint_folder(path);

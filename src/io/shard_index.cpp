@@ -87,7 +87,9 @@ std::vector<std::string> split(const std::string& line) {
 
 }  // namespace
 
-const char* shard_dtype_name(at::ScalarType dtype) { return dtype_name(dtype); }
+const char* shard_dtype_name(at::ScalarType dtype) {
+  return dtype_name(dtype);
+}
 
 std::string shard_file_name(int rank) {
   char name[32];
@@ -211,8 +213,8 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
       const uint64_t size = index.files[e.file].size;
       if (e.offset > size || e.bytes > size - e.offset)
         bad("'" + e.name + "': bytes " + std::to_string(e.offset) + ".." +
-            std::to_string(e.offset + e.bytes) + " lie outside " + index.files[e.file].name +
-            " (" + std::to_string(size) + " bytes)");
+            std::to_string(e.offset + e.bytes) + " lie outside " + index.files[e.file].name + " (" +
+            std::to_string(size) + " bytes)");
       index.entries.push_back(std::move(e));
     } else if (line == "end") {
       ended = true;
@@ -244,8 +246,8 @@ void ShardIndex::check_files(const std::string& folder) const {
     const std::string path = folder + "/" + f.name;
     struct stat st {};
     if (lstat(path.c_str(), &st) != 0)
-      throw DataError("sharded checkpoint '" + folder + "': the shard " + f.name +
-                      " is missing (" + std::strerror(errno) + ")");
+      throw DataError("sharded checkpoint '" + folder + "': the shard " + f.name + " is missing (" +
+                      std::strerror(errno) + ")");
     if (!S_ISREG(st.st_mode))
       throw DataError("sharded checkpoint '" + folder + "': " + f.name + " is not a regular file");
     if (static_cast<uint64_t>(st.st_size) != f.size)
@@ -277,7 +279,8 @@ at::Tensor shard_read(const std::string& folder, const ShardIndex& index, const 
   char* out = static_cast<char*>(t.data_ptr());
   uint64_t done = 0;
   while (done < entry.bytes) {
-    const ssize_t n = pread(fd, out + done, entry.bytes - done, static_cast<off_t>(entry.offset + done));
+    const ssize_t n =
+        pread(fd, out + done, entry.bytes - done, static_cast<off_t>(entry.offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += static_cast<uint64_t>(n);
@@ -285,8 +288,8 @@ at::Tensor shard_read(const std::string& folder, const ShardIndex& index, const 
   close(fd);
   if (done != entry.bytes)
     throw DataError("'" + path + "' ends before '" + entry.name + "' (bytes " +
-                    std::to_string(entry.offset) + ".." + std::to_string(entry.offset + entry.bytes) +
-                    "): truncated");
+                    std::to_string(entry.offset) + ".." +
+                    std::to_string(entry.offset + entry.bytes) + "): truncated");
   return t;
 }
 

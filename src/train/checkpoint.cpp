@@ -150,7 +150,9 @@ void Checkpointer::create_staging(const std::string& staging, int64_t step, bool
   }
 }
 
-void Checkpointer::discard_staging(const std::string& staging) { remove_tree(staging); }
+void Checkpointer::discard_staging(const std::string& staging) {
+  remove_tree(staging);
+}
 
 void Checkpointer::write_consolidated(const std::string& out, const TrainerState& state,
                                       const std::vector<SavedPart>& parts,
@@ -366,8 +368,7 @@ void Checkpointer::write_folder(const std::string& tmp, const TrainerState& stat
     write_file(tmp + "/best.yaml", best_yaml);
     files.push_back("best.yaml");
   }
-  for (const auto& file : files)
-    manifest += sha256_file_hex(tmp + "/" + file) + "  " + file + "\n";
+  for (const auto& file : files) manifest += sha256_file_hex(tmp + "/" + file) + "  " + file + "\n";
   write_file(tmp + "/MANIFEST", manifest);
   fsync_path(tmp, true);
 }
@@ -565,7 +566,8 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
     }
     loaded.shards->check_files(folder);
     for (const char* part : {"model.pt", "optimizer.pt"}) {
-      if (!read_shards || (!files.empty() && std::find(files.begin(), files.end(), part) == files.end()))
+      if (!read_shards ||
+          (!files.empty() && std::find(files.begin(), files.end(), part) == files.end()))
         continue;
       loaded.parts[part] = read_whole_part(folder, *loaded.shards, part);
     }

@@ -711,10 +711,11 @@ void config_validate(const Config& c, int world_size) {
                       "); use optim.zero: 1 with a comm hook");
   }
   if (c.checkpoint.async && c.checkpoint.format != CheckpointFormat::kSharded) {
-    throw ConfigError("checkpoint.async writes each rank's shard in the background, so it needs "
-                      "checkpoint.format: sharded" +
-                      config_origin(c, "checkpoint.format") +
-                      " (rank 0 alone writes a consolidated checkpoint); set both");
+    throw ConfigError(
+        "checkpoint.async writes each rank's shard in the background, so it needs "
+        "checkpoint.format: sharded" +
+        config_origin(c, "checkpoint.format") +
+        " (rank 0 alone writes a consolidated checkpoint); set both");
   }
   if (c.optim.zero == 3 && c.ddp.find_unused_parameters) {
     throw ConfigError(

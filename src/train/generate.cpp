@@ -19,10 +19,11 @@ std::string checkpoint_folder(const std::string& path) {
     if (auto newest = Checkpointer(path, 0).newest()) return *newest;
     throw ConfigError("--checkpoint '" + path + "': the run folder holds no checkpoint yet");
   }
-  throw ConfigError("--checkpoint '" + path +
-                    "': neither a checkpoint folder (with model.pt or metadata.txt) nor a run folder (with "
-                    "checkpoints/)" +
-                    (path_exists(path) ? "" : ": it does not exist"));
+  throw ConfigError(
+      "--checkpoint '" + path +
+      "': neither a checkpoint folder (with model.pt or metadata.txt) nor a run folder (with "
+      "checkpoints/)" +
+      (path_exists(path) ? "" : ": it does not exist"));
 }
 
 LoadedGpt gpt_load_checkpoint(const std::string& folder) {

@@ -36,8 +36,8 @@ Writers writers_of(const RunParts& run, int world) {
   std::vector<int64_t> bytes(static_cast<size_t>(world), 0);
   for (size_t i = 0; i < params.size(); ++i) {
     w.of_entry[params[i].first] = w.of_param[i];
-    bytes[static_cast<size_t>(w.of_param[i])] += params[i].second.numel() *
-                                                  params[i].second.element_size();
+    bytes[static_cast<size_t>(w.of_param[i])] +=
+        params[i].second.numel() * params[i].second.element_size();
   }
   for (const auto& [name, t] : state_dict_of(*run.model)) {
     if (w.of_entry.count(name) != 0) continue;

@@ -131,8 +131,7 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
     how = "consolidated";
   } else {
     const std::string staging = checkpointer->staging_folder(state.step, best, staging_pid);
-    problem =
-        rank0_outcome(*pg, [&] { checkpointer->create_staging(staging, state.step, best); });
+    problem = rank0_outcome(*pg, [&] { checkpointer->create_staging(staging, state.step, best); });
     std::vector<std::string> order;  // metadata.txt's order: the state dict's
     if (world.rank == 0) {
       for (const auto& [name, t] : state_dict_of(*model)) order.push_back("m:" + name);
@@ -162,8 +161,8 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
       Checkpointer* writer = checkpointer.get();
       const auto* cancelled = background.cancelled();
       background.start([staging, rank, size, zero_stage, at_step, writer, cancelled,
-                        pieces = std::move(pieces), saved = std::move(saved), order = std::move(order),
-                        saved_state = state, yaml = config_yaml] {
+                        pieces = std::move(pieces), saved = std::move(saved),
+                        order = std::move(order), saved_state = state, yaml = config_yaml] {
         write_rank_shard(staging, rank, zero_stage, at_step, pieces);
         if (rank != 0) return;
         try {
@@ -196,8 +195,8 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
     pieces.clear();
     if (problem.empty()) {
       problem = rank0_outcome(*pg, [&] {
-        const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
-                                                   std::chrono::seconds(10));
+        const ShardIndex index =
+            merge_shard_parts(staging, size, zero_stage, at_step, order, std::chrono::seconds(10));
         checkpointer->save(state, saved, config_yaml, best_yaml, &index, staging);
       });
     }
@@ -263,7 +262,8 @@ void Trainer::Impl::conclude_save(const std::string& problem, const std::string&
   }
   if (best) {
     last_best = folder;
-    if (world.rank == 0) spdlog::info("best checkpoint: {} (step {})", absolute_path(folder), saved_state.step);
+    if (world.rank == 0)
+      spdlog::info("best checkpoint: {} (step {})", absolute_path(folder), saved_state.step);
   } else {
     ++saves;
     last_checkpoint = folder;

@@ -1,9 +1,9 @@
 #include "lockstep/util/sha256.h"
 
+#include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -374,7 +374,8 @@ TEST_CASE("checkpoint: a shard index round trip and its hostile forms", "[checkp
   CHECK(step.item<int64_t>() == 7);
   CHECK(back.part("model.pt").size() == 2);
 
-  const auto refused = [&](const std::string& from, const std::string& to, const std::string& says) {
+  const auto refused = [&](const std::string& from, const std::string& to,
+                           const std::string& says) {
     std::string bad = text;
     const auto at = bad.find(from);
     REQUIRE(at != std::string::npos);

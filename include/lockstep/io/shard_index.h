@@ -19,7 +19,8 @@
 namespace lockstep {
 
 struct ShardEntry {
-  std::string name;  // "<part file>/<entry>": "model.pt/fc1.weight", "optimizer.pt/fc1.weight.exp_avg"
+  std::string
+      name;  // "<part file>/<entry>": "model.pt/fc1.weight", "optimizer.pt/fc1.weight.exp_avg"
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> shape;
   size_t file = 0;  // index into ShardIndex::files
