@@ -15,6 +15,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/hex.h"
+#include "lockstep/util/utf8.h"
 
 namespace lockstep {
 
@@ -32,7 +33,7 @@ namespace lockstep {
 // partition and fully_shard's are by parameter), so resharding is choosing
 // which rank reads which tensor, never cutting one. Offsets are multiples of
 // 64 (aligned reads). The reader trusts nothing: at most 64 MiB of text,
-// 2^22 tensors, 2^16 files, 16 dimensions each in [0, 2^40]; bytes =
+// 2^20 tensors (a million: no model has more), 2^16 files, 16 dimensions each in [0, 2^40]; bytes =
 // elements x the dtype's size without overflow; every range inside its
 // file's listed size, no two ranges of a file overlapping, no name twice;
 // then check_files() holds the listed sizes against the files on disk
@@ -41,7 +42,7 @@ namespace lockstep {
 namespace {
 
 constexpr uint64_t kAlign = 64;
-constexpr size_t kMaxEntries = size_t{1} << 22, kMaxFiles = size_t{1} << 16, kMaxDims = 16;
+constexpr size_t kMaxEntries = size_t{1} << 20, kMaxFiles = size_t{1} << 16, kMaxDims = 16;
 constexpr int64_t kMaxDim = int64_t{1} << 40;
 
 struct Dtype {
@@ -60,11 +61,22 @@ const char* dtype_name(at::ScalarType t) {
   throw InternalError(std::string("sharded checkpoint: no name for dtype ") + c10::toString(t));
 }
 
+// Non-empty, at most `max` bytes, valid UTF-8 without spaces or control
+// characters (a pickled dict's keys must decode in Python).
 bool plain_name(const std::string& s, size_t max) {
   if (s.empty() || s.size() > max) return false;
   for (const unsigned char c : s)
     if (c <= ' ' || c == 0x7f) return false;
-  return true;
+  Utf8Stream check([](const std::string&) {});
+  for (const unsigned char c : s) check.put(c);
+  check.finish();
+  return check.replaced() == 0;
+}
+
+// "<part>.pt/<entry>" with both halves non-empty.
+bool entry_name(const std::string& s) {
+  const auto slash = s.find(".pt/");
+  return plain_name(s, 1024) && slash != std::string::npos && slash > 0 && slash + 4 < s.size();
 }
 
 bool parse_u64(const std::string& s, uint64_t& out) {
@@ -173,16 +185,19 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
     } else if (f[0] == "tensor" && f.size() == 7) {
       ShardEntry e;
       e.name = f[1];
-      if (!plain_name(e.name, 1024) || e.name.find(".pt/") == std::string::npos)
-        bad("the tensor name '" + e.name.substr(0, 80) + "' is not '<part>.pt/<entry>'");
+      if (!entry_name(e.name))
+        bad("the tensor name '" + e.name.substr(0, 80) +
+            "' is not '<part>.pt/<entry>' in UTF-8 without spaces");
       if (!names.insert(e.name).second) bad("'" + e.name + "' is listed twice");
-      if (index.entries.size() >= kMaxEntries) bad("over 2^22 tensors");
+      if (index.entries.size() >= kMaxEntries) bad("over 2^20 tensors");
       const Dtype* dtype = nullptr;
       for (const auto& d : kDtypes)
         if (f[2] == d.name) dtype = &d;
       if (dtype == nullptr) bad("'" + e.name + "': unknown dtype '" + f[2].substr(0, 20) + "'");
       e.dtype = dtype->type;
-      uint64_t elements = 1;
+      // `elements` the tensor's; `extent` the product with zeros as ones,
+      // which bounds the strides a shape with a zero still gets.
+      uint64_t elements = 1, extent = 1;
       if (f[3] != "-") {
         size_t from = 0;
         for (;;) {
@@ -193,8 +208,10 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
             bad("'" + e.name + "': the shape '" + f[3].substr(0, 60) +
                 "' is not up to 16 whole numbers in [0, 2^40] joined by commas");
           e.shape.push_back(static_cast<int64_t>(d));
-          if (d != 0 && elements > (uint64_t{1} << 62) / d)
+          const uint64_t one = std::max<uint64_t>(d, 1);
+          if (extent > (uint64_t{1} << 62) / one)
             bad("'" + e.name + "': the shape's size overflows");
+          extent *= one;
           elements *= d;
           if (comma == std::string::npos) break;
           from = comma + 1;
@@ -207,6 +224,8 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
       e.file = static_cast<size_t>(file);
       if (!parse_u64(f[5], e.offset) || !parse_u64(f[6], e.bytes))
         bad("'" + e.name + "': offset and bytes are not whole numbers");
+      if (e.offset % kAlign != 0)
+        bad("'" + e.name + "': offset " + f[5] + " is not a multiple of 64");
       if (elements > (uint64_t{1} << 62) / item || e.bytes != elements * item)
         bad("'" + e.name + "': " + std::to_string(e.bytes) + " bytes for a " + f[2] +
             " tensor of shape " + f[3] + " (it needs elements x " + std::to_string(item) + ")");
@@ -226,17 +245,24 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
   if (!ended) throw DataError(source + ": no 'end' line (truncated)");
   if (!have_world || !have_zero || !have_step)
     throw DataError(source + ": world_size, zero and step are each required");
-  // No two ranges of one file overlap.
+  // No two ranges of one file overlap: by offset, each non-empty range
+  // starts at or after the furthest end so far (an empty one between two
+  // overlapping ranges hides nothing), so every byte is read at most once.
   std::vector<const ShardEntry*> sorted;
-  for (const auto& e : index.entries) sorted.push_back(&e);
+  for (const auto& e : index.entries)
+    if (e.bytes > 0) sorted.push_back(&e);
   std::sort(sorted.begin(), sorted.end(), [](const ShardEntry* a, const ShardEntry* b) {
     return a->file != b->file ? a->file < b->file : a->offset < b->offset;
   });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const auto &a = *sorted[i - 1], &b = *sorted[i];
-    if (a.file == b.file && a.bytes > 0 && b.bytes > 0 && a.offset + a.bytes > b.offset)
-      throw DataError(source + ": '" + a.name + "' and '" + b.name + "' overlap in " +
-                      index.files[a.file].name);
+  const ShardEntry* furthest = nullptr;
+  for (const ShardEntry* e : sorted) {
+    if (furthest != nullptr && furthest->file == e->file &&
+        furthest->offset + furthest->bytes > e->offset)
+      throw DataError(source + ": '" + furthest->name + "' and '" + e->name + "' overlap in " +
+                      index.files[e->file].name);
+    if (furthest == nullptr || furthest->file != e->file ||
+        e->offset + e->bytes > furthest->offset + furthest->bytes)
+      furthest = e;
   }
   return index;
 }

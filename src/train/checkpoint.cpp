@@ -393,15 +393,6 @@ std::optional<std::string> Checkpointer::newest() const {
   return all.back().second;
 }
 
-bool Checkpointer::is_sharded(const std::string& folder) {
-  try {
-    const std::string manifest = read_regular_file(folder + "/MANIFEST", kMaxManifestBytes);
-    return manifest.find(std::string("  ") + kShardIndexFile + "\n") != std::string::npos;
-  } catch (const DataError&) {
-    return false;
-  }
-}
-
 void Checkpointer::verify(const std::string& folder, bool shards) {
   if (!path_exists(folder + "/MANIFEST")) {
     throw DataError("checkpoint '" + folder + "' has no MANIFEST (incomplete or not a checkpoint)");
@@ -432,6 +423,12 @@ void Checkpointer::verify(const std::string& folder, bool shards) {
     }
   }
   const bool sharded = expected.count(kShardIndexFile) != 0;
+  // One form or the other: a sharded folder's weights are in its shards alone.
+  for (const char* consolidated : {"model.pt", "optimizer.pt"})
+    if (sharded && expected.count(consolidated) != 0)
+      throw DataError("checkpoint '" + folder + "': MANIFEST lists both " + kShardIndexFile +
+                      " and " + consolidated + " (a sharded checkpoint holds no " + consolidated +
+                      ")");
   for (const auto& f : sharded ? kShardedFiles : kFiles) {
     if (expected.find(f) == expected.end())
       throw DataError("checkpoint '" + folder + "': MANIFEST does not list " + f);
@@ -446,7 +443,8 @@ void Checkpointer::verify(const std::string& folder, bool shards) {
       throw DataError("checkpoint '" + folder + "': MANIFEST lists '" + f.substr(0, 64) +
                       "', which is no file name of a checkpoint");
     }
-    // A shard file: hashed here only when asked (resume hashes each on one rank).
+    // A shard file: hashed by load() when it reads from it, or by the
+    // resuming ranks (each file on one).
     if (!shards && f.rfind("shard_", 0) == 0) continue;
     std::string actual;
     try {
@@ -476,7 +474,7 @@ at::Tensor Checkpointer::Loaded::rng_states() const {
 
 Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim::Optimizer* legacy,
                                         const std::vector<std::string>& files, bool read_shards) {
-  verify(folder, read_shards);
+  verify(folder, /*shards=*/false);
   Loaded loaded;
   loaded.folder = folder;
   try {
@@ -564,13 +562,32 @@ Checkpointer::Loaded Checkpointer::load(const std::string& folder, torch::optim:
       if (name.rfind("shard_", 0) == 0 && !indexed)
         throw DataError(path + ": the MANIFEST lists " + name + ", the index does not");
     }
+    if (loaded.shards->world_size != static_cast<int64_t>(loaded.shards->files.size()) ||
+        loaded.shards->world_size != loaded.state.world_size)
+      throw DataError(path + ": world_size " + std::to_string(loaded.shards->world_size) + ", " +
+                      std::to_string(loaded.shards->files.size()) +
+                      " shard files and state.yaml's world_size " +
+                      std::to_string(loaded.state.world_size) + " differ (one shard per rank)");
     loaded.shards->check_files(folder);
-    for (const char* part : {"model.pt", "optimizer.pt"}) {
-      if (!read_shards ||
-          (!files.empty() && std::find(files.begin(), files.end(), part) == files.end()))
-        continue;
-      loaded.parts[part] = read_whole_part(folder, *loaded.shards, part);
+    // The parts asked for, from the shards that hold them, each shard
+    // verified against the MANIFEST first (eval reads no optimizer shard).
+    std::vector<std::string> wanted;
+    for (const char* part : {"model.pt", "optimizer.pt"})
+      if (read_shards &&
+          (files.empty() || std::find(files.begin(), files.end(), part) != files.end()))
+        wanted.push_back(part);
+    std::set<size_t> holding;
+    for (const auto& part : wanted)
+      for (const ShardEntry* e : loaded.shards->part(part)) holding.insert(e->file);
+    for (const size_t i : holding) {
+      const ShardFile& f = loaded.shards->files[i];
+      if (sha256_file_hex(folder + "/" + f.name) != f.sha256)
+        throw DataError("checkpoint '" + folder + "': " + f.name +
+                        "'s SHA-256 does not match its MANIFEST (truncated or modified); refusing "
+                        "to load it");
     }
+    for (const auto& part : wanted)
+      loaded.parts[part] = read_whole_part(folder, *loaded.shards, part);
   }
   std::istringstream listing(read_regular_file(folder + "/MANIFEST"));
   while (listing >> hash >> file) {

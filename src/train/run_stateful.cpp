@@ -113,11 +113,12 @@ class OptimizerPart : public Stateful {
   // Loading: a ZeroOptimizer's owner reads its parameters' state alone.
   bool needs_every_entry() const override { return run_.zero == nullptr; }
   bool reads(const std::string& entry) const override {
-    const std::string param = entry.substr(0, entry.rfind('.'));
-    const NamedTensors params = trainable_parameters(*run_.model);
-    for (size_t i = 0; i < params.size(); ++i)
-      if (params[i].first == param) return run_.zero->owns(i);
-    return true;  // an unknown parameter: read, and refused by name on load
+    if (owned_.empty()) {
+      const NamedTensors params = trainable_parameters(*run_.model);
+      for (size_t i = 0; i < params.size(); ++i) owned_[params[i].first] = run_.zero->owns(i);
+    }
+    const auto found = owned_.find(entry.substr(0, entry.rfind('.')));
+    return found == owned_.end() || found->second;  // unknown: read, refused by name on load
   }
   StateDict state_dict() override {
     if (run_.zero != nullptr) return run_.zero->consolidated_state_dict();
@@ -136,6 +137,7 @@ class OptimizerPart : public Stateful {
  private:
   RunParts& run_;
   ProcessGroup& pg_;
+  mutable std::map<std::string, bool> owned_;  // reads(): parameter name -> this rank owns it
 };
 
 // rng.pt: one row per writing rank (a single tensor). A rank the writer

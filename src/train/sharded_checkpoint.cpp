@@ -1,6 +1,9 @@
 #include "sharded_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,10 +86,11 @@ void write_rank_shard(const std::string& staging, int rank, int64_t zero, int64_
     ShardWriter writer(staging + "/" + shard_file_name(rank));
     for (const auto& [name, t] : pieces) part.entries.push_back(writer.append(name, t));
     part.files.push_back(writer.finish());
-    write_file(part_path(staging, "part", rank), part.to_text());
+    // Renamed into place whole: rank 0 parses a part as soon as it exists.
+    write_file_replacing(part_path(staging, "part", rank), part.to_text());
   } catch (const std::exception& e) {
     try {
-      write_file(part_path(staging, "failed", rank), what_of(e).substr(0, 2000));
+      write_file_replacing(part_path(staging, "failed", rank), what_of(e).substr(0, 2000));
     } catch (...) {
       // best effort: rank 0's wait names the rank whose part never came
     }
@@ -153,6 +157,13 @@ ShardIndex merge_shard_parts(const std::string& staging, int world, int64_t zero
   std::stable_sort(all.begin(), all.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [key, e] : all) index.entries.push_back(std::move(e));
+  // What a reader would refuse is refused now, not published: the merged
+  // index read back as a resume reads it (names twice, limits).
+  const std::string text = index.to_text();
+  if (text.size() > (64u << 20))
+    throw DataError("the index of " + std::to_string(index.entries.size()) +
+                    " tensors is over the 64 MiB a reader takes");
+  ShardIndex::parse(text, staging + "/" + kShardIndexFile);
   for (int r = 0; r < world; ++r) std::remove(part_path(staging, "part", r).c_str());
   return index;
 }
@@ -236,6 +247,25 @@ StateDict read_whole_part(const std::string& folder, const ShardIndex& index,
   return out;
 }
 
+HostArena::~HostArena() {
+  if (data_ != nullptr) munmap(data_, size_);
+}
+
+char* HostArena::reserve(size_t bytes) {
+  if (bytes <= size_ && data_ != nullptr) return data_;
+  if (data_ != nullptr) munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = std::max(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  (void)madvise(p, size, MADV_HUGEPAGE);  // best effort
+  data_ = static_cast<char*>(p);
+  size_ = size;
+  return data_;
+}
+
 BackgroundSave::~BackgroundSave() {
   cancel_ = true;
   if (thread_.joinable()) thread_.join();
@@ -244,7 +274,19 @@ BackgroundSave::~BackgroundSave() {
 void BackgroundSave::start(std::function<void()> job) {
   if (thread_.joinable()) throw InternalError("a background save started while one is in flight");
   problem_.clear();
+  cancel_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    written_ = 0;
+    ended_ = false;
+  }
   thread_ = std::thread([this, job = std::move(job)] {
+    // Best effort: on the cycles training leaves (a rank per core has
+    // them while it waits for gradients); where SCHED_IDLE is refused the
+    // write competes with the step at normal priority.
+    sched_param param{};
+    param.sched_priority = 0;
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
     try {
       job();
     } catch (const std::exception& e) {
@@ -254,7 +296,22 @@ void BackgroundSave::start(std::function<void()> job) {
       problem_ = "the background save failed (an unknown exception)";
     }
     finished_ = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ended_ = true;
+    changed_.notify_all();
   });
+}
+
+void BackgroundSave::mark_written(bool ok) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  written_ = ok ? 1 : -1;
+  changed_.notify_all();
+}
+
+bool BackgroundSave::wait_written() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return written_ != 0 || ended_ || !thread_.joinable(); });
+  return written_ == 1;
 }
 
 std::string BackgroundSave::wait(double* waited_seconds) {

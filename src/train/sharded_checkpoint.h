@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,7 +57,25 @@ StateDict read_sharded_part(ProcessGroup& pg, const std::string& folder, const S
 StateDict read_whole_part(const std::string& folder, const ShardIndex& index,
                           const std::string& part);
 
-// checkpoint.async: one save in flight on a background thread.
+// checkpoint.async's host buffer: one anonymous mapping with transparent
+// huge pages asked for (a 2 MiB page faulted in where 512 would be), kept
+// for the run and reused save to save. std::bad_alloc when it cannot be had.
+class HostArena {
+ public:
+  HostArena() = default;
+  ~HostArena();
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+  // At least `bytes`, mapped afresh only when the last mapping is smaller.
+  char* reserve(size_t bytes);
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// checkpoint.async: one save in flight on a background thread, at
+// SCHED_IDLE priority (Note [Sharded checkpoints]).
 class BackgroundSave {
  public:
   BackgroundSave() = default;
@@ -69,11 +89,21 @@ class BackgroundSave {
   // succeeded or none was in flight) and the seconds waited.
   std::string wait(double* waited_seconds = nullptr);
   const std::atomic<bool>* cancelled() const { return &cancel_; }
+  // Ends the job's waits for other ranks (merge_shard_parts).
+  void cancel() { cancel_ = true; }
+  // The job says its own shard is written (or failed); wait_written()
+  // blocks until it has said so or ended, and tells which.
+  void mark_written(bool ok);
+  bool wait_written();
   // When the last job ended (valid after wait()).
   std::chrono::steady_clock::time_point finished() const { return finished_; }
 
  private:
   std::chrono::steady_clock::time_point finished_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int written_ = 0;  // 0: not yet, 1: written, -1: failed
+  bool ended_ = false;
   std::atomic<bool> cancel_{false};
   std::thread thread_;
   std::string problem_;

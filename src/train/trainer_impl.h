@@ -7,6 +7,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -137,12 +138,19 @@ struct Trainer::Impl {
   // checkpoint.async: waits for the save in flight and agrees on its
   // outcome (collective; nothing when none is in flight).
   void settle_background_save();
+  // Runs `body` on every rank; "" when it succeeded everywhere, else the
+  // same words on every rank (agree_on_failure; any exception, memory's
+  // said as "an allocation failed").
+  std::string agreed_problem(const std::function<void()>& body);
+  std::string in_flight_staging;
   // Note [Sharded checkpoints]: the staging folders carry rank 0's pid.
   long staging_pid = 0;
+  // checkpoint.async's copies, reused save to save; declared before the
+  // save that writes from them, so that it outlives its thread.
+  HostArena host_arena;
   BackgroundSave background;
   std::optional<TrainerState> in_flight;  // the state the save in flight holds
   std::chrono::steady_clock::time_point in_flight_since;
-  std::vector<at::Tensor> host_copies;  // checkpoint.async's buffers, reused save to save
   void end_interval(Interval& in, TrainResult& result) {
     result.last_loss = metrics->end_interval(in, state, stop_step());
   }

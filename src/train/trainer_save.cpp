@@ -139,40 +139,53 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
     }
     const int rank = world.rank, size = world.world_size;
     const int64_t zero_stage = config.optim.zero, at_step = state.step;
-    if (problem.empty() && periodic && config.checkpoint.async) {
+    const bool deferred = problem.empty() && periodic && config.checkpoint.async;
+    int64_t bytes = 0;
+    double copy_seconds = 0;
+    if (deferred) {
       // The pause: this rank's entries copied to host memory.
       const auto copy_began = std::chrono::steady_clock::now();
-      // Into the buffers of the last async save when the shapes allow
-      // (its write has ended: settled above), so that only the first save
-      // pays for fresh pages; they stay allocated for the run.
-      int64_t bytes = 0;
-      if (host_copies.size() != pieces.size()) host_copies.assign(pieces.size(), at::Tensor());
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        at::Tensor& t = pieces[i].second;
-        at::Tensor& copy = host_copies[i];
-        if (!copy.defined() || copy.sizes() != t.sizes() || copy.scalar_type() != t.scalar_type())
-          copy = at::empty(t.sizes(), t.options().device(at::kCPU));
-        copy.copy_(t);
-        t = copy;
-        bytes += static_cast<int64_t>(t.nbytes());
-      }
+      // Into the arena of the last async save (its write has ended:
+      // settled above), so that only the first save pays for fresh pages;
+      // it stays mapped for the run.
+      // A copy that fails on one rank (memory) fails the save on all.
+      problem = agreed_problem([&] {
+        const auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
+        size_t total = 0;
+        for (const auto& [name, t] : pieces) total += aligned(t.nbytes());
+        char* at = host_arena.reserve(total);
+        for (auto& [name, t] : pieces) {
+          at::Tensor copy = at::from_blob(at, t.sizes(), t.options().device(at::kCPU));
+          copy.copy_(t);
+          t = copy;
+          at += aligned(t.nbytes());
+          bytes += static_cast<int64_t>(t.nbytes());
+        }
+      });
+      copy_seconds = seconds_since(copy_began);
+    }
+    if (deferred && problem.empty()) {
       in_flight = state;
       in_flight_since = began;
+      in_flight_staging = staging;
       Checkpointer* writer = checkpointer.get();
-      const auto* cancelled = background.cancelled();
-      background.start([staging, rank, size, zero_stage, at_step, writer, cancelled,
+      BackgroundSave* job = &background;
+      // The thread never removes the staging folder: other ranks may still
+      // write into it; settle_background_save does, once all have ended.
+      background.start([staging, rank, size, zero_stage, at_step, writer, job,
                         pieces = std::move(pieces), saved = std::move(saved),
                         order = std::move(order), saved_state = state, yaml = config_yaml] {
-        write_rank_shard(staging, rank, zero_stage, at_step, pieces);
-        if (rank != 0) return;
         try {
-          const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
-                                                     std::chrono::seconds(1800), cancelled);
-          writer->save(saved_state, saved, yaml, "", &index, staging);
+          write_rank_shard(staging, rank, zero_stage, at_step, pieces);
         } catch (...) {
-          Checkpointer::discard_staging(staging);
+          job->mark_written(false);
           throw;
         }
+        job->mark_written(true);
+        if (rank != 0) return;
+        const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
+                                                   std::chrono::seconds(1800), job->cancelled());
+        writer->save(saved_state, saved, yaml, "", &index, staging);
       });
       if (world.rank == 0)
         spdlog::info(
@@ -180,20 +193,15 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
             "rank's {:.1f} MiB copied to memory in {:.3f} s); rank 0 resident {:.1f} MiB at its "
             "start, peak {:.1f} MiB; written in the background",
             at_step, seconds_since(began), checked, static_cast<double>(bytes) / (1 << 20),
-            seconds_since(copy_began), static_cast<double>(resident_at_start) / 1024.0,
+            copy_seconds, static_cast<double>(resident_at_start) / 1024.0,
             static_cast<double>(resident_peak_kib()) / 1024.0);
       return;
     }
-    if (problem.empty()) {
-      try {
-        agree_on_failure(*pg,
-                         [&] { write_rank_shard(staging, rank, zero_stage, at_step, pieces); });
-      } catch (const Error& e) {
-        problem = e.what();
-      }
-    }
+    if (problem.empty() && !deferred)
+      problem =
+          agreed_problem([&] { write_rank_shard(staging, rank, zero_stage, at_step, pieces); });
     pieces.clear();
-    if (problem.empty()) {
+    if (problem.empty() && !deferred) {
       problem = rank0_outcome(*pg, [&] {
         const ShardIndex index =
             merge_shard_parts(staging, size, zero_stage, at_step, order, std::chrono::seconds(10));
@@ -215,20 +223,40 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
   conclude_save(problem, best_yaml, state, how);
 }
 
-void Trainer::Impl::settle_background_save() {
-  if (!in_flight) return;
-  double waited = 0;
-  const std::string mine = background.wait(&waited);
-  const TrainerState saved_state = *in_flight;
-  in_flight.reset();
-  std::string problem;
+std::string Trainer::Impl::agreed_problem(const std::function<void()>& body) {
   try {
     agree_on_failure(*pg, [&] {
-      if (!mine.empty()) throw StorageError(mine);
+      try {
+        body();
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& e) {
+        // Memory or LibTorch: words every rank can act on alike.
+        if (is_out_of_memory(e)) throw StorageError("an allocation failed: " + what_of(e));
+        throw StorageError(what_of(e));
+      }
     });
-  } catch (const Error& e) {
-    problem = e.what();
+  } catch (const std::exception& e) {
+    return what_of(e);
   }
+  return "";
+}
+
+void Trainer::Impl::settle_background_save() {
+  if (!in_flight) return;
+  const auto wait_began = std::chrono::steady_clock::now();
+  // Every rank's own shard first: when one failed, rank 0 stops waiting
+  // for its part at once instead of for the merge's timeout.
+  const bool written = background.wait_written();
+  if (max_over_ranks(*pg, int64_t{written ? 0 : 1}) != 0) background.cancel();
+  const std::string mine = background.wait();
+  const double waited = seconds_since(wait_began);
+  const TrainerState saved_state = *in_flight;
+  in_flight.reset();
+  const std::string problem = agreed_problem([&] {
+    if (!mine.empty()) throw StorageError(mine);
+  });
+  if (!problem.empty() && world.rank == 0) Checkpointer::discard_staging(in_flight_staging);
   if (world.rank == 0 && problem.empty())
     spdlog::info("checkpoint of step {}: written in the background, {:.2f} s after its step{}",
                  saved_state.step,

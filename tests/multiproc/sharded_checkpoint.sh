@@ -15,7 +15,8 @@
 #    background: the same final weights, every checkpoint complete, a
 #    resume from one bit-identical;
 # 5. kill -9 (a rank or the launcher, 12 times) during async saves: the
-#    checkpoint resume would pick always verifies whole and resumes;
+#    checkpoint resume would pick always verifies whole and resumes, and
+#    some kills landed mid-save (their staging folders removed at restart);
 # 6. hostile folders exit 2 naming the file: a range outside its file,
 #    overlapping ranges, a wrong shape, a shape without its bytes, a missing
 #    shard, a modified shard, a MANIFEST that omits a shard;
@@ -191,10 +192,18 @@ for i in $(seq 1 12); do
   if [ $((i % 2)) -eq 0 ]; then
     victim=$launcher what=launcher
   else
-    victim=$(pgrep -f -- "run.name=kill" | grep -v "^$launcher\$" | shuf -n 1) what=rank
+    # A worker: a process running the lockstep binary (the launcher and its
+    # guardian run lockstep-run's).
+    victim=$(for p in $(pgrep -f -- "run.name=kill"); do
+      [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$(readlink -f "$LOCKSTEP")" ] && echo "$p"
+    done | shuf -n 1) what=rank
   fi
   [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && kills=$((kills + 1))
+  # A kill that missed must not leave the run training forever.
+  (sleep 60 && kill -9 "$launcher" 2>/dev/null && echo "kill $i: the run outlived its kill") &
+  watchdog=$!
   wait "$launcher" 2>/dev/null
+  kill "$watchdog" 2>/dev/null
   for _ in $(seq 1 100); do [ -z "$(leftovers "run.name=kill")" ] && break; sleep 0.1; done
   newest=$(ls -d "$runs/kill/checkpoints"/step_* 2>/dev/null | sort | tail -1)
   if [ -n "$newest" ]; then
@@ -210,6 +219,8 @@ expect_lt "11" "$kills" "12 runs killed with SIGKILL during async saves, a rank 
 expect_eq "$unloadable" 0 "after every kill the checkpoint resume picks verifies whole and loads"
 expect_lt "9" "$resumed" "and the next run resumed from it and trained on ($resumed of 12 runs)"
 expect_eq "$(leftovers "run.name=kill")" "" "no process of the killed runs is left"
+torn=$(cat "$WORK"/kill-*.out | grep -c "removed .*/\.tmp-step_.*left by a writer that is gone" || true)
+expect_lt 0 "${torn:-0}" "kills landed during saves: $torn staging folders of killed writers removed at the next start"
 
 # 6. Hostile folders: exit 2 naming the file.
 src=$(ck csh 12)
@@ -235,9 +246,9 @@ PY
   expect_eq "$rc" 2 "$2: resume exits 2"
   expect_grep "$WORK/h-$1.out" "$4" "  and names $4"
 }
-hostile range "a range past its file" 't = tensors[0]; t[5] = str(int(files[int(t[4])][2]) - 8)' "metadata.txt"
+hostile range "a range past its file" 't = tensors[0]; t[5] = str(int(files[int(t[4])][2]) // 64 * 64)' "lie outside shard_"
 hostile overlap "overlapping ranges" \
-  'same = [t for t in tensors if t[4] == tensors[0][4]]; same[1][5] = str(int(same[0][5]) + 4)' "overlap in shard_"
+  'same = [t for t in tensors if t[4] == tensors[0][4]]; same[1][5] = str(int(same[0][5]) + 64)' "overlap in shard_"
 hostile shape "a wrong shape (bytes kept)" 't = [t for t in tensors if t[1] == "model.pt/layers.0.weight"][0]; t[3] = "64,128"' "layers.0.weight"
 hostile bytes "a shape without its bytes" 't = [t for t in tensors if t[1] == "model.pt/layers.0.weight"][0]; t[3] = "128,65"' "layers.0.weight"
 rm -rf "$WORK/hostile-missing" && cp -r "$src" "$WORK/hostile-missing" && rm "$WORK/hostile-missing/shard_00001.bin"

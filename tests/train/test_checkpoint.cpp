@@ -20,6 +20,7 @@
 #include "lockstep/util/fs.h"
 #include "lockstep/util/module_tensors.h"
 #include "lockstep/util/sha256.h"
+#include "train/sharded_checkpoint.h"
 
 using namespace lockstep;
 using lockstep::testing::Contains;
@@ -392,8 +393,8 @@ TEST_CASE("checkpoint: a shard index round trip and its hostile forms", "[checkp
   refused("float32 3,4", "float32 3,-4", "up to 16 whole numbers");
   refused("model.pt/b", "model.pt/a", "listed twice");
   refused("model.pt/b", "b", "'<part>.pt/<entry>'");
-  refused("bool 3 0 64 3", "bool 3 0 2 3", "overlap in shard_00001.bin");
-  refused("int64 - 0 128 8", "int64 - 0 130 8", "lie outside shard_00001.bin");
+  refused("bool 3 0 64 3", "bool 3 0 0 3", "overlap in shard_00001.bin");
+  refused("int64 - 0 128 8", "int64 - 0 192 8", "lie outside shard_00001.bin");
   refused("int64 - 0 128 8", "int64 - 1 128 8", "names no 'file' line");
   refused("zero 3", "zero 4", "zero outside [0, 3]");
   refused("world_size 2", "world_size 0", "world_size outside");
@@ -401,12 +402,89 @@ TEST_CASE("checkpoint: a shard index round trip and its hostile forms", "[checkp
   refused("shard_00001.bin 136", "../shard_00001.bin 136", "no file name of this folder");
   refused("shard_00001.bin 136 ", "shard_00001.bin 136 x", "not 64 hex digits");
   refused("tensor model.pt/a", "tensor  model.pt/a", "unknown record");
+  refused("model.pt/b", "model.pt/", "'<part>.pt/<entry>'");
+  refused("model.pt/b", "model.pt/\xff", "in UTF-8");
+  refused("bool 3 0 64 3", "bool 3 0 65 3", "not a multiple of 64");
+  refused("float32 3,4", "float32 0,1099511627776,1099511627776", "overflows");
+  {
+    // An empty range between two overlapping ones hides nothing.
+    std::string bad = text;
+    bad.replace(bad.find("float32 3,4 0 0 48"), 18, "uint8 136 0 0 136");
+    bad.replace(bad.find("bool 3 0 64 3"), 13, "bool 0 0 64 0");
+    CHECK_THROWS_WITH(ShardIndex::parse(bad, "m"),
+                      Contains("'model.pt/a' and 'optimizer.pt/a.step' overlap"));
+  }
 
   // The files on disk against the index: a short or missing shard.
   ShardIndex longer = back;
   longer.files[0].size = 200;
   CHECK_THROWS_WITH(longer.check_files(dir.path), Contains("is 136 bytes, its index says 200"));
+  CHECK_THROWS_WITH(ShardIndex::parse(text + text.substr(text.find("tensor")), "m"),
+                    Contains("text after 'end'"));
   std::filesystem::remove(dir.path + "/shard_00001.bin");
   CHECK_THROWS_WITH(back.check_files(dir.path), Contains("shard_00001.bin is missing"));
   CHECK_THROWS_AS(shard_read(dir.path, back, back.entries[0]), DataError);
+}
+
+// Note [Sharded checkpoints]: rank 0's merge of the ranks' parts, and what
+// ends its wait: a rank's failure in its words, a part that never comes
+// (the ranks named), the process ending (cancel).
+TEST_CASE("checkpoint: merging shard parts, and every way the wait ends", "[checkpoint][shards]") {
+  TempDir dir;
+  const at::Tensor w = at::arange(6, at::kFloat).view({2, 3});
+  const at::Tensor s = at::scalar_tensor(3, at::kLong);
+  write_rank_shard(dir.path, 1, 1, 9, {{"model.pt/b", w}, {"optimizer.pt/a.step", s}});
+  write_rank_shard(dir.path, 0, 1, 9, {{"optimizer.pt/b.exp_avg", w}, {"model.pt/a", w}});
+  CHECK(std::filesystem::exists(dir.path + "/.part-0"));
+  const ShardIndex index =
+      merge_shard_parts(dir.path, 2, 1, 9, {"m:a", "m:b", "p:a", "p:b"}, std::chrono::seconds(1));
+  CHECK_FALSE(std::filesystem::exists(dir.path + "/.part-0"));  // merged and removed
+  REQUIRE(index.entries.size() == 4);
+  // The state dict's order, whoever wrote each: model.pt then optimizer.pt.
+  CHECK(index.entries[0].name == "model.pt/a");
+  CHECK(index.entries[0].file == 0);
+  CHECK(index.entries[1].name == "model.pt/b");
+  CHECK(index.entries[1].file == 1);
+  CHECK(index.entries[2].name == "optimizer.pt/a.step");
+  CHECK(index.entries[3].name == "optimizer.pt/b.exp_avg");
+  CHECK(index.files.size() == 2);
+  CHECK(index.world_size == 2);
+  CHECK(index.files[1].sha256 == sha256_file_hex(dir.path + "/shard_00001.bin"));
+  CHECK(at::equal(shard_read(dir.path, index, index.entries[1]), w));
+  CHECK(read_whole_part(dir.path, index, "optimizer.pt").size() == 2);
+
+  TempDir failing;
+  write_rank_shard(failing.path, 0, 1, 9, {{"model.pt/a", w}});
+  write_file(failing.path + "/.failed-2", "cannot write 'shard_00002.bin': ENOSPC");
+  CHECK_THROWS_WITH(merge_shard_parts(failing.path, 3, 1, 9, {}, std::chrono::seconds(30)),
+                    Contains("rank 2 could not write its shard: cannot write 'shard_00002.bin'"));
+  CHECK_THROWS_WITH(merge_shard_parts(failing.path, 2, 1, 9, {}, std::chrono::seconds(0)),
+                    Contains("the shards of rank(s) 1 did not appear"));
+  std::atomic<bool> cancelled{true};
+  const auto began = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(
+      merge_shard_parts(failing.path, 2, 1, 9, {}, std::chrono::seconds(600), &cancelled),
+      Contains("abandoned"));
+  CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(5));
+
+  // Two ranks naming one tensor: refused before anything is published.
+  TempDir twice;
+  write_rank_shard(twice.path, 0, 1, 9, {{"model.pt/a", w}});
+  write_rank_shard(twice.path, 1, 1, 9, {{"model.pt/a", w}});
+  CHECK_THROWS_WITH(merge_shard_parts(twice.path, 2, 1, 9, {}, std::chrono::seconds(1)),
+                    Contains("listed twice"));
+
+  // The background job: its own shard's outcome is known before it ends,
+  // and a cancel ends a wait for other ranks at once.
+  BackgroundSave job;
+  job.start([&] {
+    job.mark_written(true);
+    merge_shard_parts(failing.path, 2, 1, 9, {}, std::chrono::seconds(600), job.cancelled());
+  });
+  CHECK(job.wait_written());
+  job.cancel();
+  CHECK_THAT(job.wait(), Contains("abandoned"));
+  job.start([] { throw StorageError("disk gone"); });
+  CHECK_FALSE(job.wait_written());
+  CHECK(job.wait() == "disk gone");
 }

@@ -112,16 +112,15 @@ class Checkpointer {
   // `files` that the MANIFEST lists (empty: every .pt file it lists). An
   // optimizer.pt of the older archive form is loaded in place into `legacy`
   // (nullptr: refused, DataError).
-  // A sharded checkpoint's parts are read from its shards whole, unless
-  // `read_shards` is false: then its shard files are neither hashed nor
-  // read (the trainer does both across its ranks: sharded_checkpoint.h).
+  // A sharded checkpoint's parts asked for are read from its shards whole,
+  // each shard holding them hashed first, unless `read_shards` is false:
+  // then no shard is hashed or read (the trainer does both across its
+  // ranks: sharded_checkpoint.h).
   static Loaded load(const std::string& folder, torch::optim::Optimizer* legacy,
                      const std::vector<std::string>& files = {}, bool read_shards = true);
   // Throws DataError naming the first file whose SHA-256 differs (the
   // shard files of a sharded checkpoint only with `shards`).
   static void verify(const std::string& folder, bool shards = true);
-  // Whether the folder's MANIFEST lists a sharded checkpoint's index.
-  static bool is_sharded(const std::string& folder);
   // The values read as hostile (Note [Checkpoint values]): every floating
   // tensor of optimizer.pt and comm_hook.pt, and model.pt's `parameters`,
   // finite and in its range, rng.pt one state of `generator_bytes` per
