@@ -183,9 +183,14 @@ k=(--set data.path="$WORK/kjv-head.txt" --set model.n_layer=2 --set model.n_embd
   --set checkpoint.keep=2 --set checkpoint.resume=auto --set log.every=1 --set run.overwrite=true)
 kills=0 unloadable=0 resumed=0
 for i in $(seq 1 12); do
-  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/gpt-text.yaml" \
-    --set run.dir="$runs" --set run.name=kill --set log.progress=plain "${k[@]}" >"$WORK/kill-$i.out" 2>&1 &
-  launcher=$!
+  # Under timeout: a kill that missed must not leave the run training
+  # forever (no background subshell: it would carry this script's EXIT trap).
+  timeout -s KILL 90 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
+    --config "$root/configs/gpt-text.yaml" --set run.dir="$runs" --set run.name=kill \
+    --set log.progress=plain "${k[@]}" >"$WORK/kill-$i.out" 2>&1 &
+  guard=$!
+  launcher=
+  for _ in $(seq 1 50); do launcher=$(pgrep -P "$guard" | head -1) && [ -n "$launcher" ] && break; sleep 0.05; done
   # Until the run trains (or gives up), then a moment more: saves are in flight.
   for _ in $(seq 1 150); do grep -q "step [0-9]*/" "$WORK/kill-$i.out" 2>/dev/null && break; sleep 0.1; done
   sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
@@ -199,11 +204,9 @@ for i in $(seq 1 12); do
     done | shuf -n 1) what=rank
   fi
   [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && kills=$((kills + 1))
-  # A kill that missed must not leave the run training forever.
-  (sleep 60 && kill -9 "$launcher" 2>/dev/null && echo "kill $i: the run outlived its kill") &
-  watchdog=$!
-  wait "$launcher" 2>/dev/null
-  kill "$watchdog" 2>/dev/null
+  wait "$guard" 2>/dev/null
+  [ $? -eq 137 ] && ! grep -q "killed by signal 9\|SIGKILL" "$WORK/kill-$i.out" && [ "$what" = rank ] &&
+    echo "kill $i: the run outlived its kill (timeout)"
   for _ in $(seq 1 100); do [ -z "$(leftovers "run.name=kill")" ] && break; sleep 0.1; done
   newest=$(ls -d "$runs/kill/checkpoints"/step_* 2>/dev/null | sort | tail -1)
   if [ -n "$newest" ]; then
