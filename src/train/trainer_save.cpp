@@ -58,18 +58,6 @@ void Trainer::Impl::refuse_nonfinite_weights() const {
 
 namespace {
 
-// VmRSS now.
-long resident_now_kib() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  long kib = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  std::fclose(f);
-  return kib;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }

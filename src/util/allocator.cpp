@@ -91,6 +91,17 @@ void reset_resident_peak() {
   }
 }
 
+long resident_now_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib;
+}
+
 long process_resident_peak_kib() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

@@ -37,6 +37,16 @@ elapsed() { awk "BEGIN{printf \"%.2f\", $(now) - $1}"; }
 # Processes whose command line contains the marker (ours only).
 leftovers() { pgrep -f -- "$1" | grep -v "^$$\$" || true; }
 
+# The final weights' digest of the run logged in $WORK/NAME.out, and two
+# runs' compared (same NAME REFERENCE WHAT).
+weights() { grep -oE "weights [0-9a-f]{16,}" "$WORK/$1.out" | tail -1 | awk '{print $2}'; }
+same() {  # same NAME REFERENCE WHAT
+  local a b
+  a=$(weights "$1") b=$(weights "$2")
+  [ -n "$b" ] || { fail "$3: no final weights in $2's log"; tail -5 "$WORK/$2.out"; return; }
+  expect_eq "${a:-missing}" "$b" "$3"
+}
+
 finish() {
   echo "$PASSES passed, $FAILURES failed"
   [ "$FAILURES" -eq 0 ]

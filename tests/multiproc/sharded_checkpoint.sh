@@ -37,13 +37,6 @@ train() {  # train NAME NPROC CONFIG ARGS... (stdout+stderr appended to $WORK/NA
     --config "$root/configs/$config.yaml" --set run.dir="$runs" --set run.name="$name" \
     --set log.progress=plain "$@" >>"$WORK/$name.out" 2>&1
 }
-weights() { grep -oE "weights [0-9a-f]{16,}" "$WORK/$1.out" | tail -1 | awk '{print $2}'; }
-same() {  # same NAME REFERENCE WHAT
-  local a b
-  a=$(weights "$1") b=$(weights "$2")
-  [ -n "$b" ] || { fail "$3: no final weights in $2's log"; tail -5 "$WORK/$2.out"; return; }
-  expect_eq "${a:-missing}" "$b" "$3"
-}
 ck() { printf '%s/%s/checkpoints/step_%08d' "$runs" "$1" "$2"; }
 
 # 1. Same world size: bit-identical, across stages too.

@@ -28,5 +28,6 @@ void release_free_memory();
 void reset_resident_peak();
 long resident_peak_kib();
 long process_resident_peak_kib();
+long resident_now_kib();  // VmRSS
 
 }  // namespace lockstep
