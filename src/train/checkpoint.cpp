@@ -1,5 +1,6 @@
-// Size (over ~400 lines): the checkpoint folder's whole life in one place: writing it
-// crash-safe, its MANIFEST, rotation, repair after a killed writer, and reading it back.
+// Size (over ~400 lines): the checkpoint folder's whole life in one place, in both
+// forms (consolidated and sharded): writing it crash-safe, its MANIFEST, rotation,
+// repair after a killed writer, and reading it back.
 #include "lockstep/train/checkpoint.h"
 
 #include <ATen/ATen.h>
