@@ -67,17 +67,22 @@ void release_free_memory() {
 
 namespace {
 std::atomic<long> peak_before_reset_kib{0};
-}  // namespace
 
-long resident_peak_kib() {
+// A "<key>: <n> kB" line of /proc/self/status (`format` its sscanf form).
+long status_kib(const char* format) {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (f == nullptr) return 0;
   char line[256];
   long kib = 0;
   while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    if (std::sscanf(line, format, &kib) == 1) break;
   std::fclose(f);
   return kib;
+}
+}  // namespace
+
+long resident_peak_kib() {
+  return status_kib("VmHWM: %ld kB");
 }
 
 void reset_resident_peak() {
@@ -92,14 +97,7 @@ void reset_resident_peak() {
 }
 
 long resident_now_kib() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  long kib = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  std::fclose(f);
-  return kib;
+  return status_kib("VmRSS: %ld kB");
 }
 
 long process_resident_peak_kib() {
