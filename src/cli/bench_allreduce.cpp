@@ -110,7 +110,13 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
                                                    : 1.0 * (n - 1) / n;
   const std::shared_ptr<ProcessGroup> gloo = op == Op::kAllreduce ? gloo_group : nullptr;
   const int64_t element = at::elementSize(dtype);
-  const std::size_t contenders = groups.size() + (gloo ? 1 : 0);
+  // shm all-reduces twice: a tensor of private memory, and one made as DDP
+  // makes its buckets (bucket_zeros: Note [Buckets in shared memory]).
+  std::vector<std::shared_ptr<ProcessGroup>> bucketed;
+  if (op == Op::kAllreduce && n > 1)
+    for (const auto& g : groups)
+      if (g->kind() == BackendKind::kShm) bucketed.push_back(g);
+  const std::size_t contenders = groups.size() + bucketed.size() + (gloo ? 1 : 0);
   if (pg.rank() == 0) {
     std::printf(
         "%s, %s, %d ranks; time in us (median iteration, slowest rank), bus bandwidth in GB/s%s\n",
@@ -120,6 +126,8 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
       const bool fallback = op == Op::kReduceScatter && !g->reduce_scatter_native();
       std::printf(" | %9s%s us %8s", backend_kind_name(g->kind()), fallback ? "*" : "", "busbw");
     }
+    for (std::size_t b = 0; b < bucketed.size(); ++b)
+      std::printf(" | %9s us %8s", "shm-bkt", "busbw");
     if (gloo) std::printf(" | %9s us %8s", "ring", "busbw");
     std::printf(" | check\n");
   }
@@ -135,6 +143,8 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
     const int it = real_bytes >= (16 << 20) ? std::max(3, iters / 4) : iters;
     auto whole = at::zeros({numel}, on);
     auto part = at::zeros({op == Op::kAllreduce ? 1 : chunk}, on);
+    std::vector<at::Tensor> buckets;  // every rank makes them alike, in this order
+    for (const auto& g : bucketed) buckets.push_back(g->bucket_zeros(numel, on));
     std::vector<double> us(contenders, 0);
     for (std::size_t k = 0; k < contenders; ++k) {
       const std::size_t c = round % 2 == 0 ? k : contenders - 1 - k;
@@ -145,6 +155,10 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
           if (op == Op::kReduceScatter) g.reduce_scatter(part, whole);
           if (op == Op::kAllGather) g.all_gather_into(whole, part);
         });
+      } else if (c < groups.size() + bucketed.size()) {
+        ProcessGroup& g = *bucketed[c - groups.size()];
+        at::Tensor& b = buckets[c - groups.size()];
+        us[c] = time_us(g, warmup, it, [&] { g.allreduce(b, ReduceKind::kSum); });
       } else {
         us[c] = time_us(*gloo, warmup, it, [&] { ring_allreduce(*gloo, whole); });
       }
@@ -158,6 +172,11 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
         const auto want = (static_cast<int64_t>(n) * (n + 1) / 2 + n * i).to(dtype);
         if (c < groups.size()) {
           groups[c]->allreduce(a, ReduceKind::kSum);
+        } else if (c < groups.size() + bucketed.size()) {
+          at::Tensor& b = buckets[c - groups.size()];
+          b.copy_(a);
+          bucketed[c - groups.size()]->allreduce(b, ReduceKind::kSum);
+          a = b;
         } else {
           ring_allreduce(*gloo, a);
         }

@@ -4,7 +4,12 @@
 // Each gradient is multiplied by 1/world_size while it is copied into its
 // bucket (one fused pass, as PyTorch's Reducer does), so a SUM all-reduce
 // leaves the mean gradient. Every rank receives the same reduced bits from
-// the collective, so the weights stay bit-identical across ranks.
+// the collective, so the weights stay bit-identical across ranks. With the
+// default hook on the shm backend, a float32/float64 bucket is instead
+// all-reduced by allreduce_scaled_async: the same products, rounded the same
+// way, taken inside the reduction of a bucket in shared memory (Note
+// [Buckets in shared memory], shm_backend.cpp), which saves a pass over
+// every gradient (or, for a private bucket, taken just before it).
 //
 // Note [Bucket views are storage aliases]
 // With gradient_as_bucket_view, .grad is a tensor created with set_() on the
@@ -13,6 +18,16 @@
 // accumulates into an existing .grad in place, so later backwards write
 // straight into the bucket. If .grad was replaced (zero_grad(set_to_none)),
 // the hook copies it in and .grad is re-pointed at the bucket afterwards.
+//
+// Note [The last bucket runs on the waiting thread]
+// The last bucket to launch is waited for next, in finalize(), with nothing
+// left to overlap it with: it is launched under ProcessGroup::WaitNext, so
+// the shm backend does not wake its worker thread for it and the waiting
+// thread runs it (Note [Waiting runs the queue]). With one rank per core the
+// worker's wake-ups (two per launch) took the core from a peer that was
+// still in its backward: the small MLP's DDP step cost x1.50 its step
+// without DDP, x1.28 with this (AMD EPYC under KVM, medians of 7 rounds;
+// docs/performance.md).
 #include "lockstep/ddp/reducer.h"
 
 #include <ATen/ATen.h>
@@ -26,6 +41,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "lockstep/util/error.h"
 
@@ -135,7 +151,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.params.push_back(order[position]);
       total += params_[order[position]].numel();
     }
-    bucket.contents = at::zeros({total}, params_[bucket.params.front()].options());
+    // Note [Buckets in shared memory] (shm_backend.cpp): every rank builds
+    // the same buckets in the same order, as bucket_zeros needs.
+    bucket.contents = pg_->bucket_zeros(total, params_[bucket.params.front()].options());
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
       const size_t index = bucket.params[slot];
@@ -150,6 +168,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       }
     }
     bucket.pending = bucket.params.size();
+    const auto dtype = bucket.contents.scalar_type();
+    bucket.scale_in_reduce = pg_->kind() == BackendKind::kShm &&
+                             typeid(*options_.hook) == typeid(AllReduceHook) &&
+                             (dtype == at::kFloat || dtype == at::kDouble);
     bucket_indices_.push_back(bucket.params);
     buckets_.push_back(std::move(bucket));
   }
@@ -233,7 +255,7 @@ void Reducer::mark_ready(size_t index, bool from_hook) {
   at::NoGradGuard no_grad;
   // A parameter with no gradient since the last sync contributes zeros.
   const bool has_local_grad = grad.defined() && (from_hook || used_since_sync_[index] != 0);
-  const bool divide = options_.hook->predivided();
+  const bool divide = options_.hook->predivided() && !bucket.scale_in_reduce;
   if (!has_local_grad) {
     view.zero_();
   } else if (aliases(grad, view)) {
@@ -253,7 +275,18 @@ void Reducer::launch_ready_buckets(bool during_backward) {
     Bucket& bucket = buckets_[next_bucket_];
     const auto launched = Tracer::Clock::now();
     auto view = grad_bucket(next_bucket_, bucket.contents);
-    bucket.work = options_.hook->run_bucket(*pg_, view);
+    {
+      // The last bucket is waited for next, by finalize() (Note [The last
+      // bucket runs on the waiting thread]).
+      std::optional<ProcessGroup::WaitNext> last;
+      if (next_bucket_ + 1 == buckets_.size()) last.emplace();
+      if (bucket.scale_in_reduce) {  // Note [Pre-divided buckets]
+        bucket.work = {pg_->allreduce_scaled_async(bucket.contents, 1.0 / pg_->size()), nullptr,
+                       nullptr, static_cast<int64_t>(bucket.contents.nbytes())};
+      } else {
+        bucket.work = options_.hook->run_bucket(*pg_, view);
+      }
+    }
     stats_.bytes += bucket.work.bytes;
     if (tracer_ && bucket.work.work) {
       // Completion is stamped by the backend's future, on its thread.

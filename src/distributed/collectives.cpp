@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "lockstep/distributed/process_group.h"
+#include "lockstep/distributed/shm_backend.h"
 #include "lockstep/util/error.h"
 #include "serial_backend.h"
 
@@ -161,6 +162,29 @@ Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
     throw CommError(describe("allreduce #" + std::to_string(seq)) +
                     " could not start: " + what_of(e));
   }
+}
+
+Ptr<C10dWork> ProcessGroup::allreduce_scaled_async(at::Tensor& tensor, double scale) {
+  if (kind_ != BackendKind::kShm || size_ == 1) {
+    tensor.mul_(scale);
+    return allreduce_async(tensor, ReduceKind::kSum);
+  }
+  const uint64_t seq = sequence_++;
+  check_collective(seq, signature_of("allreduce(sum)", tensor));
+  try {
+    auto work = shm_allreduce_scaled(*backend_, tensor, scale);
+    if (!work) throw CommError("the shm process group's backend is not shm's");
+    return work;
+  } catch (const std::exception& e) {
+    throw CommError(describe("allreduce #" + std::to_string(seq)) +
+                    " could not start: " + what_of(e));
+  }
+}
+
+ProcessGroup::WaitNext::WaitNext() : before_(SerialBackend::mark_wait_at_once(true)) {}
+
+ProcessGroup::WaitNext::~WaitNext() {
+  SerialBackend::mark_wait_at_once(before_);
 }
 
 void ProcessGroup::allreduce(at::Tensor& tensor, ReduceKind op) {

@@ -170,12 +170,16 @@ SerialBackend::SerialBackend(int rank, int size, std::string name)
   });
 }
 
-SerialBackend::WaitAtOnce::WaitAtOnce() : before_(waited_at_once) {
-  waited_at_once = true;
-}
+SerialBackend::WaitAtOnce::WaitAtOnce() : before_(mark_wait_at_once(true)) {}
 
 SerialBackend::WaitAtOnce::~WaitAtOnce() {
-  waited_at_once = before_;
+  mark_wait_at_once(before_);
+}
+
+bool SerialBackend::mark_wait_at_once(bool on) {
+  const bool before = waited_at_once;
+  waited_at_once = on;
+  return before;
 }
 
 SerialBackend::~SerialBackend() {

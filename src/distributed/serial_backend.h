@@ -59,6 +59,8 @@ class SerialBackend : public C10dBackend {
    private:
     bool before_;
   };
+  // The mark WaitAtOnce sets on this thread; returns the one it replaces.
+  static bool mark_wait_at_once(bool on);
 
  protected:
   // Queues `body`; its work completes (with body's exception, if any) after it ran.

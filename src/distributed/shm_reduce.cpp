@@ -48,7 +48,41 @@ void reduce_typed(void* out, const void* const* inputs, int n, std::size_t count
   }
 }
 
+// No contraction into fused multiply-adds (the build sets
+// -ffp-contract=off for this file): each product is rounded before the sum.
+template <typename T>
+void scaled_sum(T* out, const void* const* inputs, int n, std::size_t count, T scale) {
+  constexpr std::size_t kBlock = 1024;
+  T acc[kBlock];
+  for (std::size_t begin = 0; begin < count; begin += kBlock) {
+    const std::size_t len = std::min(kBlock, count - begin);
+    const T* __restrict first = static_cast<const T*>(inputs[0]) + begin;
+    for (std::size_t i = 0; i < len; ++i) acc[i] = first[i] * scale;
+    for (int r = 1; r < n; ++r) {
+      const T* __restrict in = static_cast<const T*>(inputs[r]) + begin;
+      for (std::size_t i = 0; i < len; ++i) {
+        const T product = in[i] * scale;
+        acc[i] = acc[i] + product;
+      }
+    }
+    for (std::size_t i = 0; i < len; ++i) out[begin + i] = acc[i];
+  }
+}
+
 }  // namespace
+
+bool scaled_sum_supported(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Float || dtype == c10::ScalarType::Double;
+}
+
+void shm_scaled_sum(void* out, const void* const* inputs, int n, std::size_t count,
+                    c10::ScalarType dtype, double scale) {
+  if (dtype == c10::ScalarType::Float)
+    return scaled_sum<float>(static_cast<float*>(out), inputs, n, count, static_cast<float>(scale));
+  if (dtype == c10::ScalarType::Double)
+    return scaled_sum<double>(static_cast<double*>(out), inputs, n, count, scale);
+  throw CommError(std::string("shm backend: a scaled sum of ") + c10::toString(dtype));
+}
 
 void shm_reduce(void* out, const void* const* inputs, int n, std::size_t count,
                 c10::ScalarType dtype, ShmOp op) {

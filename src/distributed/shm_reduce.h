@@ -16,4 +16,12 @@ enum class ShmOp { kSum, kAvg, kMin, kMax, kProduct };
 void shm_reduce(void* out, const void* const* inputs, int n, std::size_t count,
                 c10::ScalarType dtype, ShmOp op);
 
+// out[i] = in[0][i] * scale + in[1][i] * scale + ... in rank order, each
+// product rounded to the dtype first: the bits of multiplying every input
+// by `scale` (as at::mul_ does: the scale rounded to the dtype) and then
+// summing. float32 and float64 only (scaled_sum_supported).
+bool scaled_sum_supported(c10::ScalarType dtype);
+void shm_scaled_sum(void* out, const void* const* inputs, int n, std::size_t count,
+                    c10::ScalarType dtype, double scale);
+
 }  // namespace lockstep

@@ -285,6 +285,7 @@ ShmSegment::Header* ShmSegment::header() const {
 }
 
 ShmSegment::Flag* ShmSegment::flag(int rank) const {
+  static_assert(sizeof(Flag) <= kFlagBytes, "a flag fits its cache line");
   return reinterpret_cast<Flag*>(static_cast<char*>(base_) + kHeaderBytes + rank * kFlagBytes);
 }
 
@@ -318,16 +319,40 @@ void ShmSegment::arrive(int rank, uint32_t generation) {
     futex(&f->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
+void ShmSegment::describe(int rank, const ShmDescriptor& d) {
+  Flag* f = flag(rank);
+  f->described[0].store(d.region, std::memory_order_relaxed);
+  f->described[1].store(d.offset, std::memory_order_relaxed);
+  f->described[2].store(d.bytes, std::memory_order_relaxed);
+  f->described[3].store(d.kind, std::memory_order_relaxed);
+}
+
+ShmDescriptor ShmSegment::described(int rank) const {
+  const Flag* f = flag(rank);
+  return {f->described[0].load(std::memory_order_relaxed),
+          f->described[1].load(std::memory_order_relaxed),
+          f->described[2].load(std::memory_order_relaxed),
+          f->described[3].load(std::memory_order_relaxed)};
+}
+
 std::string ShmSegment::wait_all(uint32_t generation,
                                  std::chrono::steady_clock::time_point deadline,
-                                 const std::atomic<bool>& stop) const {
+                                 const std::atomic<bool>& stop,
+                                 std::chrono::microseconds spin) const {
   for (int r = 0; r < world_; ++r) {
     Flag* f = flag(r);
-    // Spin briefly (the peer is usually about to arrive), then sleep on the
-    // futex in short slices, checking the deadline and the peer's life.
-    for (int spin = 0; spin < 4000; ++spin) {
-      if (reached(f->arrived.load(std::memory_order_acquire), generation)) break;
-      __builtin_ia32_pause();
+    // Spin for `spin` (the peer is usually about to arrive), the clock read
+    // every 64 pauses, then sleep on the futex in short slices, checking the
+    // deadline and the peer's life.
+    if (!reached(f->arrived.load(std::memory_order_acquire), generation)) {
+      const auto until = std::chrono::steady_clock::now() + spin;
+      bool arrived = false;
+      do {
+        for (int k = 0; k < 64 && !arrived; ++k) {
+          arrived = reached(f->arrived.load(std::memory_order_acquire), generation);
+          if (!arrived) __builtin_ia32_pause();
+        }
+      } while (!arrived && std::chrono::steady_clock::now() < until);
     }
     while (true) {
       const uint32_t seen = f->arrived.load(std::memory_order_acquire);

@@ -13,6 +13,19 @@
 
 namespace lockstep {
 
+// What an all-reduce reduces, published with its first arrival (Note
+// [Buckets in shared memory], shm_backend.cpp): a buffer every rank maps
+// (region 0: none), the byte range in it, and the dtype and operation.
+struct ShmDescriptor {
+  uint64_t region = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t kind = 0;
+  bool operator==(const ShmDescriptor& o) const {
+    return region == o.region && offset == o.offset && bytes == o.bytes && kind == o.kind;
+  }
+};
+
 class ShmSegment {
  public:
   static constexpr int kMaxRanks = 256;
@@ -54,10 +67,16 @@ class ShmSegment {
 
   // Arrival at barrier number `generation` (the same on every rank).
   void arrive(int rank, uint32_t generation);
-  // Waits until every rank has arrived at `generation`. Returns "" or why it
-  // gave up: a rank that left or died (its pid is gone), the deadline, or `stop`.
+  // This rank's descriptor, written before an arrival and read by the others
+  // after it (the arrival's store releases it).
+  void describe(int rank, const ShmDescriptor& d);
+  ShmDescriptor described(int rank) const;
+  // Waits until every rank has arrived at `generation`: spinning for up to
+  // `spin` per rank waited for, then sleeping on its futex (Note [How long
+  // to spin], shm_backend.cpp). Returns "" or why it gave up: a rank that
+  // left or died (its pid is gone), the deadline, or `stop`.
   std::string wait_all(uint32_t generation, std::chrono::steady_clock::time_point deadline,
-                       const std::atomic<bool>& stop) const;
+                       const std::atomic<bool>& stop, std::chrono::microseconds spin) const;
 
  private:
   ShmSegment(void* base, std::size_t size, int world, std::size_t chunk);
@@ -65,6 +84,7 @@ class ShmSegment {
   struct alignas(64) Flag {
     std::atomic<uint32_t> arrived;
     std::atomic<uint32_t> sleepers;
+    std::atomic<uint64_t> described[4];  // ShmDescriptor's fields
   };
   Header* header() const;
   Flag* flag(int rank) const;

@@ -271,14 +271,15 @@ TEST_CASE("shm: a rank that died is seen at once, whether or not its parent reap
   segment.watch_peers(0);
   const std::atomic<bool> stop{false};
   segment.arrive(0, 1);
-  CHECK(segment.wait_all(1, std::chrono::steady_clock::now() + std::chrono::seconds(10), stop) ==
-        "");
+  CHECK(segment.wait_all(1, std::chrono::steady_clock::now() + std::chrono::seconds(10), stop,
+                         std::chrono::microseconds(1000)) == "");
   // Generation 2 never comes: rank 1 has exited and, not yet reaped, is a
   // zombie whose pid still answers kill(pid, 0).
   const auto start = std::chrono::steady_clock::now();
   segment.arrive(0, 2);
   const std::string why =
-      segment.wait_all(2, std::chrono::steady_clock::now() + std::chrono::seconds(10), stop);
+      segment.wait_all(2, std::chrono::steady_clock::now() + std::chrono::seconds(10), stop,
+                       std::chrono::microseconds(1000));
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(why == "rank 1 (pid " + std::to_string(child) + ") died");

@@ -17,7 +17,7 @@ expect_grep "$WORK/out" "^small: bucketed exchange / one flat all-reduce = [0-9.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" bench allreduce --max-bytes 4096 --iters 2 \
   >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 0 "bench allreduce exits 0"
-expect_grep "$WORK/out" "^\[rank0\]: +bytes +elements \| +gloo us +busbw \| +shm us +busbw \| +ring us +busbw \| check\$" "gloo, shm and the ring side by side"
-expect_grep "$WORK/out" "^\[rank0\]: +4096 +1024( \| +[0-9.]+ +[0-9.]+){3} \| ok\$" "a checked row for 4096 bytes"
+expect_grep "$WORK/out" "^\[rank0\]: +bytes +elements \| +gloo us +busbw \| +shm us +busbw \| +shm-bkt us +busbw \| +ring us +busbw \| check\$" "gloo, shm (private and bucket memory) and the ring side by side"
+expect_grep "$WORK/out" "^\[rank0\]: +4096 +1024( \| +[0-9.]+ +[0-9.]+){4} \| ok\$" "a checked row for 4096 bytes"
 expect_grep "$WORK/out" "memory copy bandwidth of this machine" "the memory-copy reference"
 finish

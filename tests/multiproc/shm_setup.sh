@@ -71,5 +71,34 @@ for r in 0 1; do
   expect_grep "$WORK/small$r.out" "/dev/shm is too small: the segment needs [0-9]+ MiB \(6 chunks of [0-9]+ MiB\) and /dev/shm has [0-9]+ MiB free of 1 MiB" "rank $r names /dev/shm, its size and the size asked"
 done
 expect_eq "$(segments)" "" "and leaves nothing in /dev/shm"
+
+# 4. DDP's buckets in shared memory (Note [Buckets in shared memory]): with
+#    room they are all-reduced in place; in a /dev/shm that holds the segment
+#    but not twice the ranks' buckets, every rank keeps them private (said
+#    once) and the same training gives the same bits, at 2 and 3 ranks
+#    (1/3: the division folded into the in-place sum must round as the
+#    multiply before the copy does).
+train_digits() {  # NAME RANKS SHM-SIZE
+  fresh_shm "$3"
+  "$LOCKSTEP_RUN" --nproc-per-node "$2" --master-port 0 "$LOCKSTEP" train \
+    --config "$(cd "$(dirname "$0")/../.." && pwd)/configs/digits.yaml" --set run.dir="$WORK/runs" --set run.name="$1" \
+    --set run.overwrite=true --set log.progress=plain --set dist.backend=shm \
+    --set dist.shm_chunk_mb=0.0625 --set model.hidden=512 --set train.max_steps=30 \
+    --set checkpoint.every=0 \
+    >"$WORK/$1.out" 2>&1
+  expect_eq "$?" 0 "$1: trains"
+}
+for n in 2 3; do
+  train_digits "shared-$n" "$n" 256m
+  train_digits "private-$n" "$n" 1m
+  expect_grep "$WORK/private-$n.out" "gradient buckets in private memory .*would take more than half of /dev/shm" "$n ranks, a small /dev/shm: the buckets stay private, saying why"
+  if grep -q "gradient buckets in private memory" "$WORK/shared-$n.out"; then
+    fail "$n ranks, room in /dev/shm: the buckets were private"
+  else
+    pass "$n ranks, room in /dev/shm: the buckets are shared"
+  fi
+  same "private-$n" "shared-$n" "$n ranks: in place and through the segment, the same final weights"
+done
+expect_eq "$(segments)" "" "and nothing is left in /dev/shm"
 umount /dev/shm
 finish

@@ -99,6 +99,7 @@ class Reducer {
     std::vector<int64_t> offsets;   // per param: first element in `contents`
     size_t pending = 0;             // gradients still to arrive
     bool launched = false;
+    bool scale_in_reduce = false;  // Note [Pre-divided buckets]: the all-reduce divides
     HookWork work;
   };
   struct Locator {

@@ -78,6 +78,20 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // accepted where the backend has it natively (NCCL); pre-divide otherwise.
   // Returns nullptr at world size 1 (nothing to wait for).
   Ptr<C10dWork> allreduce_async(at::Tensor& tensor, ReduceKind op);
+  // A SUM all-reduce of each rank's tensor times `scale`: the same bits as
+  // tensor.mul_(scale) and then allreduce_async(SUM), which is what it does
+  // on every backend but shm, where a float32/float64 tensor made by
+  // bucket_zeros has the scale applied inside the reduction (DDP's default
+  // hook: Note [Pre-divided buckets], reducer.cpp).
+  Ptr<C10dWork> allreduce_scaled_async(at::Tensor& tensor, double scale);
+  // Zeros for a flat buffer all-reduced again and again (DDP's buckets). On
+  // the shm backend, memory every rank maps, so that its all-reduces move
+  // nothing through the segment (Note [Buckets in shared memory],
+  // shm_backend.cpp); elsewhere, or where that cannot be made on every rank
+  // (said once), or with LOCKSTEP_SHM_BUCKETS=0, at::zeros. Every rank calls
+  // it alike: same numel and options, same place among its collectives.
+  at::Tensor bucket_zeros(int64_t numel, const at::TensorOptions& options);
+
   // Starts an all-gather; after wait(work, ...) `outputs[r]` holds rank r's
   // tensor. At world size 1 work is nullptr and outputs[0] a copy.
   struct Gathering {
@@ -115,6 +129,22 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Ptr<C10dWork> send_async(at::Tensor& tensor, int dst, int tag);
   Ptr<C10dWork> recv_async(at::Tensor& tensor, int src, int tag);
 
+  // Around the launch of an asynchronous collective that this thread waits
+  // for next, with nothing left to overlap it with (DDP's last bucket): a
+  // backend that runs collectives on a worker thread (shm, hierarchical)
+  // leaves it to the waiting thread and does not wake the worker (Note
+  // [Waiting runs the queue]). A hint: correct with or without it.
+  class WaitNext {
+   public:
+    WaitNext();
+    ~WaitNext();
+    WaitNext(const WaitNext&) = delete;
+    WaitNext& operator=(const WaitNext&) = delete;
+
+   private:
+    bool before_;
+  };
+
   // Waits for `work` (no-op for nullptr); failures become CommError naming
   // this rank, `what` and the sequence number.
   void wait(const Ptr<C10dWork>& work, const std::string& what);
@@ -150,6 +180,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   Ptr<C10dBackend> backend_;
   BackendKind kind_;
+  bool said_private_buckets_ = false;
   int rank_;
   int size_;
   int local_rank_;

@@ -4,8 +4,11 @@
 // Reducer's asynchronous bucket all-reduces work unchanged.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
 #include <cstddef>
+#include <string>
 
 #include "lockstep/distributed/shm_options.h"
 #include "lockstep/distributed/torch_compat.h"
@@ -18,6 +21,25 @@ namespace lockstep {
 // when the segment cannot be made or a rank never maps it.
 Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo& world,
                                     const ShmOptions& options);
+
+// Zeros in memory that every rank of an shm backend maps, for a tensor
+// all-reduced again and again (DDP's buckets): its all-reduces read the
+// others' copies in place and write the result into each, nothing copied
+// through the segment (Note [Buckets in shared memory]). Every rank calls
+// it alike (same numel and dtype, same order among its collectives). An
+// undefined tensor, with the reason in `why`, where not every rank could
+// make and map its copy (e.g. /dev/shm too small), or `backend` is not shm.
+at::Tensor shm_shared_zeros(C10dBackend& backend, int64_t numel, const at::TensorOptions& options,
+                            std::string* why);
+
+// A SUM all-reduce of each rank's `tensor` times `scale`: the bits of
+// tensor.mul_(scale) and then the all-reduce. For a float32/float64 tensor
+// in a shared buffer the scale is applied inside the in-place reduction (no
+// pass of its own). nullptr when `backend` is not shm.
+Ptr<C10dWork> shm_allreduce_scaled(C10dBackend& backend, at::Tensor& tensor, double scale);
+
+// How many all-reduces `backend` (shm) ran in place so far; 0 for others.
+int64_t shm_in_place_count(C10dBackend& backend);
 
 // Whether every rank runs on this host (boot id and host name compared
 // through `store`); every rank must call it.

@@ -1,0 +1,195 @@
+// Buckets in shared memory (Note [Buckets in shared memory],
+// shm_backend.cpp): all-reduces of tensors made by bucket_zeros run in
+// place and give the same bits as the same values through the segment, for
+// every op and dtype, whole or as a slice, on 2 and 3 ranks; a scaled sum
+// gives the bits of a multiply and then the sum; any mix (a private tensor,
+// another offset, a scaled and an unscaled rank) falls back through the
+// segment and still sums right; each copy is unmapped when its tensor goes.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include "support/catch.h"
+
+#include <fstream>
+#include <string>
+
+#include "lockstep/distributed/shm_backend.h"
+#include "support/thread_world.h"
+
+using namespace lockstep;
+using lockstep::testing::error_text;
+using lockstep::testing::run_ranks;
+
+namespace {
+
+const auto kShm = BackendKind::kShm;
+const auto kTimeout = std::chrono::seconds(60);
+
+// Rank r's values: random, so that rounding shows (a generator of its own
+// per call: the ranks are threads, and the global one is shared).
+at::Tensor random_values(int rank, int64_t n, at::ScalarType dtype) {
+  auto generator = at::detail::createCPUGenerator(1000 + rank);
+  const auto v = at::randn({n}, generator, at::TensorOptions(at::kDouble)) * 100;
+  return at::isIntegralType(dtype, false) ? v.round().to(dtype) : v.to(dtype);
+}
+
+// Mappings of lockstep's shared files in this process (deleted names).
+int shared_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("/dev/shm/lockstep-") != std::string::npos) ++n;
+  return n;
+}
+
+template <typename F>
+void expect_all_ranks(int n, F body) {
+  auto outcomes = run_ranks<std::string>(n, body, kTimeout, kShm);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+    CHECK(outcomes[r].result == "");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shm buckets: in place, the same bits as through the segment, every op and dtype",
+          "[shm][buckets]") {
+  const std::vector<at::ScalarType> dtypes{at::kFloat,    at::kDouble, at::kHalf,
+                                           at::kBFloat16, at::kInt,    at::kLong};
+  const std::vector<ReduceKind> ops{ReduceKind::kSum, ReduceKind::kMin, ReduceKind::kMax};
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION(n << " ranks") {
+      const int before = shared_mappings();
+      expect_all_ranks(n, [&](ProcessGroup& pg) {
+        std::string wrong;
+        int64_t expected_in_place = 0;
+        for (auto dtype : dtypes) {
+          // 70001 elements: more than one segment chunk, not a multiple of n.
+          const int64_t numel = 70001;
+          auto bucket = pg.bucket_zeros(numel, at::TensorOptions(dtype));
+          if (!at::equal(bucket, at::zeros({numel}, dtype))) wrong += "bucket not zeros; ";
+          for (auto op : ops) {
+            auto mine = random_values(pg.rank(), numel, dtype);
+            bucket.copy_(mine);
+            auto reference = mine.clone();
+            pg.allreduce(bucket, op);
+            ++expected_in_place;
+            pg.allreduce(reference, op);  // private memory: through the segment
+            if (!at::equal(bucket, reference))
+              wrong += std::string(c10::toString(dtype)) + " " + reduce_kind_name(op) + "; ";
+            // A slice (contiguous, at an offset, odd length): in place too.
+            auto slice = bucket.narrow(0, 5, 1001);
+            slice.copy_(mine.narrow(0, 5, 1001));
+            auto slice_reference = mine.narrow(0, 5, 1001).clone();
+            pg.allreduce(slice, op);
+            ++expected_in_place;
+            pg.allreduce(slice_reference, op);
+            if (!at::equal(slice, slice_reference))
+              wrong += std::string("slice ") + c10::toString(dtype) + "; ";
+          }
+        }
+        // The float sum against the closed form (double sums, rounded once
+        // per step as the ranks' order does): within a few ulps.
+        auto bucket = pg.bucket_zeros(4096, at::TensorOptions(at::kFloat));
+        bucket.copy_(random_values(pg.rank(), 4096, at::kFloat));
+        pg.allreduce(bucket, ReduceKind::kSum);
+        ++expected_in_place;
+        auto want = at::zeros({4096}, at::kDouble);
+        for (int r = 0; r < pg.size(); ++r)
+          want += random_values(r, 4096, at::kFloat).to(at::kDouble);
+        if (!at::allclose(bucket.to(at::kDouble), want, 1e-6, 1e-4)) wrong += "closed form; ";
+        const int64_t done = shm_in_place_count(pg.backend());
+        if (done != expected_in_place)
+          wrong += "in place " + std::to_string(done) + " of " + std::to_string(expected_in_place) +
+                   "; ";
+        return wrong;
+      });
+      // Every copy of every bucket (each rank maps all n) is unmapped.
+      CHECK(shared_mappings() == before);
+    }
+  }
+}
+
+TEST_CASE("shm buckets: a scaled sum is the bits of a multiply and then the sum",
+          "[shm][buckets]") {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    DYNAMIC_SECTION(c10::toString(dtype)) {
+      expect_all_ranks(3, [&](ProcessGroup& pg) {
+        std::string wrong;
+        const double scale = 1.0 / 3;  // not exact: the rounding of each product shows
+        auto mine = random_values(pg.rank(), 50000, dtype);
+        auto bucket = pg.bucket_zeros(50000, at::TensorOptions(dtype));
+        bucket.copy_(mine);
+        pg.wait(pg.allreduce_scaled_async(bucket, scale), "scaled");
+        auto reference = mine.clone();
+        reference.mul_(scale);
+        pg.allreduce(reference, ReduceKind::kSum);
+        if (!at::equal(bucket, reference)) wrong += "in place differs from mul_ then sum; ";
+        // Private memory: the multiply, then through the segment.
+        auto plain = mine.clone();
+        pg.wait(pg.allreduce_scaled_async(plain, scale), "scaled");
+        if (!at::equal(plain, reference)) wrong += "private differs; ";
+        // Summing products in another order would differ somewhere.
+        auto other = at::zeros_like(mine, at::kDouble);
+        for (int r = pg.size() - 1; r >= 0; --r)
+          other += (random_values(r, 50000, dtype) * scale).to(at::kDouble);
+        if (dtype == at::kFloat && at::equal(other.to(dtype), reference))
+          wrong += "the order does not show: the test cannot tell; ";
+        // bfloat16: multiplied first, then in place unscaled; the others scaled in place.
+        if (shm_in_place_count(pg.backend()) != 1) wrong += "in-place count; ";
+        return wrong;
+      });
+    }
+  }
+}
+
+TEST_CASE("shm buckets: a mix falls back through the segment on every rank, and sums right",
+          "[shm][buckets]") {
+  expect_all_ranks(3, [&](ProcessGroup& pg) {
+    std::string wrong;
+    const int64_t numel = 30000;
+    auto bucket = pg.bucket_zeros(numel, at::TensorOptions(at::kFloat));
+    auto want = [&](int64_t from, int64_t len, double scale) {
+      auto sum = at::zeros({len}, at::kFloat);
+      for (int r = 0; r < pg.size(); ++r) {
+        auto v = random_values(r, numel, at::kFloat).narrow(0, from, len).clone();
+        if (scale != 1.0) v.mul_(scale);
+        sum += v;  // rank order, as shm sums
+      }
+      return sum;
+    };
+    auto mine = random_values(pg.rank(), numel, at::kFloat);
+    // 1. Rank 1 all-reduces a private tensor, the others their buckets.
+    at::Tensor t = pg.rank() == 1 ? mine.clone() : bucket;
+    t.copy_(mine);
+    pg.allreduce(t, ReduceKind::kSum);
+    if (!at::equal(t, want(0, numel, 1.0))) wrong += "private among buckets; ";
+    // 2. Each rank a slice at its own offset: the same length, elsewhere.
+    const int64_t off = 8 * pg.rank(), len = 20000;
+    bucket.copy_(mine);
+    auto slice = bucket.narrow(0, off, len);
+    pg.allreduce(slice, ReduceKind::kSum);
+    auto sum = at::zeros({len}, at::kFloat);
+    for (int r = 0; r < pg.size(); ++r)
+      sum += random_values(r, numel, at::kFloat).narrow(0, 8 * r, len);
+    if (!at::equal(slice, sum)) wrong += "slices at other offsets; ";
+    // 3. Rank 2 sums its bucket scaled by 1/2 the plain way (mul_ first), the
+    //    others in place (scaled): every rank multiplies once.
+    bucket.copy_(mine);
+    if (pg.rank() == 2) {
+      bucket.mul_(0.5);
+      pg.allreduce(bucket, ReduceKind::kSum);
+    } else {
+      pg.wait(pg.allreduce_scaled_async(bucket, 0.5), "scaled");
+    }
+    if (!at::equal(bucket, want(0, numel, 0.5))) wrong += "scaled among unscaled; ";
+    // None of the three ran in place; the next, alike everywhere, does.
+    if (shm_in_place_count(pg.backend()) != 0) wrong += "a mix ran in place; ";
+    bucket.copy_(mine);
+    pg.allreduce(bucket, ReduceKind::kSum);
+    if (!at::equal(bucket, want(0, numel, 1.0))) wrong += "after the mixes; ";
+    if (shm_in_place_count(pg.backend()) != 1) wrong += "not in place after the mixes; ";
+    return wrong;
+  });
+}
