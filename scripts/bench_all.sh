@@ -7,7 +7,7 @@
 # with MFU), shm's all-reduce against this machine's memory copy (and Open
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # and the DDP overhead of the small MLP rung (ddp against local).
-#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=1)
+#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=1 DDP_ROUNDS=9)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,9 +57,15 @@ else
 fi
 
 echo "== DDP small rung" >&2
-for r in $(seq "$ROUNDS"); do
-  build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench ddp --models small \
-    --modes local,ddp --steps 1000 --warmup 50 2>/dev/null | sed -n 's/^\[rank0\]: //p' | grep '"bench"' >>"$out/ddp"
+# Each mode in processes of its own, the order alternated, DDP_ROUNDS rounds:
+# on a shared host one slow stretch would otherwise land on one mode only.
+for r in $(seq "${DDP_ROUNDS:-9}"); do
+  modes="local ddp"
+  [ $((r % 2)) -eq 0 ] && modes="ddp local"
+  for m in $modes; do
+    build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench ddp --models small \
+      --modes "$m" --steps 2000 --warmup 100 2>/dev/null | sed -n 's/^\[rank0\]: //p' | grep '"bench"' >>"$out/ddp"
+  done
 done
 
 "$PYTHON" - "$out" "$cpu" "$torch" <<'PY'
@@ -90,9 +96,11 @@ rows = [l.split() for l in open(f"{out}/allreduce") if re.match(r"\s*\d+\s+\d+\s
 copy = re.search(r"\(one \d+-byte tensor copy\): ([0-9.]+) GB/s", open(f"{out}/allreduce").read())
 if copy and rows:
     memcpy = float(copy.group(1))
-    worst = min(float(r[4]) / memcpy for r in rows if int(r[0]) >= 1 << 20)
-    small = next(float(r[3]) for r in rows if int(r[0]) == 4096)
-    print(f"busbw / memcpy at >= 1 MiB: worst {worst:.2f}; 4 KiB latency {small:.1f} us")
+    # Columns: bytes elements | shm us busbw | shm-bkt us busbw | check
+    for name, us, bw in (("private tensors", 3, 4), ("DDP's bucket memory", 6, 7)):
+        worst = min(float(r[bw]) / memcpy for r in rows if int(r[0]) >= 1 << 20)
+        small = next(float(r[us]) for r in rows if int(r[0]) == 4096)
+        print(f"shm, {name}: busbw / memcpy at >= 1 MiB: worst {worst:.2f}; 4 KiB latency {small:.1f} us")
 print("\n### Open MPI")
 print("".join("    " + l for l in open(f"{out}/mpi")))
 ddp = [json.loads(l) for l in open(f"{out}/ddp")]

@@ -140,10 +140,18 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     inputs.push_back({static_cast<size_t>(params_[k].numel()) * params_[k].element_size(),
                       type_key(params_[k])});
   }
+  at::NoGradGuard no_grad;
+  // A rebuild: the gradients leave the old buckets first, so that those are
+  // freed (their /dev/shm space given back) before the new ones are made.
+  if (!buckets_.empty() && options_.gradient_as_bucket_view) {
+    for (auto& p : params_) {
+      auto& grad = p.mutable_grad();
+      if (grad.defined()) grad = grad.clone();
+    }
+  }
   buckets_.clear();
   bucket_indices_.clear();
   locators_.assign(params_.size(), {});
-  at::NoGradGuard no_grad;
   for (const auto& assigned : bucket_assign(inputs, options_.caps)) {
     Bucket bucket;
     int64_t total = 0;
@@ -153,7 +161,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     }
     // Note [Buckets in shared memory] (shm_backend.cpp): every rank builds
     // the same buckets in the same order, as bucket_zeros needs.
-    bucket.contents = pg_->bucket_zeros(total, params_[bucket.params.front()].options());
+    bucket.contents =
+        pg_->bucket_zeros(total, params_[bucket.params.front()].options(), &bucket.shared);
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
       const size_t index = bucket.params[slot];
@@ -169,8 +178,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     }
     bucket.pending = bucket.params.size();
     const auto dtype = bucket.contents.scalar_type();
-    bucket.scale_in_reduce = pg_->kind() == BackendKind::kShm &&
-                             typeid(*options_.hook) == typeid(AllReduceHook) &&
+    bucket.scale_in_reduce = bucket.shared && typeid(*options_.hook) == typeid(AllReduceHook) &&
                              (dtype == at::kFloat || dtype == at::kDouble);
     bucket_indices_.push_back(bucket.params);
     buckets_.push_back(std::move(bucket));
@@ -279,7 +287,8 @@ void Reducer::launch_ready_buckets(bool during_backward) {
       // The last bucket is waited for next, by finalize() (Note [The last
       // bucket runs on the waiting thread]).
       std::optional<ProcessGroup::WaitNext> last;
-      if (next_bucket_ + 1 == buckets_.size()) last.emplace();
+      if (next_bucket_ + 1 == buckets_.size() && typeid(*options_.hook) == typeid(AllReduceHook))
+        last.emplace();
       if (bucket.scale_in_reduce) {  // Note [Pre-divided buckets]
         bucket.work = {pg_->allreduce_scaled_async(bucket.contents, 1.0 / pg_->size()), nullptr,
                        nullptr, static_cast<int64_t>(bucket.contents.nbytes())};

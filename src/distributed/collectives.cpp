@@ -2,6 +2,9 @@
 // 1, counts its sequence number and turns backend failures into CommError.
 #include <ATen/ATen.h>
 
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
 #include <future>
 #include <thread>
 
@@ -162,6 +165,43 @@ Ptr<C10dWork> ProcessGroup::allreduce_async(at::Tensor& tensor, ReduceKind op) {
     throw CommError(describe("allreduce #" + std::to_string(seq)) +
                     " could not start: " + what_of(e));
   }
+}
+
+at::Tensor ProcessGroup::bucket_zeros(int64_t numel, const at::TensorOptions& options,
+                                      bool* shared) {
+  if (shared != nullptr) *shared = false;
+  // Every rank takes part alike (numel, dtype and the backend are the same
+  // everywhere); LOCKSTEP_SHM_BUCKETS=0 on any rank is that rank's vote
+  // for private memory, which every rank then gets.
+  if (kind_ != BackendKind::kShm || size_ == 1 || numel <= 0 || !options.device().is_cpu())
+    return at::zeros({numel}, options);
+  const char* setting = std::getenv("LOCKSTEP_SHM_BUCKETS");
+  const bool willing = setting == nullptr || std::string(setting) != "0";
+  const uint64_t seq = sequence_++;
+  const at::Tensor like = at::empty({numel}, options.device(at::kCPU).pinned_memory(false));
+  check_collective(seq, signature_of("bucket_zeros", like));
+  std::string why;
+  at::Tensor made;
+  try {
+    made = shm_shared_zeros(*backend_, numel, options, willing, &why);
+  } catch (const std::exception& e) {
+    throw CommError(describe("bucket_zeros #" + std::to_string(seq)) + " failed: " + what_of(e) +
+                    roll_call());
+  }
+  if (made.defined()) {
+    if (shared != nullptr) *shared = true;
+    if (!said_buckets_) {
+      said_buckets_ = true;
+      spdlog::info("shm: gradient buckets in shared memory (all-reduced in place)");
+    }
+    return made;
+  }
+  if (!said_buckets_) {
+    said_buckets_ = true;
+    spdlog::info("shm: gradient buckets in private memory (all-reduced through the segment): {}",
+                 why);
+  }
+  return at::zeros({numel}, options);
 }
 
 Ptr<C10dWork> ProcessGroup::allreduce_scaled_async(at::Tensor& tensor, double scale) {

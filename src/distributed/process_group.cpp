@@ -191,26 +191,6 @@ ProcessGroup::~ProcessGroup() {
   }
 }
 
-at::Tensor ProcessGroup::bucket_zeros(int64_t numel, const at::TensorOptions& options) {
-  static const bool off = [] {
-    const char* v = std::getenv("LOCKSTEP_SHM_BUCKETS");
-    return v != nullptr && std::string(v) == "0";
-  }();
-  if (kind_ == BackendKind::kShm && size_ > 1 && numel > 0 && !off && options.device().is_cpu()) {
-    std::string why;
-    auto shared = shm_shared_zeros(*backend_, numel, options, &why);
-    if (shared.defined()) return shared;
-    if (!said_private_buckets_) {
-      said_private_buckets_ = true;
-      spdlog::info(
-          "shm: gradient buckets in private memory (all-reduces copy through the "
-          "segment): {}",
-          why);
-    }
-  }
-  return at::zeros({numel}, options);
-}
-
 at::Device ProcessGroup::device() const {
   return kind_ == BackendKind::kNccl ? at::Device(at::kCUDA, local_rank_) : at::Device(at::kCPU);
 }

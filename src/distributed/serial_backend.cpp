@@ -132,7 +132,9 @@ bool SerialWork::wait(std::chrono::milliseconds timeout) {
                        "same process group (a job or a future callback) could never complete");
     // c10d's kNoTimeout (0): as long as it takes (each job has its own
     // timeout), running the queue meanwhile. A bounded wait leaves the jobs
-    // to the worker, so that it returns at its deadline.
+    // to the worker, so that it returns at its deadline, and wakes it: a job
+    // launched under WaitAtOnce or WaitNext was not handed to it.
+    if (timeout.count() > 0) queue->worker_cv.notify_one();
     if (timeout.count() <= 0) {
       std::unique_lock<std::mutex> lock(queue->mutex);
       while (!isCompleted()) {

@@ -87,7 +87,10 @@
 // lost), so a tensor in a buffer may meet a private one or one elsewhere in
 // a buffer and still sum right. A descriptor is rewritten only at the next
 // all-reduce's first arrival, after the barriers that follow its reading.
-// Every copy of a buffer is unmapped when its tensor is freed.
+// A rank's mappings of a buffer (its own copy and the others') go when its
+// tensor is freed, not before: a tensor (a .grad viewing a bucket) may
+// outlive the backend, and then is plain memory. An all-reduce on another
+// backend's group does not know it and goes through that group's segment.
 //
 // Note [How long to spin]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -199,26 +202,34 @@ class ShmBackend : public SerialBackend {
   }
 
   // Note [Buckets in shared memory]: a collective job, waited for here.
-  at::Tensor shared_zeros(int64_t numel, const at::TensorOptions& options, std::string* why) {
+  // `willing` false: this rank votes for private memory (every rank then
+  // gets it). The tensor holds its mappings: they outlive the backend.
+  at::Tensor shared_zeros(int64_t numel, const at::TensorOptions& options, bool willing,
+                          std::string* why) {
     const std::size_t bytes = static_cast<std::size_t>(numel) *
                               c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
-    std::shared_ptr<ShmBuffer> made;
-    uint64_t id = 0;
-    std::string failure;
+    struct Made {
+      std::shared_ptr<ShmBuffer> buffer;
+      uint64_t id = 0;
+      std::string failure;
+    };
+    auto made = std::make_shared<Made>();  // the job may outlive a wait that throws
     {
       const SerialBackend::WaitAtOnce at_once;
-      auto work = enqueue({}, [&] { made = make_shared_buffer(bytes, id, failure); });
+      auto work = enqueue({}, [this, made, bytes, willing] {
+        made->buffer = make_shared_buffer(bytes, willing, made->id, made->failure);
+      });
       work->wait(std::chrono::milliseconds(0));
     }
-    if (!made) {
-      if (why != nullptr) *why = failure;
+    if (!made->buffer) {
+      if (why != nullptr) *why = made->failure;
       return {};
     }
-    buffers_->add(id, made);
+    buffers_->add(made->id, made->buffer);
     std::weak_ptr<ShmBuffers> registry = buffers_;
     return at::from_blob(
-        made->base(me_), {numel},
-        [registry, id](void*) {
+        made->buffer->base(me_), {numel},
+        [registry, id = made->id, keep = made->buffer](void*) {
           if (auto r = registry.lock()) r->remove(id);
         },
         options.device(at::kCPU));
@@ -275,17 +286,18 @@ class ShmBackend : public SerialBackend {
   }
 
   // Runs as a job on every rank (Note [Buckets in shared memory]).
-  std::shared_ptr<ShmBuffer> make_shared_buffer(std::size_t bytes, uint64_t& id,
+  std::shared_ptr<ShmBuffer> make_shared_buffer(std::size_t bytes, bool willing, uint64_t& id,
                                                 std::string& failure) {
     id = ++buffers_made_;
     const std::string name = "/lockstep-" + random_hex(12) + "-" + std::to_string(getpid());
     std::shared_ptr<ShmBuffer> buffer;
-    std::optional<ShmName> held;  // unlinked on every way out, SIGTERM included
     std::string mine;
+    // Armed before the file exists: unlinked on every way out, SIGTERM included.
+    const ShmName held(name);
     try {
+      if (!willing) throw ConfigError("LOCKSTEP_SHM_BUCKETS=0 is set here");
       if (bytes == 0) throw ConfigError("an empty buffer");
       buffer = ShmBuffer::create(name, bytes, world_, me_);
-      held.emplace(name);
       mine = "+" + name;
     } catch (const Error& e) {
       mine = std::string("-") + e.what();
@@ -306,17 +318,20 @@ class ShmBackend : public SerialBackend {
     return buffer;
   }
 
-  // `kind` holds the dtype, the op and whether a scale applies (ranks that
-  // scale and ranks that do not meet through the segment, each its own way).
-  ShmDescriptor locate(const at::Tensor& tensor, ShmOp op, bool scaled,
+  // `kind` holds the dtype and the op, `scale` the scale's bits: ranks that
+  // scale differently meet through the segment, each scaling its own.
+  ShmDescriptor locate(const at::Tensor& tensor, ShmOp op, double scale,
                        std::shared_ptr<ShmBuffer>& buffer) {
     if (!tensor.is_contiguous() || tensor.numel() == 0) return {};
     auto found = buffers_->find(tensor.data_ptr(), tensor.nbytes(), me_);
     if (!found) return {};
     buffer = found->buffer;
+    uint64_t scale_bits = 0;
+    static_assert(sizeof(scale_bits) == sizeof(scale), "a double's bits");
+    std::memcpy(&scale_bits, &scale, sizeof(scale));
     return {found->id, found->offset, tensor.nbytes(),
-            (static_cast<uint64_t>(tensor.scalar_type()) << 16) | (static_cast<uint64_t>(op) << 8) |
-                (scaled ? 1u : 0u)};
+            (static_cast<uint64_t>(tensor.scalar_type()) << 8) | static_cast<uint64_t>(op),
+            scale_bits};
   }
 
   // Every rank's copy at `offset`: my share reduced over all of them in rank
@@ -351,7 +366,7 @@ class ShmBackend : public SerialBackend {
       scale = 1.0;
     }
     std::shared_ptr<ShmBuffer> buffer;
-    const ShmDescriptor want = locate(tensor, op, scale != 1.0, buffer);
+    const ShmDescriptor want = locate(tensor, op, scale, buffer);
     segment_.describe(me_, want);
     if (want.region == 0) {
       if (scale != 1.0) tensor.mul_(scale);
@@ -558,13 +573,13 @@ std::string this_host() {
 }  // namespace
 
 at::Tensor shm_shared_zeros(C10dBackend& backend, int64_t numel, const at::TensorOptions& options,
-                            std::string* why) {
+                            bool willing, std::string* why) {
   auto* shm = dynamic_cast<ShmBackend*>(&backend);
   if (shm == nullptr) {
     if (why != nullptr) *why = "the backend is not shm";
     return {};
   }
-  return shm->shared_zeros(numel, options, why);
+  return shm->shared_zeros(numel, options, willing, why);
 }
 
 int64_t shm_in_place_count(C10dBackend& backend) {

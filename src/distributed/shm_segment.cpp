@@ -228,7 +228,8 @@ int ShmSegment::remove_orphans() {
 namespace {
 
 constexpr int kNameSignals[] = {SIGTERM, SIGINT, SIGHUP};
-char g_armed_path[256];  // "/dev/shm/<name>", or "" when disarmed
+char g_armed_path[256];             // "/dev/shm/<name>", or "" when disarmed
+std::atomic<bool> g_arming{false};  // a name is armed (threads take turns)
 struct sigaction g_previous[3];
 bool g_installed[3];  // whether our handler went in for kNameSignals[i]
 
@@ -251,7 +252,7 @@ void unlink_then_chain(int sig) {
 
 ShmName::ShmName(std::string name) : name_(std::move(name)) {
   const std::string path = "/dev/shm" + name_;
-  if (path.size() >= sizeof(g_armed_path) || g_armed_path[0] != 0) return;  // one at a time
+  if (path.size() >= sizeof(g_armed_path) || g_arming.exchange(true)) return;  // one at a time
   std::memcpy(g_armed_path, path.c_str(), path.size() + 1);
   struct sigaction action {};
   action.sa_handler = unlink_then_chain;
@@ -277,6 +278,7 @@ ShmName::~ShmName() {
       sigaction(kNameSignals[i], &g_previous[i], nullptr);
     g_installed[i] = false;
   }
+  g_arming.store(false);
 }
 
 ShmSegment::Header* ShmSegment::header() const {
@@ -325,6 +327,7 @@ void ShmSegment::describe(int rank, const ShmDescriptor& d) {
   f->described[1].store(d.offset, std::memory_order_relaxed);
   f->described[2].store(d.bytes, std::memory_order_relaxed);
   f->described[3].store(d.kind, std::memory_order_relaxed);
+  f->described[4].store(d.scale, std::memory_order_relaxed);
 }
 
 ShmDescriptor ShmSegment::described(int rank) const {
@@ -332,7 +335,8 @@ ShmDescriptor ShmSegment::described(int rank) const {
   return {f->described[0].load(std::memory_order_relaxed),
           f->described[1].load(std::memory_order_relaxed),
           f->described[2].load(std::memory_order_relaxed),
-          f->described[3].load(std::memory_order_relaxed)};
+          f->described[3].load(std::memory_order_relaxed),
+          f->described[4].load(std::memory_order_relaxed)};
 }
 
 std::string ShmSegment::wait_all(uint32_t generation,

@@ -21,8 +21,10 @@ struct ShmDescriptor {
   uint64_t offset = 0;
   uint64_t bytes = 0;
   uint64_t kind = 0;
+  uint64_t scale = 0;  // a double's bits
   bool operator==(const ShmDescriptor& o) const {
-    return region == o.region && offset == o.offset && bytes == o.bytes && kind == o.kind;
+    return region == o.region && offset == o.offset && bytes == o.bytes && kind == o.kind &&
+           scale == o.scale;
   }
 };
 
@@ -84,7 +86,7 @@ class ShmSegment {
   struct alignas(64) Flag {
     std::atomic<uint32_t> arrived;
     std::atomic<uint32_t> sleepers;
-    std::atomic<uint64_t> described[4];  // ShmDescriptor's fields
+    std::atomic<uint64_t> described[5];  // ShmDescriptor's fields
   };
   Header* header() const;
   Flag* flag(int rank) const;

@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include "support/catch.h"
 
+#include <atomic>
 #include <fstream>
 #include <string>
 
@@ -55,9 +56,10 @@ void expect_all_ranks(int n, F body) {
 
 TEST_CASE("shm buckets: in place, the same bits as through the segment, every op and dtype",
           "[shm][buckets]") {
-  const std::vector<at::ScalarType> dtypes{at::kFloat,    at::kDouble, at::kHalf,
-                                           at::kBFloat16, at::kInt,    at::kLong};
-  const std::vector<ReduceKind> ops{ReduceKind::kSum, ReduceKind::kMin, ReduceKind::kMax};
+  const std::vector<at::ScalarType> dtypes{at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                           at::kInt,   at::kLong,   at::kChar, at::kByte};
+  const std::vector<ReduceKind> ops{ReduceKind::kSum, ReduceKind::kAvg, ReduceKind::kMin,
+                                    ReduceKind::kMax, ReduceKind::kProduct};
   for (int n : {2, 3}) {
     DYNAMIC_SECTION(n << " ranks") {
       const int before = shared_mappings();
@@ -70,6 +72,8 @@ TEST_CASE("shm buckets: in place, the same bits as through the segment, every op
           auto bucket = pg.bucket_zeros(numel, at::TensorOptions(dtype));
           if (!at::equal(bucket, at::zeros({numel}, dtype))) wrong += "bucket not zeros; ";
           for (auto op : ops) {
+            if (op == ReduceKind::kProduct && (dtype == at::kHalf || dtype == at::kBFloat16))
+              continue;  // 16-bit products of these values overflow: nothing left to compare
             auto mine = random_values(pg.rank(), numel, dtype);
             bucket.copy_(mine);
             auto reference = mine.clone();
@@ -190,6 +194,67 @@ TEST_CASE("shm buckets: a mix falls back through the segment on every rank, and 
     pg.allreduce(bucket, ReduceKind::kSum);
     if (!at::equal(bucket, want(0, numel, 1.0))) wrong += "after the mixes; ";
     if (shm_in_place_count(pg.backend()) != 1) wrong += "not in place after the mixes; ";
+    return wrong;
+  });
+}
+
+TEST_CASE("shm buckets: a rank's mappings go with its tensor, which may outlive the backend",
+          "[shm][buckets]") {
+  const int n = 3;
+  const int before = shared_mappings();
+  std::atomic<int> segments{-1}, with_buckets{-1}, after_free{-1};
+  auto outcomes = run_ranks<at::Tensor>(
+      n,
+      [&](ProcessGroup& pg) {
+        // The ranks are threads of this process: each maps all n copies
+        // (and its segment, named alike).
+        pg.barrier();
+        if (pg.rank() == 0) segments = shared_mappings();
+        pg.barrier();
+        auto freed = pg.bucket_zeros(1000, at::TensorOptions(at::kFloat));
+        auto kept = pg.bucket_zeros(2000, at::TensorOptions(at::kFloat));
+        kept.fill_(pg.rank() + 1);
+        pg.allreduce(kept, ReduceKind::kSum);
+        pg.barrier();
+        if (pg.rank() == 0) with_buckets = shared_mappings();
+        pg.barrier();
+        freed = at::Tensor();
+        pg.barrier();
+        if (pg.rank() == 0) after_free = shared_mappings();
+        pg.barrier();
+        return kept;  // outlives this rank's backend
+      },
+      kTimeout, kShm);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << error_text(outcomes[r].error));
+    REQUIRE_FALSE(outcomes[r].error);
+  }
+  CHECK(with_buckets.load() == segments.load() + 2 * n * n);
+  CHECK(after_free.load() == segments.load() + n * n);  // the freed tensors' mappings went
+  // The backends are gone; the kept tensors are plain memory, readable and writable.
+  CHECK(shared_mappings() == before + n * n);
+  for (int r = 0; r < n; ++r) {
+    CHECK(at::equal(outcomes[r].result, at::full({2000}, 6.0f)));
+    outcomes[r].result.add_(1);
+    CHECK(outcomes[r].result.sum().item<double>() == 7.0 * 2000);
+  }
+  for (auto& o : outcomes) o.result = at::Tensor();
+  CHECK(shared_mappings() == before);
+}
+
+TEST_CASE("shm buckets: ranks that scale differently sum through the segment, each its own",
+          "[shm][buckets]") {
+  expect_all_ranks(3, [&](ProcessGroup& pg) {
+    std::string wrong;
+    auto bucket = pg.bucket_zeros(10000, at::TensorOptions(at::kFloat));
+    bucket.copy_(random_values(pg.rank(), 10000, at::kFloat));
+    // A weight per rank (its share of a batch, say): 1/2, 1/3, 1/4.
+    pg.wait(pg.allreduce_scaled_async(bucket, 1.0 / (pg.rank() + 2)), "scaled");
+    auto want = at::zeros({10000}, at::kFloat);
+    for (int r = 0; r < pg.size(); ++r)
+      want += random_values(r, 10000, at::kFloat).mul_(1.0 / (r + 2));
+    if (!at::equal(bucket, want)) wrong += "not each rank's own scale; ";
+    if (shm_in_place_count(pg.backend()) != 0) wrong += "ran in place; ";
     return wrong;
   });
 }

@@ -92,13 +92,18 @@ for n in 2 3; do
   train_digits "shared-$n" "$n" 256m
   train_digits "private-$n" "$n" 1m
   expect_grep "$WORK/private-$n.out" "gradient buckets in private memory .*would take more than half of /dev/shm" "$n ranks, a small /dev/shm: the buckets stay private, saying why"
-  if grep -q "gradient buckets in private memory" "$WORK/shared-$n.out"; then
-    fail "$n ranks, room in /dev/shm: the buckets were private"
-  else
-    pass "$n ranks, room in /dev/shm: the buckets are shared"
-  fi
+  expect_grep "$WORK/shared-$n.out" "gradient buckets in shared memory \(all-reduced in place\)" "$n ranks, room in /dev/shm: the buckets are shared"
   same "private-$n" "shared-$n" "$n ranks: in place and through the segment, the same final weights"
 done
+# LOCKSTEP_SHM_BUCKETS=0 on one rank only is its vote: every rank keeps
+# private buckets (no rank waits for a buffer another never makes).
+fresh_shm 256m
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c \
+  "[ \"\$RANK\" = 1 ] && export LOCKSTEP_SHM_BUCKETS=0; exec \"$LOCKSTEP\" train --config \"$(cd "$(dirname "$0")/../.." && pwd)/configs/digits.yaml\" --set run.dir=$WORK/runs --set run.name=vote --set run.overwrite=true --set log.progress=plain --set dist.backend=shm --set model.hidden=512 --set train.max_steps=30 --set checkpoint.every=0" \
+  >"$WORK/vote.out" 2>&1
+expect_eq "$?" 0 "LOCKSTEP_SHM_BUCKETS=0 on rank 1 only: trains"
+expect_grep "$WORK/vote.out" "gradient buckets in private memory .*rank 1: LOCKSTEP_SHM_BUCKETS=0 is set here" "and every rank keeps private buckets, naming rank 1's setting"
+same "vote" "shared-2" "with the same final weights"
 expect_eq "$(segments)" "" "and nothing is left in /dev/shm"
 umount /dev/shm
 finish

@@ -100,6 +100,7 @@ class Reducer {
     size_t pending = 0;             // gradients still to arrive
     bool launched = false;
     bool scale_in_reduce = false;  // Note [Pre-divided buckets]: the all-reduce divides
+    bool shared = false;           // contents made in shared memory (bucket_zeros)
     HookWork work;
   };
   struct Locator {

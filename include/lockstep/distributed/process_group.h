@@ -80,17 +80,20 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Ptr<C10dWork> allreduce_async(at::Tensor& tensor, ReduceKind op);
   // A SUM all-reduce of each rank's tensor times `scale`: the same bits as
   // tensor.mul_(scale) and then allreduce_async(SUM), which is what it does
-  // on every backend but shm, where a float32/float64 tensor made by
-  // bucket_zeros has the scale applied inside the reduction (DDP's default
+  // on every backend but shm; there, when every rank all-reduces the same
+  // range of a float32/float64 tensor made by bucket_zeros with the same
+  // scale, the scale is applied inside the in-place reduction (DDP's default
   // hook: Note [Pre-divided buckets], reducer.cpp).
   Ptr<C10dWork> allreduce_scaled_async(at::Tensor& tensor, double scale);
   // Zeros for a flat buffer all-reduced again and again (DDP's buckets). On
   // the shm backend, memory every rank maps, so that its all-reduces move
   // nothing through the segment (Note [Buckets in shared memory],
-  // shm_backend.cpp); elsewhere, or where that cannot be made on every rank
-  // (said once), or with LOCKSTEP_SHM_BUCKETS=0, at::zeros. Every rank calls
-  // it alike: same numel and options, same place among its collectives.
-  at::Tensor bucket_zeros(int64_t numel, const at::TensorOptions& options);
+  // shm_backend.cpp), and `*shared` is set; elsewhere, where that cannot be
+  // made on every rank, or with LOCKSTEP_SHM_BUCKETS=0 on any rank,
+  // at::zeros (which of the two is said once, at info level). On shm a
+  // collective: every rank calls it alike, same numel and options, same
+  // place among its collectives.
+  at::Tensor bucket_zeros(int64_t numel, const at::TensorOptions& options, bool* shared = nullptr);
 
   // Starts an all-gather; after wait(work, ...) `outputs[r]` holds rank r's
   // tensor. At world size 1 work is nullptr and outputs[0] a copy.
@@ -133,7 +136,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // for next, with nothing left to overlap it with (DDP's last bucket): a
   // backend that runs collectives on a worker thread (shm, hierarchical)
   // leaves it to the waiting thread and does not wake the worker (Note
-  // [Waiting runs the queue]). A hint: correct with or without it.
+  // [Waiting runs the queue]). The work must be waited for: an unbounded
+  // wait runs it, a bounded one wakes the worker; a work never waited for
+  // runs only when a later collective of the group wakes the worker.
   class WaitNext {
    public:
     WaitNext();
@@ -180,7 +185,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   Ptr<C10dBackend> backend_;
   BackendKind kind_;
-  bool said_private_buckets_ = false;
+  bool said_buckets_ = false;  // where bucket_zeros put them, said once
   int rank_;
   int size_;
   int local_rank_;

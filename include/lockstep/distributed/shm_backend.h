@@ -26,11 +26,13 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
 // all-reduced again and again (DDP's buckets): its all-reduces read the
 // others' copies in place and write the result into each, nothing copied
 // through the segment (Note [Buckets in shared memory]). Every rank calls
-// it alike (same numel and dtype, same order among its collectives). An
-// undefined tensor, with the reason in `why`, where not every rank could
-// make and map its copy (e.g. /dev/shm too small), or `backend` is not shm.
+// it alike (same numel and dtype, same order among its collectives); a rank
+// not `willing` votes for private memory. An undefined tensor, with the
+// reason in `why`, where not every rank could or would make and map its copy
+// (e.g. /dev/shm too small), or `backend` is not shm. Throws CommError when
+// the collective itself fails (a peer died, the timeout).
 at::Tensor shm_shared_zeros(C10dBackend& backend, int64_t numel, const at::TensorOptions& options,
-                            std::string* why);
+                            bool willing, std::string* why);
 
 // A SUM all-reduce of each rank's `tensor` times `scale`: the bits of
 // tensor.mul_(scale) and then the all-reduce. For a float32/float64 tensor
