@@ -1,4 +1,4 @@
-// Size (~410 lines): the Reducer is one state machine over its buckets
+// Size (~560 lines): the Reducer is one state machine over its buckets
 // (c10d's own reducer.cpp is several times larger).
 // Note [Pre-divided buckets]
 // Each gradient is multiplied by 1/world_size while it is copied into its

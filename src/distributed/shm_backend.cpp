@@ -1,5 +1,7 @@
-// Size (over ~400 lines): the shm backend's set-up protocol, its collectives and its shared
-// buffers share state that splitting would have to pass around (Note [Shared-memory backend]).
+// Size (~680 lines): the shm backend's collectives, its shared buffers (which
+// run as its collectives, on its slots and barriers) and its set-up protocol
+// share the segment and the backend's state; a split would pass both around.
+// The POSIX parts live apart: shm_segment, shm_buffers, shm_reduce.
 #include "lockstep/distributed/shm_backend.h"
 
 #include <ATen/ATen.h>
