@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "lockstep/distributed/agree.h"
@@ -35,21 +38,30 @@ at::ScalarType dtype_parse(const std::string& name) {
 }
 
 // Median-free and simple: the mean over `iters` after `warmup`, slowest rank.
-template <typename F>
-double time_us(ProcessGroup& pg, int warmup, int iters, F&& op) {
-  for (int i = 0; i < warmup; ++i) op();
+// `prepare`, untimed, runs before each iteration.
+template <typename F, typename P>
+double time_us(ProcessGroup& pg, int warmup, int iters, F&& op, P&& prepare) {
+  for (int i = 0; i < warmup; ++i) {
+    prepare();
+    op();
+  }
   pg.barrier();
   // Each iteration timed, the median kept: on a host shared with other
   // work (two ranks on two cores) one descheduled iteration would
   // otherwise set the mean of a small message's 100.
   std::vector<double> each(static_cast<size_t>(iters));
   for (auto& us : each) {
+    prepare();
     const auto start = Clock::now();
     op();
     us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   }
   std::nth_element(each.begin(), each.begin() + iters / 2, each.end());
   return max_over_ranks(pg, std::vector<double>{each[iters / 2]})[0];
+}
+template <typename F>
+double time_us(ProcessGroup& pg, int warmup, int iters, F&& op) {
+  return time_us(pg, warmup, iters, std::forward<F>(op), [] {});
 }
 
 // Bytes copied per second by one large tensor copy (read + write counted once,
@@ -158,7 +170,11 @@ int time_op(Op op, ProcessGroup& pg, const std::vector<std::shared_ptr<ProcessGr
       } else if (c < groups.size() + bucketed.size()) {
         ProcessGroup& g = *bucketed[c - groups.size()];
         at::Tensor& b = buckets[c - groups.size()];
-        us[c] = time_us(g, warmup, it, [&] { g.allreduce(b, ReduceKind::kSum); });
+        // Each rank writes its whole copy first, as a backward writes its
+        // gradients: without it a rank's share of every copy would be
+        // touched by that rank alone, and no line would cross cores.
+        us[c] = time_us(
+            g, warmup, it, [&] { g.allreduce(b, ReduceKind::kSum); }, [&] { b.fill_(1); });
       } else {
         us[c] = time_us(*gloo, warmup, it, [&] { ring_allreduce(*gloo, whole); });
       }
