@@ -7,12 +7,12 @@
 # with MFU), shm's all-reduce against this machine's memory copy (and Open
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # and the DDP overhead of the small MLP rung (ddp against local).
-#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=1 DDP_ROUNDS=9)
+#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 DDP_ROUNDS=9; ~35 min on 2 cores)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
-SWEEP_ROUNDS=${SWEEP_ROUNDS:-1}
+SWEEP_ROUNDS=${SWEEP_ROUNDS:-3}
 PYTHON=${PYTHON:-/usr/bin/python3}
 [ -x build/lockstep ] || scripts/setup.sh
 [ -f data/kjv.txt ] || scripts/make_text.sh
