@@ -7,7 +7,7 @@
 # with MFU), shm's all-reduce against this machine's memory copy (and Open
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # and the DDP overhead of the small MLP rung (ddp against local).
-#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 DDP_ROUNDS=9; ~35 min on 2 cores)
+#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 DDP_ROUNDS=9; 23 min on 1.13, 37 on 2.6, 2 cores)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -37,7 +37,7 @@ at::ScalarType dtype_parse(const std::string& name) {
                     "' (valid: float32, float64, float16, int32, int64)");
 }
 
-// Median-free and simple: the mean over `iters` after `warmup`, slowest rank.
+// The median of `iters` iterations timed one by one after `warmup`, slowest rank.
 // `prepare`, untimed, runs before each iteration.
 template <typename F, typename P>
 double time_us(ProcessGroup& pg, int warmup, int iters, F&& op, P&& prepare) {
