@@ -337,27 +337,23 @@ class ShmBackend : public SerialBackend {
   }
 
   // Every rank's copy at `offset`: my share reduced over all of them in rank
-  // order through `scratch_`, then written into each (Note [Buckets in
-  // shared memory]).
+  // order and written into each, line by line (Note [Buckets in shared
+  // memory], Note [Reducing a line into every copy]). Shares are whole
+  // 64-byte lines, so no line is written by two ranks.
   void allreduce_in_place(const ShmBuffer& buffer, std::size_t offset, std::size_t count,
                           c10::ScalarType dtype, ShmOp op, double scale) {
     const std::size_t elem = c10::elementSize(dtype);
-    const Share mine = share_of(count, me_);
-    constexpr std::size_t kBlockBytes = 32 << 10;  // the scratch stays in L1/L2
-    const std::size_t per_block = std::max<std::size_t>(1, kBlockBytes / elem);
-    scratch_.resize(per_block * elem);
-    std::vector<const void*> inputs(world_);
-    for (std::size_t begin = mine.begin; begin < mine.begin + mine.len; begin += per_block) {
-      const std::size_t n = std::min(per_block, mine.begin + mine.len - begin);
-      const std::size_t at = offset + begin * elem;
-      for (int r = 0; r < world_; ++r) inputs[r] = buffer.base(r) + at;
-      if (scale != 1.0) {
-        shm_scaled_sum(scratch_.data(), inputs.data(), world_, n, dtype, scale);
-      } else {
-        shm_reduce(scratch_.data(), inputs.data(), world_, n, dtype, op);
-      }
-      for (int r = 0; r < world_; ++r) std::memcpy(buffer.base(r) + at, scratch_.data(), n * elem);
-    }
+    constexpr std::size_t kLine = 64;
+    const std::size_t first_line = offset / kLine;
+    const std::size_t lines = (offset + count * elem + kLine - 1) / kLine - first_line;
+    const Share share = share_of(lines, me_);
+    const std::size_t from = std::max(offset, (first_line + share.begin) * kLine);
+    const std::size_t to =
+        std::min(offset + count * elem, (first_line + share.begin + share.len) * kLine);
+    if (to <= from) return;
+    std::vector<void*> copies(world_);
+    for (int r = 0; r < world_; ++r) copies[r] = buffer.base(r) + from;
+    shm_reduce_copies(copies.data(), world_, (to - from) / elem, dtype, op, scale);
   }
 
   // `scale` != 1 (a SUM): each rank's tensor times `scale`, summed. In
@@ -507,7 +503,6 @@ class ShmBackend : public SerialBackend {
   std::shared_ptr<ShmBuffers> buffers_ = std::make_shared<ShmBuffers>();
   uint64_t buffers_made_ = 0;  // the same count on every rank: an id per buffer
   std::atomic<int64_t> in_place_{0};
-  std::vector<char> scratch_;
   int me_;
   int world_;
   std::chrono::milliseconds timeout_;

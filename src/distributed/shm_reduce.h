@@ -24,4 +24,13 @@ bool scaled_sum_supported(c10::ScalarType dtype);
 void shm_scaled_sum(void* out, const void* const* inputs, int n, std::size_t count,
                     c10::ScalarType dtype, double scale);
 
+// In place over `n` copies of `count` elements (each rank's copy of a
+// bucket's range, at the same offset in every buffer): element i of every
+// copy becomes the reduction of all copies' element i in rank order, with
+// shm_reduce's arithmetic; scale != 1 (a SUM of float32/float64 only):
+// shm_scaled_sum's. One 64-byte line at a time, read from every copy and
+// written into every copy (Note [Reducing a line into every copy]).
+void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::ScalarType dtype,
+                       ShmOp op, double scale);
+
 }  // namespace lockstep

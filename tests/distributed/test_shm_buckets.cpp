@@ -4,7 +4,9 @@
 // every op and dtype, whole or as a slice, on 2 and 3 ranks; a scaled sum
 // gives the bits of a multiply and then the sum; any mix (a private tensor,
 // another offset, a scaled and an unscaled rank) falls back through the
-// segment and still sums right; each copy is unmapped when its tensor goes.
+// segment and still sums right; each copy is unmapped when its tensor goes;
+// the line kernel that reduces into every copy gives the bits of the
+// segment's kernel at every alignment and length, for 1 to 4 copies.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include "support/catch.h"
@@ -13,7 +15,9 @@
 #include <fstream>
 #include <string>
 
+#include "distributed/shm_reduce.h"
 #include "lockstep/distributed/shm_backend.h"
+#include "lockstep/util/error.h"
 #include "support/thread_world.h"
 
 using namespace lockstep;
@@ -257,4 +261,68 @@ TEST_CASE("shm buckets: ranks that scale differently sum through the segment, ea
     if (shm_in_place_count(pg.backend()) != 0) wrong += "ran in place; ";
     return wrong;
   });
+}
+
+TEST_CASE("shm buckets: the line kernel's bits are the segment kernel's at every offset and length",
+          "[shm][buckets]") {
+  // In one process: n copies at the same offset in their buffers (as every
+  // rank's copy of a bucket is), reduced in place by shm_reduce_copies,
+  // against shm_reduce into a separate output from the same inputs.
+  const std::vector<at::ScalarType> dtypes{at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                           at::kInt,   at::kLong,   at::kChar, at::kByte};
+  const std::vector<ShmOp> ops{ShmOp::kSum, ShmOp::kAvg, ShmOp::kMin, ShmOp::kMax, ShmOp::kProduct};
+  std::string wrong;
+  int compared = 0;
+  for (auto dtype : dtypes) {
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+    for (int n = 1; n <= 4; ++n) {
+      for (int64_t offset : {int64_t{0}, int64_t{1}, 64 / elem - 1, 64 / elem + 3}) {
+        for (int64_t len : {0, 1, 7, 16, 17, 63, 64, 65, 1000, 4099}) {
+          std::vector<at::Tensor> inputs, buffers;
+          std::vector<const void*> in_ptrs;
+          std::vector<void*> copy_ptrs;
+          for (int r = 0; r < n; ++r) {
+            inputs.push_back(random_values(r, len, dtype));
+            buffers.push_back(at::zeros({offset + len + 64}, dtype));
+            buffers.back().narrow(0, offset, len).copy_(inputs.back());
+            in_ptrs.push_back(inputs.back().data_ptr());
+            copy_ptrs.push_back(static_cast<char*>(buffers.back().data_ptr()) + offset * elem);
+          }
+          const bool scalable = dtype == at::kFloat || dtype == at::kDouble;
+          for (auto op : ops) {
+            if (op == ShmOp::kProduct && (dtype == at::kHalf || dtype == at::kBFloat16)) continue;
+            for (double scale : {1.0, 1.0 / 3}) {
+              if (scale != 1.0 && (op != ShmOp::kSum || !scalable)) continue;
+              auto want = at::empty({len}, dtype);
+              if (scale != 1.0)
+                shm_scaled_sum(want.data_ptr(), in_ptrs.data(), n, len, dtype, scale);
+              else
+                shm_reduce(want.data_ptr(), in_ptrs.data(), n, len, dtype, op);
+              for (int r = 0; r < n; ++r) buffers[r].narrow(0, offset, len).copy_(inputs[r]);
+              shm_reduce_copies(copy_ptrs.data(), n, len, dtype, op, scale);
+              ++compared;
+              for (int r = 0; r < n; ++r) {
+                // The range holds the result; the elements around it are untouched.
+                const bool same =
+                    at::equal(buffers[r].narrow(0, offset, len), want) &&
+                    at::equal(buffers[r].narrow(0, 0, offset), at::zeros({offset}, dtype)) &&
+                    at::equal(buffers[r].narrow(0, offset + len, 64), at::zeros({64}, dtype));
+                if (!same)
+                  wrong += std::string(c10::toString(dtype)) + " n " + std::to_string(n) +
+                           " offset " + std::to_string(offset) + " len " + std::to_string(len) +
+                           " op " + std::to_string(static_cast<int>(op)) + " scale " +
+                           std::to_string(scale) + " copy " + std::to_string(r) + "; ";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(wrong == "");
+  CHECK(compared == 4 * 4 * 10 * (2 * 6 + 2 * 4 + 4 * 5));  // n, offsets, lengths; ops per dtype
+  // A scale on another op, or on a dtype without a scaled sum, is refused.
+  auto t = at::zeros({4}, at::kHalf);
+  void* p = t.data_ptr();
+  CHECK_THROWS_AS(shm_reduce_copies(&p, 1, 4, at::kHalf, ShmOp::kSum, 0.5), CommError);
 }
