@@ -78,10 +78,11 @@
 // failure, on any rank: every rank falls back to private memory, the same
 // decision everywhere) and the names are unlinked. An all-reduce of a tensor
 // inside such a buffer then reduces in place: each rank reduces its share
-// of the elements over every rank's copy, in rank order, through a small
-// scratch block (the same kernel and order as through the segment, so the
-// same bits), and writes the result into every copy: ~2 bytes per byte and
-// two barriers. Which path an all-reduce takes is decided alike on every
+// (whole 64-byte lines) over every rank's copy, in rank order, one line at
+// a time, and writes the line's result into every copy before the next
+// (Note [Reducing a line into every copy], shm_reduce.cpp; the arithmetic of
+// the segment's kernel, so the same bits): ~2 bytes per byte and two
+// barriers. Which path an all-reduce takes is decided alike on every
 // rank: each publishes a descriptor (the buffer, byte range, dtype and op;
 // zeros for private memory) with its first arrival, and reads the others'
 // after it. All equal and in a buffer: in place. Any other mix: every rank
@@ -417,9 +418,12 @@ class ShmBackend : public SerialBackend {
       if (mine.len > 0) {
         for (int r = 0; r < world_; ++r)
           inputs[r] = (r == me_ ? data + off * elem : segment_.slot(set, r)) + mine.begin * elem;
-        char* result = segment_.result(set) + mine.begin * elem;
-        shm_reduce(result, inputs.data(), world_, mine.len, flat.scalar_type(), op);
-        std::memcpy(data + (off + mine.begin) * elem, result, mine.len * elem);
+        // Into the shared result and my tensor, line by line (Note
+        // [Reducing a line into every copy]).
+        void* outputs[2] = {segment_.result(set) + mine.begin * elem,
+                            data + (off + mine.begin) * elem};
+        shm_reduce_lines({inputs.data(), world_, outputs, 2}, mine.len, flat.scalar_type(), op,
+                         1.0);
       }
       if (previous_set >= 0)
         copy_others(data + previous_off * elem, segment_.result(previous_set), previous_n, elem);

@@ -81,72 +81,70 @@ void scaled_sum(T* out, const void* const* inputs, int n, std::size_t count, T s
 // against 9-17 us), most of a small model's exchange. The arithmetic per
 // element is combine()'s and scaled_sum()'s: the same bits.
 template <typename T, typename Acc, typename Load, typename Combine, typename Finish>
-__attribute__((always_inline)) inline void reduce_line(T* const* copies, int n, std::size_t at,
+__attribute__((always_inline)) inline void reduce_line(const ShmLines& lines, std::size_t at,
                                                        std::size_t len, Load load, Combine f,
                                                        Finish finish) {
   constexpr std::size_t kLine = 64 / sizeof(T);
   Acc acc[kLine];
-  const T* __restrict first = copies[0] + at;
+  const T* __restrict first = static_cast<const T*>(lines.inputs[0]) + at;
   for (std::size_t i = 0; i < len; ++i) acc[i] = load(first[i]);
-  for (int r = 1; r < n; ++r) {
-    const T* __restrict in = copies[r] + at;
+  for (int r = 1; r < lines.n; ++r) {
+    const T* __restrict in = static_cast<const T*>(lines.inputs[r]) + at;
     for (std::size_t i = 0; i < len; ++i) acc[i] = f(acc[i], load(in[i]));
   }
   T result[kLine];
   for (std::size_t i = 0; i < len; ++i) result[i] = finish(acc[i]);
-  for (int r = 0; r < n; ++r) {
-    T* __restrict out = copies[r] + at;
+  for (int r = 0; r < lines.m; ++r) {
+    T* __restrict out = static_cast<T*>(lines.outputs[r]) + at;
     for (std::size_t i = 0; i < len; ++i) out[i] = result[i];
   }
 }
 
 template <typename T, typename Acc, typename Load, typename Combine, typename Finish>
-void reduce_lines(void* const* copies, int n, std::size_t count, Load load, Combine f,
-                  Finish finish) {
+void reduce_lines(const ShmLines& lines, std::size_t count, Load load, Combine f, Finish finish) {
   constexpr std::size_t kLine = 64 / sizeof(T);
-  T* const* typed = reinterpret_cast<T* const*>(copies);
-  std::size_t at = 0;
-  // Up to the first line boundary (every copy is at the same offset within
-  // its buffer), then whole lines (a constant length: vector code), then the rest.
-  const std::size_t head =
-      std::min(count, ((64 - reinterpret_cast<std::uintptr_t>(typed[0]) % 64) % 64) / sizeof(T));
-  if (head > 0) reduce_line<T, Acc>(typed, n, 0, head, load, f, finish);
-  for (at = head; at + kLine <= count; at += kLine)
-    reduce_line<T, Acc>(typed, n, at, kLine, load, f, finish);
-  if (at < count) reduce_line<T, Acc>(typed, n, at, count - at, load, f, finish);
+  // Up to the first output's line boundary, then whole lines (a constant
+  // length: vector code), then the rest.
+  const auto address = reinterpret_cast<std::uintptr_t>(lines.outputs[0]);
+  const std::size_t head = std::min(count, ((64 - address % 64) % 64) / sizeof(T));
+  if (head > 0) reduce_line<T, Acc>(lines, 0, head, load, f, finish);
+  std::size_t at = head;
+  for (; at + kLine <= count; at += kLine) reduce_line<T, Acc>(lines, at, kLine, load, f, finish);
+  if (at < count) reduce_line<T, Acc>(lines, at, count - at, load, f, finish);
 }
 
 template <typename T, typename Acc>
-void reduce_copies_typed(void* const* copies, int n, std::size_t count, ShmOp op) {
+void reduce_lines_typed(const ShmLines& lines, std::size_t count, ShmOp op) {
   auto load = [](T x) { return static_cast<Acc>(x); };
   auto round = [](Acc a) { return static_cast<T>(a); };
+  const int n = lines.n;
   switch (op) {
     case ShmOp::kSum:
       return reduce_lines<T, Acc>(
-          copies, n, count, load, [](Acc a, Acc b) { return a + b; }, round);
+          lines, count, load, [](Acc a, Acc b) { return a + b; }, round);
     case ShmOp::kAvg:
       // As combine() then its division: the sum rounded to T, then divided.
       return reduce_lines<T, Acc>(
-          copies, n, count, load, [](Acc a, Acc b) { return a + b; },
+          lines, count, load, [](Acc a, Acc b) { return a + b; },
           [n](Acc a) {
             return static_cast<T>(static_cast<Acc>(static_cast<T>(a)) / static_cast<Acc>(n));
           });
     case ShmOp::kMin:
       return reduce_lines<T, Acc>(
-          copies, n, count, load, [](Acc a, Acc b) { return b < a ? b : a; }, round);
+          lines, count, load, [](Acc a, Acc b) { return b < a ? b : a; }, round);
     case ShmOp::kMax:
       return reduce_lines<T, Acc>(
-          copies, n, count, load, [](Acc a, Acc b) { return a < b ? b : a; }, round);
+          lines, count, load, [](Acc a, Acc b) { return a < b ? b : a; }, round);
     case ShmOp::kProduct:
       return reduce_lines<T, Acc>(
-          copies, n, count, load, [](Acc a, Acc b) { return a * b; }, round);
+          lines, count, load, [](Acc a, Acc b) { return a * b; }, round);
   }
 }
 
 template <typename T>
-void scaled_copies(void* const* copies, int n, std::size_t count, T scale) {
+void scaled_lines(const ShmLines& lines, std::size_t count, T scale) {
   reduce_lines<T, T>(
-      copies, n, count, [scale](T x) { return x * scale; }, [](T a, T b) { return a + b; },
+      lines, count, [scale](T x) { return x * scale; }, [](T a, T b) { return a + b; },
       [](T a) { return a; });
 }
 
@@ -190,37 +188,44 @@ void shm_reduce(void* out, const void* const* inputs, int n, std::size_t count,
   }
 }
 
-void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::ScalarType dtype,
-                       ShmOp op, double scale) {
+void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType dtype, ShmOp op,
+                      double scale) {
+  if (lines.n < 1 || lines.m < 1)
+    throw CommError("shm backend: a reduction with no input or output");
   if (scale != 1.0) {
     if (op != ShmOp::kSum || !scaled_sum_supported(dtype))
       throw CommError(std::string("shm backend: a scaled ") + (op == ShmOp::kSum ? "sum" : "op") +
                       " of " + c10::toString(dtype));
     if (dtype == c10::ScalarType::Float)
-      return scaled_copies<float>(copies, n, count, static_cast<float>(scale));
-    return scaled_copies<double>(copies, n, count, scale);
+      return scaled_lines<float>(lines, count, static_cast<float>(scale));
+    return scaled_lines<double>(lines, count, scale);
   }
   switch (dtype) {
     case c10::ScalarType::Float:
-      return reduce_copies_typed<float, float>(copies, n, count, op);
+      return reduce_lines_typed<float, float>(lines, count, op);
     case c10::ScalarType::Double:
-      return reduce_copies_typed<double, double>(copies, n, count, op);
+      return reduce_lines_typed<double, double>(lines, count, op);
     case c10::ScalarType::Half:
-      return reduce_copies_typed<c10::Half, float>(copies, n, count, op);
+      return reduce_lines_typed<c10::Half, float>(lines, count, op);
     case c10::ScalarType::BFloat16:
-      return reduce_copies_typed<c10::BFloat16, float>(copies, n, count, op);
+      return reduce_lines_typed<c10::BFloat16, float>(lines, count, op);
     case c10::ScalarType::Int:
-      return reduce_copies_typed<int32_t, int32_t>(copies, n, count, op);
+      return reduce_lines_typed<int32_t, int32_t>(lines, count, op);
     case c10::ScalarType::Long:
-      return reduce_copies_typed<int64_t, int64_t>(copies, n, count, op);
+      return reduce_lines_typed<int64_t, int64_t>(lines, count, op);
     case c10::ScalarType::Byte:
-      return reduce_copies_typed<uint8_t, uint8_t>(copies, n, count, op);
+      return reduce_lines_typed<uint8_t, uint8_t>(lines, count, op);
     case c10::ScalarType::Char:
-      return reduce_copies_typed<int8_t, int8_t>(copies, n, count, op);
+      return reduce_lines_typed<int8_t, int8_t>(lines, count, op);
     default:
       throw CommError(std::string("shm backend: all-reduce of ") + c10::toString(dtype) +
                       " is not supported (float32/64, float16, bfloat16, int8/32/64, uint8)");
   }
+}
+
+void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::ScalarType dtype,
+                       ShmOp op, double scale) {
+  shm_reduce_lines({copies, n, copies, n}, count, dtype, op, scale);
 }
 
 }  // namespace lockstep

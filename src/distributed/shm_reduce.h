@@ -24,12 +24,24 @@ bool scaled_sum_supported(c10::ScalarType dtype);
 void shm_scaled_sum(void* out, const void* const* inputs, int n, std::size_t count,
                     c10::ScalarType dtype, double scale);
 
+// The reduction of `n` inputs (in rank order, with shm_reduce's arithmetic;
+// scale != 1, a SUM of float32/float64 only: shm_scaled_sum's) written into
+// each of `m` outputs, one 64-byte line at a time: a line is read from every
+// input and written into every output before the next (Note [Reducing a
+// line into every copy]). An output may be one of the inputs.
+struct ShmLines {
+  const void* const* inputs;
+  int n;
+  void* const* outputs;
+  int m;
+};
+void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType dtype, ShmOp op,
+                      double scale);
+
 // In place over `n` copies of `count` elements (each rank's copy of a
 // bucket's range, at the same offset in every buffer): element i of every
-// copy becomes the reduction of all copies' element i in rank order, with
-// shm_reduce's arithmetic; scale != 1 (a SUM of float32/float64 only):
-// shm_scaled_sum's. One 64-byte line at a time, read from every copy and
-// written into every copy (Note [Reducing a line into every copy]).
+// copy becomes the reduction of all copies' element i (shm_reduce_lines
+// with the copies as inputs and outputs).
 void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::ScalarType dtype,
                        ShmOp op, double scale);
 
