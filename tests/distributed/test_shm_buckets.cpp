@@ -5,8 +5,9 @@
 // gives the bits of a multiply and then the sum; any mix (a private tensor,
 // another offset, a scaled and an unscaled rank) falls back through the
 // segment and still sums right; each copy is unmapped when its tensor goes;
-// the line kernel that reduces into every copy gives the bits of the
-// segment's kernel at every alignment and length, for 1 to 4 copies.
+// the line kernel that reduces into every copy (or into other outputs)
+// gives the bits of the plain kernel at every alignment and length, for 1
+// to 4 copies.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include "support/catch.h"
@@ -298,6 +299,18 @@ TEST_CASE("shm buckets: the line kernel's bits are the segment kernel's at every
                 shm_scaled_sum(want.data_ptr(), in_ptrs.data(), n, len, dtype, scale);
               else
                 shm_reduce(want.data_ptr(), in_ptrs.data(), n, len, dtype, op);
+              // Into two outputs, one of them an input (as the segment's
+              // reduction writes the shared result and the rank's tensor).
+              for (int r = 0; r < n; ++r) buffers[r].narrow(0, offset, len).copy_(inputs[r]);
+              auto other = at::zeros({offset + len}, dtype);
+              std::vector<const void*> segment_inputs(copy_ptrs.begin(), copy_ptrs.end());
+              void* outputs[2] = {static_cast<char*>(other.data_ptr()) + offset * elem,
+                                  copy_ptrs[n - 1]};
+              shm_reduce_lines({segment_inputs.data(), n, outputs, 2}, len, dtype, op, scale);
+              if (!at::equal(other.narrow(0, offset, len), want) ||
+                  !at::equal(buffers[n - 1].narrow(0, offset, len), want))
+                wrong += std::string("two outputs ") + c10::toString(dtype) + " n " +
+                         std::to_string(n) + " len " + std::to_string(len) + "; ";
               for (int r = 0; r < n; ++r) buffers[r].narrow(0, offset, len).copy_(inputs[r]);
               shm_reduce_copies(copy_ptrs.data(), n, len, dtype, op, scale);
               ++compared;
