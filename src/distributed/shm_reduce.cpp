@@ -75,11 +75,17 @@ void scaled_sum(T* out, const void* const* inputs, int n, std::size_t count, T s
 // reduces each line of a rank's share over every rank's copy and writes the
 // result into every copy at once, one 64-byte line at a time: each line
 // comes from the core that wrote it and goes back while this core still
-// holds it. Reducing 32 KiB of the share into a scratch block and then
-// copying the block into each copy, as the segment path does, took 2-3x as
-// long at 512 KiB with two ranks on two cores (AMD EPYC under KVM: 27-47
-// against 9-17 us), most of a small model's exchange. The arithmetic per
-// element is combine()'s and scaled_sum()'s: the same bits.
+// holds it. The segment path's reduction writes the shared result and the
+// rank's own tensor the same way. Before, a 32 KiB block of the share was
+// reduced into a scratch block and then copied into each output: on AMD
+// EPYC under KVM, 2 ranks, `lockstep bench allreduce`, the bucket column at
+// 512 KiB took 33-37 us against 18-21 now, 1 MiB 62-70 against 32-39, and
+// the private column at 1 MiB ~99 against ~60 (docs/performance.md). The
+// arithmetic per element is combine()'s and scaled_sum()'s: the same bits.
+// Tried and left out: a copy of the kernel per vector width (target_clones
+// avx512f/avx2, whole lines as 64-byte vectors): no different in medians of
+// 6 alternated rounds (512 KiB 20.4 against 21.2 us): what the kernel waits
+// for is lines crossing between cores, not arithmetic.
 template <typename T, typename Acc, typename Load, typename Combine, typename Finish>
 __attribute__((always_inline)) inline void reduce_line(const ShmLines& lines, std::size_t at,
                                                        std::size_t len, Load load, Combine f,
