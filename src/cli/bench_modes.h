@@ -19,6 +19,7 @@ namespace lockstep::cli {
 // the names are parsed, listed and documented in one place.
 enum class BenchModeKind {
   kLocal,
+  kLocalBarrier,
   kLocalAmpBf16,
   kDdp,
   kDdpAmpBf16,
@@ -38,8 +39,9 @@ enum class BenchModeKind {
   kExchangeBucketed,
   kExchangeFlat
 };
-inline constexpr NameTable<BenchModeKind, 19> kBenchModeNames{{
+inline constexpr NameTable<BenchModeKind, 20> kBenchModeNames{{
     {BenchModeKind::kLocal, "local"},
+    {BenchModeKind::kLocalBarrier, "local+barrier"},
     {BenchModeKind::kLocalAmpBf16, "local-amp-bf16"},
     {BenchModeKind::kDdp, "ddp"},
     {BenchModeKind::kDdpAmpBf16, "ddp-amp-bf16"},
@@ -63,6 +65,7 @@ inline constexpr NameTable<BenchModeKind, 19> kBenchModeNames{{
 struct BenchMode {
   std::string name;
   bool ddp = true;        // false: the model alone (local)
+  bool barrier = false;   // a barrier after each backward: what keeping ranks in step costs
   bool autocast = false;  // forward and loss under bf16 autocast (train.precision: bf16)
   std::optional<CommHookKind> hook;
   int64_t powersgd_rank = 0;  // PowerSGD compressing from step 2, one bucket
@@ -83,7 +86,8 @@ inline BenchMode bench_mode(const std::string& name) {
   };
   BenchMode m;
   m.name = name;
-  m.ddp = !any({K::kLocal, K::kLocalAmpBf16});
+  m.ddp = !any({K::kLocal, K::kLocalBarrier, K::kLocalAmpBf16});
+  m.barrier = kind == K::kLocalBarrier;
   m.autocast = any({K::kLocalAmpBf16, K::kDdpAmpBf16});
   if (kind == K::kDdpFp16) m.hook = CommHookKind::kFp16;
   if (kind == K::kDdpBf16) m.hook = CommHookKind::kBf16;

@@ -147,6 +147,9 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode
       }
       loss.backward();
     }
+    // local+barrier: the ranks meet where DDP's last bucket would be waited
+    // for, with nothing exchanged (the step's cost of staying in step).
+    if (mode.barrier) pg.barrier();
     finish();
     sgd.step();
     if (checks) timed([&] { checks->start(fingerprint_tensors(*model, false), ++step_number); });
@@ -256,7 +259,7 @@ int cmd_bench(int argc, char** argv) {
         ("ops", "allreduce: collectives to time, comma-separated: allreduce, reduce_scatter, all_gather (all: the three)", cxxopts::value<std::string>()->default_value("allreduce"))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-powersgd{1,2,4} (PowerSGD of that rank, compressing from the second step, one bucket), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
+        ("modes", "comma-separated: local (no communication), local+barrier (no communication but a barrier after each backward: the cost of keeping the ranks in step), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-powersgd{1,2,4} (PowerSGD of that rank, compressing from the second step, one bucket), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
         ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
         ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
         ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))

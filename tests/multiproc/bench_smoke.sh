@@ -14,6 +14,11 @@ for mode in $modes; do
   expect_grep "$WORK/out" "^small +$mode +2 +32 +[0-9.]+ +[0-9.]+ +[0-9.]+\$" "row with both figures and a ratio: small $mode"
 done
 expect_grep "$WORK/out" "^small: bucketed exchange / one flat all-reduce = [0-9.]+\$" "the exchange comparison"
+# local+barrier (lockstep's own: the model alone and a barrier per step).
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" bench ddp --models small \
+  --modes local,local+barrier --steps 3 --warmup 1 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 0 "bench ddp local+barrier exits 0"
+expect_grep "$WORK/out" '^\[rank0\]: \{"bench": "ddp", .*"mode": "local\+barrier", "world": 2, .*"comm_bytes_per_step": 0\}$' "a local+barrier row, nothing exchanged"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" bench allreduce --max-bytes 4096 --iters 2 \
   >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 0 "bench allreduce exits 0"
