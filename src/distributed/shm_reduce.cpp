@@ -49,27 +49,6 @@ void reduce_typed(void* out, const void* const* inputs, int n, std::size_t count
   }
 }
 
-// No contraction into fused multiply-adds (the build sets
-// -ffp-contract=off for this file): each product is rounded before the sum.
-template <typename T>
-void scaled_sum(T* out, const void* const* inputs, int n, std::size_t count, T scale) {
-  constexpr std::size_t kBlock = 1024;
-  T acc[kBlock];
-  for (std::size_t begin = 0; begin < count; begin += kBlock) {
-    const std::size_t len = std::min(kBlock, count - begin);
-    const T* __restrict first = static_cast<const T*>(inputs[0]) + begin;
-    for (std::size_t i = 0; i < len; ++i) acc[i] = first[i] * scale;
-    for (int r = 1; r < n; ++r) {
-      const T* __restrict in = static_cast<const T*>(inputs[r]) + begin;
-      for (std::size_t i = 0; i < len; ++i) {
-        const T product = in[i] * scale;
-        acc[i] = acc[i] + product;
-      }
-    }
-    for (std::size_t i = 0; i < len; ++i) out[begin + i] = acc[i];
-  }
-}
-
 // Note [Reducing a line into every copy]
 // An all-reduce in place (Note [Buckets in shared memory], shm_backend.cpp)
 // reduces each line of a rank's share over every rank's copy and writes the
@@ -81,7 +60,8 @@ void scaled_sum(T* out, const void* const* inputs, int n, std::size_t count, T s
 // EPYC under KVM, 2 ranks, `lockstep bench allreduce`, the bucket column at
 // 512 KiB took 33-37 us against 18-21 now, 1 MiB 62-70 against 32-39, and
 // the private column at 1 MiB ~99 against ~60 (docs/performance.md). The
-// arithmetic per element is combine()'s and scaled_sum()'s: the same bits.
+// arithmetic per element is combine()'s (with a scale, each product
+// rounded before the sum: -ffp-contract=off for this file): the same bits.
 // Tried and left out: a copy of the kernel per vector width (target_clones
 // avx512f/avx2, whole lines as 64-byte vectors): no different in medians of
 // 6 alternated rounds (512 KiB 20.4 against 21.2 us): what the kernel waits
@@ -158,15 +138,6 @@ void scaled_lines(const ShmLines& lines, std::size_t count, T scale) {
 
 bool scaled_sum_supported(c10::ScalarType dtype) {
   return dtype == c10::ScalarType::Float || dtype == c10::ScalarType::Double;
-}
-
-void shm_scaled_sum(void* out, const void* const* inputs, int n, std::size_t count,
-                    c10::ScalarType dtype, double scale) {
-  if (dtype == c10::ScalarType::Float)
-    return scaled_sum<float>(static_cast<float*>(out), inputs, n, count, static_cast<float>(scale));
-  if (dtype == c10::ScalarType::Double)
-    return scaled_sum<double>(static_cast<double*>(out), inputs, n, count, scale);
-  throw CommError(std::string("shm backend: a scaled sum of ") + c10::toString(dtype));
 }
 
 void shm_reduce(void* out, const void* const* inputs, int n, std::size_t count,

@@ -16,16 +16,12 @@ enum class ShmOp { kSum, kAvg, kMin, kMax, kProduct };
 void shm_reduce(void* out, const void* const* inputs, int n, std::size_t count,
                 c10::ScalarType dtype, ShmOp op);
 
-// out[i] = in[0][i] * scale + in[1][i] * scale + ... in rank order, each
-// product rounded to the dtype first: the bits of multiplying every input
-// by `scale` (as at::mul_ does: the scale rounded to the dtype) and then
-// summing. float32 and float64 only (scaled_sum_supported).
+// Whether shm_reduce_lines takes a scale for this dtype (float32, float64).
 bool scaled_sum_supported(c10::ScalarType dtype);
-void shm_scaled_sum(void* out, const void* const* inputs, int n, std::size_t count,
-                    c10::ScalarType dtype, double scale);
 
 // The reduction of `n` inputs (in rank order, with shm_reduce's arithmetic;
-// scale != 1, a SUM of float32/float64 only: shm_scaled_sum's) written into
+// scale != 1, a SUM of float32/float64 only: each input times `scale`,
+// rounded to the dtype as at::mul_ rounds it, then summed) written into
 // each of `m` outputs, one 64-byte line at a time: a line is read from every
 // input and written into every output before the next (Note [Reducing a
 // line into every copy]). An output may be one of the inputs.

@@ -294,11 +294,17 @@ TEST_CASE("shm buckets: the line kernel's bits are the segment kernel's at every
             if (op == ShmOp::kProduct && (dtype == at::kHalf || dtype == at::kBFloat16)) continue;
             for (double scale : {1.0, 1.0 / 3}) {
               if (scale != 1.0 && (op != ShmOp::kSum || !scalable)) continue;
+              // A scale: each input multiplied by ATen, then the plain sum.
               auto want = at::empty({len}, dtype);
-              if (scale != 1.0)
-                shm_scaled_sum(want.data_ptr(), in_ptrs.data(), n, len, dtype, scale);
-              else
-                shm_reduce(want.data_ptr(), in_ptrs.data(), n, len, dtype, op);
+              std::vector<at::Tensor> scaled;
+              std::vector<const void*> want_inputs = in_ptrs;
+              if (scale != 1.0) {
+                for (int r = 0; r < n; ++r) {
+                  scaled.push_back(inputs[r].mul(scale));
+                  want_inputs[r] = scaled.back().data_ptr();
+                }
+              }
+              shm_reduce(want.data_ptr(), want_inputs.data(), n, len, dtype, op);
               // Into two outputs, one of them an input (as the segment's
               // reduction writes the shared result and the rank's tensor).
               for (int r = 0; r < n; ++r) buffers[r].narrow(0, offset, len).copy_(inputs[r]);
