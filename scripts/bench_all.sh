@@ -8,7 +8,7 @@
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # and the DDP overhead of the small MLP rung (ddp against local, and local
 # with a barrier per step).
-#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 DDP_ROUNDS=9; 23 min on 1.13, 37 on 2.6, 2 cores)
+#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 DDP_ROUNDS=3; 23 min on 1.13, 37 on 2.6, 2 cores)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,17 +58,18 @@ else
 fi
 
 echo "== DDP small rung" >&2
-# Each mode in processes of its own, the order alternated, DDP_ROUNDS rounds:
-# on a shared host one slow stretch would otherwise land on one mode only.
-# local+barrier: the model alone with a barrier per step, the part of the
-# overhead that is keeping the ranks in step rather than the exchange.
-for r in $(seq "${DDP_ROUNDS:-9}"); do
-  modes="local local+barrier ddp"
-  [ $((r % 2)) -eq 0 ] && modes="ddp local+barrier local"
-  for m in $modes; do
-    build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench ddp --models small \
-      --modes "$m" --steps 2000 --warmup 100 2>/dev/null | sed -n 's/^\[rank0\]: //p' | grep '"bench"' >>"$out/ddp"
-  done
+# The three modes in one job, interleaved (Note [Interleaved modes],
+# cmd_bench.cpp: blocks of 50 steps in turn, so that every mode meets the
+# host's same fast and slow stretches), DDP_ROUNDS jobs, the order reversed
+# every other one. local+barrier: the model alone with a barrier per step,
+# the part of the overhead that is keeping the ranks in step rather than
+# the exchange.
+for r in $(seq "${DDP_ROUNDS:-3}"); do
+  modes="local,local+barrier,ddp"
+  [ $((r % 2)) -eq 0 ] && modes="ddp,local+barrier,local"
+  build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench ddp --models small \
+    --modes "$modes" --steps 3000 --warmup 100 --interleave 50 2>/dev/null |
+    sed -n 's/^\[rank0\]: //p' | grep '"bench"' | sed "s/^{/{\"round\": $r, /" >>"$out/ddp"
 done
 
 "$PYTHON" - "$out" "$cpu" "$torch" <<'PY'
@@ -107,10 +108,15 @@ if copy and rows:
 print("\n### Open MPI")
 print("".join("    " + l for l in open(f"{out}/mpi")))
 ddp = [json.loads(l) for l in open(f"{out}/ddp")]
-local = statistics.median(r["ms_per_step"] for r in ddp if r["mode"] == "local")
-met = statistics.median(r["ms_per_step"] for r in ddp if r["mode"] == "local+barrier")
-synced = statistics.median(r["ms_per_step"] for r in ddp if r["mode"] == "ddp")
-print(f"\n### DDP overhead, small rung (784-128-128-10, batch 32, 2 ranks), median of {len(ddp) // 3}")
-print(f"local {local:.4f} ms, ddp {synced:.4f} ms: x{synced / local:.2f}; "
-      f"local with a barrier per step {met:.4f} ms: x{met / local:.2f} (keeping in step, nothing exchanged)")
+rounds = sorted({r["round"] for r in ddp})
+ms = {(r["round"], r["mode"]): r["ms_per_step"] for r in ddp}
+over = [ms[(k, "ddp")] / ms[(k, "local")] for k in rounds]
+kept = [ms[(k, "local+barrier")] / ms[(k, "local")] for k in rounds]
+print(f"\n### DDP overhead, small rung (784-128-128-10, batch 32, 2 ranks), "
+      f"modes interleaved in blocks of 50 steps, median of {len(rounds)} jobs")
+print(f"local {statistics.median(ms[(k, 'local')] for k in rounds):.4f} ms, "
+      f"ddp {statistics.median(ms[(k, 'ddp')] for k in rounds):.4f} ms: "
+      f"x{statistics.median(over):.3f} (jobs: {', '.join(f'{v:.3f}' for v in over)}); "
+      f"local with a barrier per step x{statistics.median(kept):.3f} "
+      f"(jobs: {', '.join(f'{v:.3f}' for v in kept)}; keeping in step, nothing exchanged)")
 PY

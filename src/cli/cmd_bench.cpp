@@ -78,101 +78,190 @@ void synchronize(const at::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode, int warmup,
-                  int steps, const DdpOptions& base, const at::Device& device) {
-  torch::manual_seed(0);
-  auto model = make_mlp(spec.dims);
-  model->to(device);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
-  const auto x = torch::randn({spec.batch, spec.dims.front()}).to(device);
-  const auto y = torch::randint(0, spec.dims.back(), {spec.batch}).to(device);
-  std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp;
-  // local-amp-bf16 and ddp-amp-bf16: the forward and loss under bf16
-  // autocast (train.precision: bf16), weights and SGD in float32.
-  const bool autocast = mode.autocast;
-  if (mode.ddp) {
-    DdpOptions options = base;
-    if (mode.powersgd_rank > 0) {
-      PowerSgdOptions powersgd;
-      powersgd.matrix_approximation_rank = mode.powersgd_rank;
-      powersgd.start_iter = 2;
-      options.comm_hook = comm_hook_create(CommHookKind::kPowerSgd, &powersgd);
-      // One bucket, as PyTorch's side must have (scripts/bench_ddp_torch.py).
-      options.bucket_cap_mb = options.first_bucket_cap_mb = 1e6;
-    } else if (mode.hook) {
-      options.comm_hook = comm_hook_create(*mode.hook);
+// One mode's model, SGD and (but for local modes) DDP wrapper, stepped as
+// the trainer steps: zero_grad, forward and backward per micro-batch, the
+// optimizer step, and with a check mode the fingerprint check after it.
+class Contender {
+ public:
+  Contender(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode, const DdpOptions& base,
+            const at::Device& device)
+      : pg_(pg), mode_(mode), device_(device) {
+    torch::manual_seed(0);
+    model_ = make_mlp(spec.dims);
+    model_->to(device);
+    sgd_ =
+        std::make_unique<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01));
+    x_ = torch::randn({spec.batch, spec.dims.front()}).to(device);
+    y_ = torch::randint(0, spec.dims.back(), {spec.batch}).to(device);
+    // local-amp-bf16 and ddp-amp-bf16: the forward and loss under bf16
+    // autocast (train.precision: bf16), weights and SGD in float32.
+    if (mode.ddp) {
+      DdpOptions options = base;
+      if (mode.powersgd_rank > 0) {
+        PowerSgdOptions powersgd;
+        powersgd.matrix_approximation_rank = mode.powersgd_rank;
+        powersgd.start_iter = 2;
+        options.comm_hook = comm_hook_create(CommHookKind::kPowerSgd, &powersgd);
+        // One bucket, as PyTorch's side must have (scripts/bench_ddp_torch.py).
+        options.bucket_cap_mb = options.first_bucket_cap_mb = 1e6;
+      } else if (mode.hook) {
+        options.comm_hook = comm_hook_create(*mode.hook);
+      }
+      if (mode.bucket_mb > 0) {
+        options.bucket_cap_mb = mode.bucket_mb;
+        options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
+      }
+      ddp_ = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
+          model_, pg.shared_from_this(), options);
     }
-    if (mode.bucket_mb > 0) {
-      options.bucket_cap_mb = mode.bucket_mb;
-      options.first_bucket_cap_mb = std::min(options.first_bucket_cap_mb, options.bucket_cap_mb);
-    }
-    ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
-        model, pg.shared_from_this(), options);
+    // As the trainer does (StepChecks): a check started after each optimizer
+    // step, its verdict taken before a later one. ddp+check hashes where the
+    // trainer would; ddp+check-inplace always in place.
+    if (mode.check)
+      checks_.emplace(pg, mode.digest,
+                      mode.inplace ? CheckHashing::kInPlace : check_hashing_for(false));
   }
-  const bool check = mode.check;
-  const DigestMode digest = mode.digest;
-  // ddp+check hashes where the trainer would; ddp+check-inplace always in place.
-  const CheckHashing hashing = mode.inplace ? CheckHashing::kInPlace : check_hashing_for(false);
-  double check_ms = 0;
-  int64_t step_number = 0;
-  // As the trainer does (StepChecks): a check started after each optimizer
-  // step, its verdict taken before a later one.
-  std::optional<StepChecks> checks;
-  if (check) checks.emplace(pg, digest, hashing);
-  auto timed = [&](const std::function<void()>& body) {
-    const auto start = std::chrono::steady_clock::now();
-    body();
-    check_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  };
-  auto verdicts = [&](std::vector<ConsistencyReport> reports) {
-    for (const auto& report : reports)
-      if (!report.consistent) throw ConsistencyError(report.message);
-  };
-  auto finish = [&] {
-    if (checks) timed([&] { verdicts(checks->before_update()); });
-  };
-  const int micro = mode.micro;
-  auto step = [&] {
-    sgd.zero_grad();
-    for (int m = 0; m < micro; ++m) {
+
+  void step() {
+    sgd_->zero_grad();
+    for (int m = 0; m < mode_.micro; ++m) {
       std::optional<DdpCore::NoSyncGuard> guard;
-      if (ddp && m < micro - 1) guard.emplace(*ddp);
+      if (ddp_ && m < mode_.micro - 1) guard.emplace(*ddp_);
       at::Tensor loss;
       {
         std::optional<amp::AutocastGuard> bf16;
-        if (autocast) bf16.emplace(device.type(), at::kBFloat16);
-        auto out = ddp ? ddp->forward(x) : model->forward(x);
-        loss = torch::nn::functional::cross_entropy(out, y) / micro;
+        if (mode_.autocast) bf16.emplace(device_.type(), at::kBFloat16);
+        auto out = ddp_ ? ddp_->forward(x_) : model_->forward(x_);
+        loss = torch::nn::functional::cross_entropy(out, y_) / mode_.micro;
       }
       loss.backward();
     }
     // local+barrier: the ranks meet where DDP's last bucket would be waited
     // for, with nothing exchanged (the step's cost of staying in step).
-    if (mode.barrier) pg.barrier();
-    finish();
-    sgd.step();
-    if (checks) timed([&] { checks->start(fingerprint_tensors(*model, false), ++step_number); });
-  };
-  for (int i = 0; i < warmup; ++i) step();
+    if (mode_.barrier) pg_.barrier();
+    if (checks_) timed([&] { verdicts(checks_->before_update()); });
+    sgd_->step();
+    if (checks_)
+      timed([&] { checks_->start(fingerprint_tensors(*model_, false), ++step_number_); });
+  }
+
+  // The verdict of the check still in flight, timed as the step's.
+  void drain() {
+    if (checks_) timed([&] { verdicts(checks_->drain()); });
+  }
+
+  // From here on what check_ms and the hashing shares count.
+  void start_counting() {
+    check_ms_ = 0;
+    idle_before_ = checks_ ? checks_->idle_bytes() : 0;
+    hashed_before_ = checks_ ? checks_->hashed_bytes() : 0;
+  }
+
+  // `ms` per step on this rank over `steps` timed steps: the slowest rank's
+  // figures (a collective: every rank calls it, in the same order).
+  Timing timing(double ms, int steps) {
+    const auto slowest = max_over_ranks(pg_, {ms, check_ms_ / steps});
+    const double hashed =
+        checks_ ? static_cast<double>(checks_->hashed_bytes() - hashed_before_) : 0;
+    const double idle = checks_ ? static_cast<double>(checks_->idle_bytes() - idle_before_) : 0;
+    const double bytes =
+        ddp_ && ddp_->reducer() ? static_cast<double>(ddp_->reducer()->last_stats().bytes) : 0.0;
+    return {slowest[0], slowest[1], hashed > 0 ? idle / hashed : 0.0, bytes};
+  }
+
+ private:
+  template <typename F>
+  void timed(F&& body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    check_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  static void verdicts(const std::vector<ConsistencyReport>& reports) {
+    for (const auto& report : reports)
+      if (!report.consistent) throw ConsistencyError(report.message);
+  }
+
+  ProcessGroup& pg_;
+  BenchMode mode_;
+  at::Device device_;
+  torch::nn::Sequential model_{nullptr};
+  std::unique_ptr<torch::optim::SGD> sgd_;
+  at::Tensor x_, y_;
+  std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp_;
+  std::optional<StepChecks> checks_;
+  int64_t step_number_ = 0;
+  double check_ms_ = 0;
+  size_t idle_before_ = 0, hashed_before_ = 0;
+};
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// One mode at a time: `warmup` steps, then `steps` timed in one stretch.
+Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode, int warmup,
+                  int steps, const DdpOptions& base, const at::Device& device) {
+  Contender contender(pg, spec, mode, base, device);
+  for (int i = 0; i < warmup; ++i) contender.step();
   synchronize(device);
-  check_ms = 0;
-  const size_t idle_before = checks ? checks->idle_bytes() : 0;
-  const size_t hashed_before = checks ? checks->hashed_bytes() : 0;
+  contender.start_counting();
   pg.barrier();
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step();
-  if (checks) timed([&] { verdicts(checks->drain()); });
+  for (int i = 0; i < steps; ++i) contender.step();
+  contender.drain();
   synchronize(device);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-      steps;
-  const auto slowest = max_over_ranks(pg, {ms, check_ms / steps});
-  const double hashed = checks ? static_cast<double>(checks->hashed_bytes() - hashed_before) : 0;
-  const double idle = checks ? static_cast<double>(checks->idle_bytes() - idle_before) : 0;
-  const double bytes =
-      ddp && ddp->reducer() ? static_cast<double>(ddp->reducer()->last_stats().bytes) : 0.0;
-  return {slowest[0], slowest[1], hashed > 0 ? idle / hashed : 0.0, bytes};
+  return contender.timing(ms_since(start) / steps, steps);
+}
+
+// Note [Interleaved modes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// On a shared host a core's speed changes by phases: the small rung's step
+// alone in one process sat at ~340 us for a stretch, then ~500 us for the
+// next (AMD EPYC under KVM), so two modes timed one after the other, even
+// alternated over rounds of a few seconds each, meet different phases, and
+// a ratio of two such medians moved from x1.05 to x1.21 between two series
+// of the same build. --interleave B builds every mode's model at once and
+// times them in turn, B steps each, the order reversed every round, until
+// each has run --steps: every mode meets the same phases. Each block starts
+// with a barrier (untimed), so the ranks start it together as one stretch
+// of --steps does, and ends with the check's verdict (check modes) and the
+// device's work done, timed. A mode's ms per step is its blocks' total over
+// its steps, the slowest rank's, as in one stretch.
+std::vector<Timing> time_interleaved(ProcessGroup& pg, const ModelSpec& spec,
+                                     const std::vector<BenchMode>& modes, int warmup, int steps,
+                                     int block, const DdpOptions& base, const at::Device& device) {
+  std::vector<std::unique_ptr<Contender>> contenders;
+  for (const auto& mode : modes)
+    contenders.push_back(std::make_unique<Contender>(pg, spec, mode, base, device));
+  for (auto& c : contenders) {
+    for (int i = 0; i < warmup; ++i) c->step();
+    c->drain();
+  }
+  synchronize(device);
+  for (auto& c : contenders) c->start_counting();
+  std::vector<double> ms(contenders.size(), 0.0);
+  const std::size_t n = contenders.size();
+  int done = 0;
+  for (int round = 0; done < steps; ++round) {
+    const int now = std::min(block, steps - done);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t c = round % 2 == 0 ? k : n - 1 - k;
+      spdlog::debug("bench: round {}, {} steps of {}", round, now, modes[c].name);
+      pg.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < now; ++i) contenders[c]->step();
+      contenders[c]->drain();
+      synchronize(device);
+      ms[c] += ms_since(start);
+    }
+    done += now;
+  }
+  std::vector<Timing> timings;
+  for (std::size_t c = 0; c < n; ++c)
+    timings.push_back(contenders[c]->timing(ms[c] / steps, steps));
+  return timings;
 }
 
 // Communication only: the model's gradients exchanged as DDP's buckets (all
@@ -265,6 +354,7 @@ int cmd_bench(int argc, char** argv) {
         ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
         ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
+        ("interleave", "ddp: 0 (each mode in one stretch, one after another) or B: every mode's model built at once and timed in turn, B steps each, the order reversed each round, until each has run --steps (the same host phases for every mode)", cxxopts::value<int>()->default_value("0"))
         ("sizes", "matmul: n of the n x n x n products, comma-separated", cxxopts::value<std::string>()->default_value("512,1024,2048"))
         ("dtypes", "matmul: fp32, bf16 (comma-separated)", cxxopts::value<std::string>()->default_value("fp32,bf16"))
         ("h,help", "this help");
@@ -284,6 +374,8 @@ int cmd_bench(int argc, char** argv) {
     const int warmup = args["warmup"].as<int>();
     const int steps = args["steps"].as<int>();
     if (warmup < 0 || steps < 1) throw ConfigError("--warmup must be >= 0 and --steps >= 1");
+    const int interleave = args["interleave"].as<int>();
+    if (interleave < 0) throw ConfigError("--interleave must be 0 or a number of steps >= 1");
     std::vector<ModelSpec> models;
     for (const auto& name : split(args["models"].as<std::string>())) {
       auto it = std::find_if(kModels.begin(), kModels.end(),
@@ -293,8 +385,13 @@ int cmd_bench(int argc, char** argv) {
       models.push_back(*it);
     }
     std::vector<BenchMode> modes;
-    for (const auto& name : split(args["modes"].as<std::string>()))
+    for (const auto& name : split(args["modes"].as<std::string>())) {
       modes.push_back(bench_mode(name));
+      if (interleave > 0 && modes.back().exchange)
+        throw ConfigError("--interleave: mode '" + name +
+                          "' times communication alone, not training steps; run it without "
+                          "--interleave");
+    }
     DdpOptions ddp_options;
     ddp_options.bucket_cap_mb = args["bucket-cap-mb"].as<double>();
     ddp_options.first_bucket_cap_mb = args["first-bucket-cap-mb"].as<double>();
@@ -304,8 +401,14 @@ int cmd_bench(int argc, char** argv) {
         parse_named(kDeviceKindNames, args["device"].as<std::string>(), "--device");
     const at::Device device = device_from_config(where, dist.world, dist.pg->kind(), "--device");
     for (const auto& spec : models) {
-      for (const auto& mode : modes) {
-        const Timing t = mode.exchange
+      std::vector<Timing> interleaved;
+      if (interleave > 0)
+        interleaved =
+            time_interleaved(*dist.pg, spec, modes, warmup, steps, interleave, ddp_options, device);
+      for (std::size_t k = 0; k < modes.size(); ++k) {
+        const BenchMode& mode = modes[k];
+        const Timing t = interleave > 0 ? interleaved[k]
+                         : mode.exchange
                              ? time_exchange(*dist.pg, spec, mode, warmup, steps, ddp_options)
                              : time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options, device);
         if (dist.world.rank == 0) {
@@ -314,10 +417,11 @@ int cmd_bench(int argc, char** argv) {
               "\"world\": %d, \"device\": \"%s\", \"batch\": %lld, \"ms_per_step\": %.4f, "
               "\"check_ms\": %.4f, "
               "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f, "
-              "\"comm_bytes_per_step\": %.0f}\n",
+              "\"comm_bytes_per_step\": %.0f, \"interleave\": %d}\n",
               spec.name.c_str(), mode.name.c_str(), dist.world.world_size,
               device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(spec.batch), t.ms_per_step,
-              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib(), t.comm_bytes);
+              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib(), t.comm_bytes,
+              interleave);
           std::fflush(stdout);
         }
       }
