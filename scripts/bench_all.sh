@@ -69,7 +69,7 @@ for r in $(seq "${DDP_ROUNDS:-3}"); do
   [ $((r % 2)) -eq 0 ] && modes="ddp,local+barrier,local"
   build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench ddp --models small \
     --modes "$modes" --steps 3000 --warmup 100 --interleave 50 2>/dev/null |
-    sed -n 's/^\[rank0\]: //p' | grep '"bench"' | sed "s/^{/{\"round\": $r, /" >>"$out/ddp"
+    sed -n 's/^\[rank0\]: //p' | grep '"bench"' | sed "s/^{/{\"job\": $r, /" >>"$out/ddp"
 done
 
 "$PYTHON" - "$out" "$cpu" "$torch" <<'PY'
@@ -108,15 +108,18 @@ if copy and rows:
 print("\n### Open MPI")
 print("".join("    " + l for l in open(f"{out}/mpi")))
 ddp = [json.loads(l) for l in open(f"{out}/ddp")]
-rounds = sorted({r["round"] for r in ddp})
-ms = {(r["round"], r["mode"]): r["ms_per_step"] for r in ddp}
-over = [ms[(k, "ddp")] / ms[(k, "local")] for k in rounds]
-kept = [ms[(k, "local+barrier")] / ms[(k, "local")] for k in rounds]
+jobs = sorted({r["job"] for r in ddp})
+block = ddp[0]["interleave"]
+ms = {(r["job"], r["mode"]): r["ms_per_step"] for r in ddp}
+over = [ms[(k, "ddp")] / ms[(k, "local")] for k in jobs]
+kept = [ms[(k, "local+barrier")] / ms[(k, "local")] for k in jobs]
 print(f"\n### DDP overhead, small rung (784-128-128-10, batch 32, 2 ranks), "
-      f"modes interleaved in blocks of 50 steps, median of {len(rounds)} jobs")
-print(f"local {statistics.median(ms[(k, 'local')] for k in rounds):.4f} ms, "
-      f"ddp {statistics.median(ms[(k, 'ddp')] for k in rounds):.4f} ms: "
-      f"x{statistics.median(over):.3f} (jobs: {', '.join(f'{v:.3f}' for v in over)}); "
-      f"local with a barrier per step x{statistics.median(kept):.3f} "
-      f"(jobs: {', '.join(f'{v:.3f}' for v in kept)}; keeping in step, nothing exchanged)")
+      f"modes interleaved in blocks of {block} steps, {len(jobs)} jobs")
+print(f"ddp / local, median of the jobs' ratios: x{statistics.median(over):.3f} "
+      f"(jobs: {', '.join(f'{v:.3f}' for v in over)}); "
+      f"local+barrier / local (keeping in step, nothing exchanged): x{statistics.median(kept):.3f} "
+      f"(jobs: {', '.join(f'{v:.3f}' for v in kept)}); medians of the ms per step: "
+      f"local {statistics.median(ms[(k, 'local')] for k in jobs):.4f}, "
+      f"local+barrier {statistics.median(ms[(k, 'local+barrier')] for k in jobs):.4f}, "
+      f"ddp {statistics.median(ms[(k, 'ddp')] for k in jobs):.4f}")
 PY

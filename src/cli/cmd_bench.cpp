@@ -123,6 +123,7 @@ class Contender {
   }
 
   void step() {
+    ++steps_;
     sgd_->zero_grad();
     for (int m = 0; m < mode_.micro; ++m) {
       std::optional<DdpCore::NoSyncGuard> guard;
@@ -152,10 +153,14 @@ class Contender {
 
   // From here on what check_ms and the hashing shares count.
   void start_counting() {
+    counted_from_ = steps_;
     check_ms_ = 0;
     idle_before_ = checks_ ? checks_->idle_bytes() : 0;
     hashed_before_ = checks_ ? checks_->hashed_bytes() : 0;
   }
+
+  // Steps since start_counting().
+  int64_t counted_steps() const { return steps_ - counted_from_; }
 
   // `ms` per step on this rank over `steps` timed steps: the slowest rank's
   // figures (a collective: every rank calls it, in the same order).
@@ -191,6 +196,7 @@ class Contender {
   std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>> ddp_;
   std::optional<StepChecks> checks_;
   int64_t step_number_ = 0;
+  int64_t steps_ = 0, counted_from_ = 0;
   double check_ms_ = 0;
   size_t idle_before_ = 0, hashed_before_ = 0;
 };
@@ -259,8 +265,10 @@ std::vector<Timing> time_interleaved(ProcessGroup& pg, const ModelSpec& spec,
     done += now;
   }
   std::vector<Timing> timings;
-  for (std::size_t c = 0; c < n; ++c)
+  for (std::size_t c = 0; c < n; ++c) {
+    spdlog::debug("bench: {} ran {} timed steps", modes[c].name, contenders[c]->counted_steps());
     timings.push_back(contenders[c]->timing(ms[c] / steps, steps));
+  }
   return timings;
 }
 

@@ -28,10 +28,12 @@ expect_eq "$?" 0 "bench ddp --interleave exits 0"
 # 7 steps in blocks of 3: 3, 3, 1, the order reversed in the second round.
 order=$(sed -n 's/^\[rank1\]: .*bench: round \([0-9]\), \([0-9]\) steps of \(.*\)$/\1:\2:\3/p' "$WORK/out" "$WORK/err" | tr '\n' ' ')
 expect_eq "$order" "0:3:local 0:3:local+barrier 0:3:ddp 0:3:ddp+check 1:3:ddp+check 1:3:ddp 1:3:local+barrier 1:3:local 2:1:local 2:1:local+barrier 2:1:ddp 2:1:ddp+check " "the blocks' order and sizes"
+ran=$(sed -n 's/^\[rank1\]: .*bench: \(.*\) ran \([0-9]*\) timed steps$/\1:\2/p' "$WORK/out" "$WORK/err" | tr '\n' ' ')
+expect_eq "$ran" "local:7 local+barrier:7 ddp:7 ddp+check:7 " "each mode ran --steps timed steps"
 expect_eq "$(grep -c '"bench": "ddp"' "$WORK/out")" 4 "one row per mode"
 expect_grep "$WORK/out" '"mode": "local", .*"ms_per_step": [0-9.]+, .*"comm_bytes_per_step": 0, "interleave": 3\}$' "the local row"
 expect_grep "$WORK/out" '"mode": "ddp", .*"comm_bytes_per_step": 473128, "interleave": 3\}$' "the ddp row: the small rung's 118,282 gradients exchanged"
-expect_grep "$WORK/out" '"mode": "ddp\+check", .*"check_ms": 0\.[0-9]*[1-9][0-9]*, .*"interleave": 3\}$' "the check mode's check was timed"
+expect_grep "$WORK/out" '"mode": "ddp\+check", .*"check_ms": ([1-9][0-9]*\.[0-9]+|0\.[0-9]*[1-9][0-9]*), .*"interleave": 3\}$' "the check mode's check was timed"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" bench ddp --models small \
   --modes local,exchange-flat --steps 2 --interleave 2 >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 2 "--interleave with a communication-only mode: bad input"
