@@ -8,7 +8,7 @@
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # and the DDP overhead of the small MLP rung (ddp against local, and local
 # with a barrier per step).
-#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 DDP_ROUNDS=3; 23 min on 1.13, 37 on 2.6, 2 cores)
+#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 ALLREDUCE_ROUNDS=3 DDP_ROUNDS=3; 23 min on 1.13, 37 on 2.6, 2 cores)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,16 +46,21 @@ for nproc in 1 2; do
 done
 
 echo "== all-reduce" >&2
-build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench allreduce --backends shm \
-  --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | sed -n 's/^\[rank0\]: //p' >"$out/allreduce"
-port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-if command -v mpirun >/dev/null && mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS \
-  -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" build/lockstep bench allreduce --backends shm,mpi \
-  --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | grep -v '\[info\]' >"$out/mpi"; then
-  :
-else
-  echo "(no Open MPI contender: mpirun or an MPI-enabled build is missing here)" >"$out/mpi"
-fi
+# ALLREDUCE_ROUNDS runs, each with its own memory-copy reference; the
+# report takes per-size medians of the ratios (and of Open MPI's against
+# shm's times) over the runs.
+for r in $(seq "${ALLREDUCE_ROUNDS:-3}"); do
+  build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench allreduce --backends shm \
+    --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | sed -n 's/^\[rank0\]: //p' >"$out/allreduce_$r"
+  port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  if command -v mpirun >/dev/null && mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS \
+    -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" build/lockstep bench allreduce --backends shm,mpi \
+    --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | grep -v '\[info\]' >"$out/mpi_$r"; then
+    :
+  else
+    rm -f "$out/mpi_$r"
+  fi
+done
 
 echo "== DDP small rung" >&2
 # The three modes in one job, interleaved (Note [Interleaved modes],
@@ -94,19 +99,55 @@ for f in sorted(glob.glob(f"{out}/sweep_*")):
     ls = re.search(r"lockstep \(shm\) +(\d+) +x([0-9.]+) of PyTorch's(?: +MFU ([0-9.]+)%)?", text)
     pt = re.search(r"pytorch \(gloo\) +(\d+)", text)
     print(f"| {nproc} | {p} | {shape} | {ls.group(1)} | {pt.group(1)} | {ls.group(2)} | {ls.group(3) or '-'}% |")
-print("\n### shm all-reduce (2 ranks)")
-print("".join("    " + l for l in open(f"{out}/allreduce")))
-rows = [l.split() for l in open(f"{out}/allreduce") if re.match(r"\s*\d+\s+\d+\s+\|", l)]
-copy = re.search(r"\(one \d+-byte tensor copy\): ([0-9.]+) GB/s", open(f"{out}/allreduce").read())
-if copy and rows:
-    memcpy = float(copy.group(1))
-    # Columns: bytes elements | shm us busbw | shm-bkt us busbw | check
-    for name, us, bw in (("private tensors", 3, 4), ("DDP's bucket memory", 6, 7)):
-        worst = min(float(r[bw]) / memcpy for r in rows if int(r[0]) >= 1 << 20)
-        small = next(float(r[us]) for r in rows if int(r[0]) == 4096)
-        print(f"shm, {name}: busbw / memcpy at >= 1 MiB: worst {worst:.2f}; 4 KiB latency {small:.1f} us")
+def table(path):
+    """A `bench allreduce` table: bytes -> {contender: (us, busbw)}, by the header's names."""
+    names, rows = [], {}
+    for l in open(path):
+        parts = [p.split() for p in l.split("|")]
+        if parts[0][:2] == ["bytes", "elements"]:
+            names = [p[0] for p in parts[1:-1]]
+        elif names and re.match(r"\s*\d+\s+\d+\s+\|", l):
+            rows[int(parts[0][0])] = {n: (float(p[0]), float(p[1])) for n, p in zip(names, parts[1:-1])}
+    return rows
+runs = sorted(glob.glob(f"{out}/allreduce_*"))
+print(f"\n### shm all-reduce (2 ranks), {len(runs)} runs; the first:")
+print("".join("    " + l for l in open(runs[0])))
+for path, name in (("shm", "private tensors"), ("shm-bkt", "DDP's bucket memory")):
+    ratios, small, each = {}, [], []  # bytes -> busbw / memcpy per run; 4 KiB us; each run's worst
+    for f in runs:
+        copy = re.search(r"\(one \d+-byte tensor copy\): ([0-9.]+) GB/s", open(f).read())
+        rows = table(f)
+        if not copy or not rows:
+            continue
+        memcpy = float(copy.group(1))
+        mine = {size: cells[path][1] / memcpy for size, cells in rows.items() if size >= 1 << 20}
+        for size, ratio in mine.items():
+            ratios.setdefault(size, []).append(ratio)
+        each.append(min(mine.values()))
+        small.append(rows[4096][path][0])
+    if not ratios:
+        continue
+    med = {size: statistics.median(v) for size, v in ratios.items()}
+    worst = min(med, key=med.get)
+    print(f"shm, {name}: busbw / memcpy at >= 1 MiB, per-size medians of {len(each)} runs: "
+          f"worst {med[worst]:.2f} (at {worst >> 20} MiB; each run's worst: "
+          f"{', '.join(f'{v:.2f}' for v in each)}); "
+          f"4 KiB latency {min(small):.1f}-{max(small):.1f} us over the runs")
+mpis = sorted(glob.glob(f"{out}/mpi_*"))
 print("\n### Open MPI")
-print("".join("    " + l for l in open(f"{out}/mpi")))
+if not mpis:
+    print("(no Open MPI contender: mpirun or an MPI-enabled build is missing here)")
+else:
+    print(f"{len(mpis)} runs; the first:")
+    print("".join("    " + l for l in open(mpis[0])))
+    behind = {}
+    for f in mpis:
+        for size, cells in table(f).items():
+            if cells["shm"][0] > cells["mpi"][0]:
+                behind[size] = behind.get(size, 0) + 1
+    sizes = len(table(mpis[0]))
+    print(f"private shm slower than Open MPI at {len(behind)} of {sizes} sizes in at least one run"
+          + (": " + ", ".join(f"{s} B ({n} of {len(mpis)})" for s, n in sorted(behind.items())) if behind else ""))
 ddp = [json.loads(l) for l in open(f"{out}/ddp")]
 jobs = sorted({r["job"] for r in ddp})
 block = ddp[0]["interleave"]
