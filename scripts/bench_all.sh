@@ -8,7 +8,7 @@
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # and the DDP overhead of the small MLP rung (ddp against local, and local
 # with a barrier per step).
-#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 ALLREDUCE_ROUNDS=3 DDP_ROUNDS=3; 23 min on 1.13, 37 on 2.6, 2 cores)
+#   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 ALLREDUCE_ROUNDS=3 DDP_ROUNDS=3; 25 min on 1.13, 41 on 2.6, 2 cores)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
 cd "$(dirname "$0")/.."
