@@ -52,7 +52,20 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       std::lock_guard<std::mutex> lock(recompute->generator.mutex());
       recompute->rng_state = recompute->generator.get_state();
     }
-    output = recompute->fn(input);  // autograd is off inside a Function's forward
+    // Autograd is off inside a Function's forward. Autocast's cast cache
+    // too: a float32 weight cast here would be cached without a gradient
+    // path, and the recompute, in the same autocast region (a backward
+    // inside it), would take that copy and leave the weight without a
+    // gradient (at::linear casts the weight itself, a leaf, which is cached).
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    try {
+      output = recompute->fn(input);
+    } catch (...) {
+      at::autocast::set_autocast_cache_enabled(cache);
+      throw;
+    }
+    at::autocast::set_autocast_cache_enabled(cache);
     ctx->saved_data["recompute"] = at::IValue::make_capsule(recompute);
     return {output};
   }
