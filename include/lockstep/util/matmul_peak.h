@@ -10,7 +10,8 @@
 namespace lockstep {
 
 // The best of a few timed n x n x n products (2 n^3 floating-point
-// operations each) over about `seconds`, after one untimed. Uses the
+// operations each; a @ b, a @ b^T and a^T @ b in turn, Note [Every layout
+// of the product]) over about `seconds`, after one untimed each. Uses the
 // threads LibTorch is set to (1 per rank under lockstep-run).
 double matmul_peak_gflops(at::ScalarType dtype, int64_t n = 1024, double seconds = 0.5);
 
