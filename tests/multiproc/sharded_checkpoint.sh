@@ -15,8 +15,10 @@
 #    background: the same final weights, every checkpoint complete, a
 #    resume from one bit-identical;
 # 5. kill -9 (a rank or the launcher, 12 times) during async saves: the
-#    checkpoint resume would pick always verifies whole and resumes, and
-#    some kills landed mid-save (their staging folders removed at restart);
+#    checkpoint resume would pick always verifies whole, every run after the
+#    first resumes from the newest and trains on (each kill waits for that,
+#    so the count does not depend on the machine's load), and some kills
+#    landed mid-save (their staging folders removed at restart);
 # 6. hostile folders exit 2 naming the file: a range outside its file,
 #    overlapping ranges, a wrong shape, a shape without its bytes, a missing
 #    shard, a modified shard, a MANIFEST that omits a shard;
@@ -174,8 +176,14 @@ k=(--set data.path="$WORK/kjv-head.txt" --set model.n_layer=2 --set model.n_embd
   --set optim.zero=2
   --set checkpoint.format=sharded --set checkpoint.async=true --set checkpoint.every=2
   --set checkpoint.keep=2 --set checkpoint.resume=auto --set log.every=1 --set run.overwrite=true)
-kills=0 unloadable=0 resumed=0
+kills=0 unloadable=0 resumed=0 started=0
+# A run has trained on from its resume once its log shows the resume message
+# and then a step (the parts load after the message).
+trained_on() { awk '/resumed from/ {r = 1} r && /step [0-9]+\// {t = 1} END {exit !t}' "$1"; }
 for i in $(seq 1 12); do
+  # What resume=auto must pick: the newest complete checkpoint (staging
+  # folders are .tmp-step_*), if the kills so far left one.
+  had=$(ls -d "$runs/kill/checkpoints"/step_* 2>/dev/null | sort | tail -1)
   # Under timeout: a kill that missed must not leave the run training
   # forever (no background subshell: it would carry this script's EXIT trap).
   timeout -s KILL 90 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
@@ -184,8 +192,17 @@ for i in $(seq 1 12); do
   guard=$!
   launcher=
   for _ in $(seq 1 50); do launcher=$(pgrep -P "$guard" | head -1) && [ -n "$launcher" ] && break; sleep 0.05; done
-  # Until the run trains (or gives up), then a moment more: saves are in flight.
-  for _ in $(seq 1 150); do grep -q "step [0-9]*/" "$WORK/kill-$i.out" 2>/dev/null && break; sleep 0.1; done
+  # Until the run trains on after its resume (the first run: until its first
+  # checkpoint is complete), or gives up, then a moment more: saves are in
+  # flight. The kill lands after that point whatever the load (on a busy
+  # core a step can outlast the sleep), so every run after the first starts
+  # with a checkpoint and must show its resume and a step after it.
+  for _ in $(seq 1 600); do
+    if [ -n "$had" ]; then trained_on "$WORK/kill-$i.out" && break; else
+      ls -d "$runs/kill/checkpoints"/step_* >/dev/null 2>&1 && break; fi
+    kill -0 "$guard" 2>/dev/null || break
+    sleep 0.1
+  done
   sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
   if [ $((i % 2)) -eq 0 ]; then
     victim=$launcher what=launcher
@@ -207,13 +224,20 @@ for i in $(seq 1 12); do
     "$LOCKSTEP" checkpoint consolidate "$newest" --out "$WORK/kill-cons" >"$WORK/kill-cons-$i.out" 2>&1 ||
       { unloadable=$((unloadable + 1)); echo "kill $i ($what): $newest: $(tail -1 "$WORK/kill-cons-$i.out")"; }
   fi
-  # Resumed, and trained on from it (the parts load after the message).
-  awk '/resumed from/ {r = 1} r && /step [0-9]+\// {t = 1} END {exit !t}' "$WORK/kill-$i.out" &&
-    resumed=$((resumed + 1))
+  echo "kill $i ($what): started from $(basename "${had:-nothing}"), newest after: $(basename "${newest:-none}"), last step logged: $(grep -o "step [0-9]*/" "$WORK/kill-$i.out" | tail -1)"
+  if [ -n "$had" ]; then
+    started=$((started + 1))
+    if grep -qF "resumed from $had" "$WORK/kill-$i.out" && trained_on "$WORK/kill-$i.out"; then
+      resumed=$((resumed + 1))
+    else
+      echo "kill $i ($what): started with $had but did not resume from it and train on: $(tail -2 "$WORK/kill-$i.out")"
+    fi
+  fi
 done
 expect_lt "11" "$kills" "12 runs killed with SIGKILL during async saves, a rank or the launcher ($kills)"
 expect_eq "$unloadable" 0 "after every kill the checkpoint resume picks verifies whole and loads"
-expect_lt "9" "$resumed" "and the next run resumed from it and trained on ($resumed of 12 runs)"
+expect_eq "$resumed" "$started" "every run that started with a checkpoint resumed from the newest and trained on ($resumed of $started)"
+expect_eq "$started" 11 "  runs that started with a checkpoint left by a killed one ($started of 12)"
 expect_eq "$(leftovers "run.name=kill")" "" "no process of the killed runs is left"
 torn=$(cat "$WORK"/kill-*.out | grep -c "removed .*/\.tmp-step_.*left by a writer that is gone" || true)
 expect_lt 0 "${torn:-0}" "kills landed during saves: $torn staging folders of killed writers removed at the next start"
