@@ -17,7 +17,9 @@
 # 5. kill -9 (a rank or the launcher, 12 times) during async saves: the
 #    checkpoint resume would pick always verifies whole, every run after the
 #    first resumes from the newest and trains on (each kill waits for that,
-#    so the count does not depend on the machine's load), and some kills
+#    so the count does not depend on the machine's load; "the newest" may be
+#    one the last kill's surviving rank 0 committed while shutting down: its
+#    background writer finishes a save whose shards were all written), and some kills
 #    landed mid-save (their staging folders removed at restart);
 # 6. hostile folders exit 2 naming the file: a range outside its file,
 #    overlapping ranges, a wrong shape, a shape without its bytes, a missing
@@ -217,7 +219,10 @@ for i in $(seq 1 12); do
   wait "$guard" 2>/dev/null
   [ $? -eq 137 ] && ! grep -q "killed by signal 9\|SIGKILL" "$WORK/kill-$i.out" && [ "$what" = rank ] &&
     echo "kill $i: the run outlived its kill (timeout)"
-  for _ in $(seq 1 100); do [ -z "$(leftovers "run.name=kill")" ] && break; sleep 0.1; done
+  # The survivors of a kill shut down (a loaded core can take seconds);
+  # until they are gone one may still commit a checkpoint whose shards
+  # were all written.
+  for _ in $(seq 1 300); do [ -z "$(leftovers "run.name=kill")" ] && break; sleep 0.1; done
   newest=$(ls -d "$runs/kill/checkpoints"/step_* 2>/dev/null | sort | tail -1)
   if [ -n "$newest" ]; then
     rm -rf "$WORK/kill-cons"
@@ -227,10 +232,15 @@ for i in $(seq 1 12); do
   echo "kill $i ($what): started from $(basename "${had:-nothing}"), newest after: $(basename "${newest:-none}"), last step logged: $(grep -o "step [0-9]*/" "$WORK/kill-$i.out" | tail -1)"
   if [ -n "$had" ]; then
     started=$((started + 1))
-    if grep -qF "resumed from $had" "$WORK/kill-$i.out" && trained_on "$WORK/kill-$i.out"; then
+    # The newest at its start, or a newer one a survivor of the last kill
+    # committed after that (never an older one).
+    from=$(grep -o "resumed from $runs/kill/checkpoints/step_[0-9]*" "$WORK/kill-$i.out" | head -1)
+    if [ -n "$from" ] && [ $((10#${from##*step_})) -ge $((10#${had##*step_})) ] &&
+      trained_on "$WORK/kill-$i.out"; then
       resumed=$((resumed + 1))
     else
-      echo "kill $i ($what): started with $had but did not resume from it and train on: $(tail -2 "$WORK/kill-$i.out")"
+      echo "kill $i ($what): started with $had but did not resume from it and train on; its resume lines:"
+      grep -n "resum\|step [0-9]*/" "$WORK/kill-$i.out" | head -8 | sed 's/^/    /'
     fi
   fi
 done
