@@ -1,12 +1,12 @@
+// Size (~450 lines): the DDP bench's two drivers (one mode at a time, modes
+// interleaved) share one Contender and one option table; moving them to a
+// file of their own would add a LibTorch translation unit (~30 s of every
+// clean build) for no separation of concepts.
 // `lockstep bench ddp`: ms per training step (forward, backward, SGD step) of
 // MLPs with and without DistributedDataParallel, one JSON line per row on
 // rank 0. scripts/bench_ddp.sh runs it beside PyTorch's own DDP
 // (scripts/bench_ddp_torch.py) and prints the ratios. Also `bench matmul`
 // and the dispatch to `bench allreduce` (bench_allreduce.cpp).
-// Size (~450 lines): the DDP bench's two drivers (one mode at a time, modes
-// interleaved) share one Contender and one option table; moving them to a
-// file of their own would add a LibTorch translation unit (~30 s of every
-// clean build) for no separation of concepts.
 #include <torch/cuda.h>
 #include <torch/nn.h>
 #include <torch/optim.h>

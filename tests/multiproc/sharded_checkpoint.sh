@@ -17,10 +17,11 @@
 # 5. kill -9 (a rank or the launcher, 12 times) during async saves: the
 #    checkpoint resume would pick always verifies whole, every run after the
 #    first resumes from the newest and trains on (each kill waits for that,
-#    so the count does not depend on the machine's load; "the newest" may be
-#    one the last kill's surviving rank 0 committed while shutting down: its
-#    background writer finishes a save whose shards were all written), and some kills
-#    landed mid-save (their staging folders removed at restart);
+#    so the count does not depend on the machine's load; "the newest" may
+#    be one the last kill's surviving rank 0 committed while shutting down:
+#    its background writer finishes a save whose shards were all written),
+#    and some kills landed mid-save (their staging folders removed at
+#    restart);
 # 6. hostile folders exit 2 naming the file: a range outside its file,
 #    overlapping ranges, a wrong shape, a shape without its bytes, a missing
 #    shard, a modified shard, a MANIFEST that omits a shard;
@@ -239,7 +240,7 @@ for i in $(seq 1 12); do
       trained_on "$WORK/kill-$i.out"; then
       resumed=$((resumed + 1))
     else
-      echo "kill $i ($what): started with $had but did not resume from it and train on; its resume lines:"
+      echo "kill $i ($what): started with $had but did not resume from it (or a newer one) and train on; its resume lines:"
       grep -n "resum\|step [0-9]*/" "$WORK/kill-$i.out" | head -8 | sed 's/^/    /'
     fi
   fi
