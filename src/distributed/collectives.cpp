@@ -11,6 +11,7 @@
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/distributed/shm_backend.h"
 #include "lockstep/util/error.h"
+#include "roll_call.h"
 #include "serial_backend.h"
 
 namespace lockstep {
@@ -102,42 +103,22 @@ void ProcessGroup::enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseco
   roll_call_grace_ = grace;
 }
 
-// Note [Roll call] (process_group.h). Runs on a helper thread so that a hung
-// store host (rank 0 stopped) cannot hang this rank's error path: after
-// grace + 2 s without an answer, the store itself is reported silent.
+// Note [Roll call] (process_group.h; the call itself in roll_call.cpp). Runs
+// on a helper thread so that a hung store host (rank 0 stopped) cannot hang
+// this rank's error path: after grace + linger + 2 s without an answer, the
+// store itself is reported silent.
 std::string ProcessGroup::roll_call() {
   if (!roll_call_store_ || size_ == 1) return "";
   if (!roll_call_answer_.empty()) return roll_call_answer_;
+  RollCallOptions options;
+  options.grace = roll_call_grace_;
   auto promise = std::make_shared<std::promise<std::string>>();
   auto answer = promise->get_future();
-  std::thread([store = roll_call_store_, rank = rank_, size = size_, grace = roll_call_grace_,
-               promise] {
-    try {
-      const auto key = [](int r) { return "rollcall/" + std::to_string(r); };
-      store->set(key(rank), std::vector<uint8_t>{1});
-      const auto deadline = std::chrono::steady_clock::now() + grace;
-      std::vector<int> missing;
-      do {
-        missing.clear();
-        for (int r = 0; r < size; ++r) {
-          if (!store->check({key(r)})) missing.push_back(r);
-        }
-        if (missing.empty()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      } while (std::chrono::steady_clock::now() < deadline);
-      std::string text;
-      for (int r : missing) text += (text.empty() ? "" : ", ") + std::to_string(r);
-      const std::string seconds = std::to_string(grace.count() / 1000.0).substr(0, 4);
-      promise->set_value(missing.empty()
-                             ? "; every rank answered the roll call, so none is dead or hung"
-                             : "; rank(s) " + text + " did not answer the roll call within " +
-                                   seconds + " s: dead, hung or cut off");
-    } catch (const std::exception& e) {
-      promise->set_value("; the rendezvous store is unreachable too (" + what_of(e).substr(0, 120) +
-                         "): rank 0, which hosts it, is probably dead or cut off");
-    }
+  std::thread([store = roll_call_store_, rank = rank_, size = size_, options, promise] {
+    promise->set_value(roll_call_answer(*store, rank, size, options));
   }).detach();
-  if (answer.wait_for(roll_call_grace_ + std::chrono::seconds(2)) == std::future_status::ready) {
+  if (answer.wait_for(options.grace + options.linger + std::chrono::seconds(2)) ==
+      std::future_status::ready) {
     roll_call_answer_ = answer.get();
   } else {
     roll_call_answer_ =

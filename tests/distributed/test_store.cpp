@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/roll_call.h"
 #include "distributed/store_core.h"
 #include "distributed/store_wire.h"
 #include "lockstep/distributed/job_store.h"
@@ -754,4 +755,70 @@ TEST_CASE(
   close(fd);
   // The job's own client is served meanwhile and after.
   CHECK(setter.get("big").size() == (16u << 20) - 64);
+}
+
+// Note [Roll call] (roll_call.cpp) over the real store: rank 1 never answers.
+namespace {
+RollCallOptions short_roll_call(std::chrono::milliseconds grace, std::chrono::milliseconds linger) {
+  RollCallOptions o;
+  o.grace = grace;
+  o.linger = linger;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("roll call: rank 0, hosting the store, stays until a later survivor has its answer",
+          "[store]") {
+  StoreServer server(serve());
+  JobStore c0(client_of(server));
+  JobStore c2(client_of(server));
+  const auto options = short_roll_call(std::chrono::milliseconds(500), std::chrono::seconds(10));
+  std::string answer0, answer2;
+  double took0 = 0, took2 = 0;
+  const auto start = Clock::now();
+  std::thread host([&] {
+    answer0 = roll_call_answer(c0, 0, 3, options);
+    took0 = seconds_since(start);
+  });
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    answer2 = roll_call_answer(c2, 2, 3, options);
+    took2 = seconds_since(start);
+  });
+  host.join();
+  late.join();
+  const std::string want =
+      "; rank(s) 1 did not answer the roll call within 0.50 s: dead, hung or cut off";
+  CHECK(answer0 == want);
+  CHECK(answer2 == want);
+  // Rank 2 polls until 0.3 + 0.5 s; rank 0 leaves only after that (without
+  // the linger it would leave at 0.5 s), and not the whole linger later.
+  CHECK(took0 >= 0.8);
+  CHECK(took0 < took2 + 2.0);
+}
+
+TEST_CASE("roll call: a survivor whose store host leaves mid-call names the ranks missing then",
+          "[store]") {
+  auto server = std::make_unique<StoreServer>(serve());
+  JobStore c0(client_of(*server));
+  JobStore c2(client_of(*server));
+  const auto options = short_roll_call(std::chrono::seconds(30), std::chrono::seconds(2));
+  SECTION("after a complete poll") {
+    c0.set("rollcall/0", bytes("1"));
+    std::string answer;
+    const auto start = Clock::now();
+    std::thread survivor([&] { answer = roll_call_answer(c2, 2, 3, options); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    server.reset();
+    survivor.join();
+    CHECK_THAT(answer, Contains("; rank(s) 1 did not answer the roll call in "));
+    CHECK_THAT(answer, Contains("until the store closed (rank 0, which hosts it, left)"));
+    CHECK(seconds_since(start) < 5);  // not the 30 s grace
+  }
+  SECTION("before any poll") {
+    server.reset();
+    const auto answer = roll_call_answer(c2, 2, 3, options);
+    CHECK_THAT(answer, Contains("; the rendezvous store is unreachable too (store at 127.0.0.1:"));
+    CHECK_THAT(answer, Contains("rank 0, which hosts it, has left, or is dead or cut off"));
+  }
 }
