@@ -105,8 +105,8 @@ void ProcessGroup::enable_roll_call(Ptr<C10dStore> store, std::chrono::milliseco
 
 // Note [Roll call] (process_group.h; the call itself in roll_call.cpp). Runs
 // on a helper thread so that a hung store host (rank 0 stopped) cannot hang
-// this rank's error path: after grace + linger + 2 s without an answer, the
-// store itself is reported silent.
+// this rank's error path: after grace + 2 s without an answer (rank 0: + its
+// linger), the store itself is reported silent.
 std::string ProcessGroup::roll_call() {
   if (!roll_call_store_ || size_ == 1) return "";
   if (!roll_call_answer_.empty()) return roll_call_answer_;
@@ -117,8 +117,10 @@ std::string ProcessGroup::roll_call() {
   std::thread([store = roll_call_store_, rank = rank_, size = size_, options, promise] {
     promise->set_value(roll_call_answer(*store, rank, size, options));
   }).detach();
-  if (answer.wait_for(options.grace + options.linger + std::chrono::seconds(2)) ==
-      std::future_status::ready) {
+  // Only rank 0 lingers (roll_call.h).
+  const auto bound = options.grace + (rank_ == 0 ? options.linger : std::chrono::milliseconds(0)) +
+                     std::chrono::seconds(2);
+  if (answer.wait_for(bound) == std::future_status::ready) {
     roll_call_answer_ = answer.get();
   } else {
     roll_call_answer_ =

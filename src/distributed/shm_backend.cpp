@@ -625,6 +625,9 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   if (world.rank == 0) {
     ShmSegment::remove_orphans();
     const std::string name = "/lockstep-" + random_hex(12) + "-" + std::to_string(getpid());
+    // Armed before the file exists: unlinked on every way out of this block,
+    // a SIGTERM while the segment is being made included.
+    const ShmName held(name);
     try {
       segment.emplace(ShmSegment::create(name, world.world_size, options.chunk_bytes));
     } catch (const Error& e) {
@@ -632,7 +635,6 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
       settle(*store, world, options.timeout);
       throw;
     }
-    const ShmName held(name);  // unlinked on every way out of this block
     store->set("shm/name", bytes(name));
     segment->publish_pid(0);
     store->set(all[0], bytes("1"));

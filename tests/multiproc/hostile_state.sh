@@ -170,7 +170,7 @@ expect_grep "$WORK/unknown.out" "magic 20240999 and version 7, which lockstep do
 train shrunk.out "${gpt[@]}" --set run.name=shrunk --set data.path="$WORK/big.bin" \
   --set train.max_steps=1000000 --set train.epochs=1000 --set checkpoint.every=0 &
 job=$!
-for _ in $(seq 100); do grep -q "step 25" "$WORK/shrunk.out" 2>/dev/null && break; sleep 0.1; done
+wait_for 120 "step 25 of the job whose file is cut" grep -q "step 25" "$WORK/shrunk.out"
 truncate -s 1000 "$WORK/big.bin"
 wait "$job"
 expect_eq "$?" 2 "a token file cut under a running job: exit 2 (was: SIGBUS, exit 135)"
@@ -236,12 +236,17 @@ port=$(free_port)
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port "$port" "$LOCKSTEP" train "${digits[@]}" --set run.name=jobA \
   --set train.max_steps=100000 --set train.epochs=100000 --set checkpoint.every=0 >"$WORK/jobA.out" 2>&1 &
 jobA=$!
-for _ in $(seq 100); do grep -q "step 20" "$WORK/jobA.out" 2>/dev/null && break; sleep 0.1; done
+wait_for 120 "job A's step 20" grep -q "step 20" "$WORK/jobA.out"
 for try in 1 2 3; do
   "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port "$port" "$LOCKSTEP" train "${digits[@]}" --set run.name=jobB$try \
     >"$WORK/jobB$try.out" 2>&1
   expect_eq "$?" 2 "job B ($try of 3) on job A's port: exit 2 (the bind failure was exit 3)"
-  first=$(grep -m1 '^\[rank[0-9]\]: .* \[error\] ' "$WORK/jobB$try.out" | sed 's/^\[rank\([0-9]\)\].*/\1/')
+  # The earliest by the workers' own timestamps, a tie to the lower rank (as
+  # the launcher decides): not the first relayed, since one poll can bring
+  # both ranks' lines, relayed in rank order.
+  first=$(grep -E '^\[rank[0-9]\]: \[[^]]*\].* \[error\] lockstep ' "$WORK/jobB$try.out" |
+    sed -E 's/^\[rank([0-9])\]: \[([^ ]*) ([^]]*)\].*/\2T\3 \1/' | awk '!seen[$2]++' |
+    sort -k1,1 -k2,2n | head -1 | cut -d' ' -f2)
   expect_grep "$WORK/jobB$try.out" "root cause: rank $first " "its root cause is rank $first, whose error came first"
   expect_grep "$WORK/jobB$try.out" "^    \[.*\] \[error\] .*another job using MASTER_PORT\?" "and says another job holds MASTER_PORT"
 done
@@ -290,7 +295,7 @@ cp "$WORK/v7.bin" "$WORK/touch.bin"
 train touched.out "${gpt[@]}" --set run.name=touched --set data.path="$WORK/touch.bin" --set train.max_steps=200 \
   --set checkpoint.every=0 &
 job=$!
-for _ in $(seq 100); do grep -q "step 25" "$WORK/touched.out" 2>/dev/null && break; sleep 0.1; done
+wait_for 120 "step 25 before the file is touched" grep -q "step 25" "$WORK/touched.out"
 touch "$WORK/touch.bin"
 wait "$job"
 expect_eq "$?" 0 "touching the token file under a running job is no change"
@@ -302,7 +307,7 @@ open('$WORK/big2.bin', 'wb').write(struct.pack('<%dH' % len(big), *big))"
 ranks shrunk2 "${gpt[@]}" --set run.name=shrunk2 --set data.path="$WORK/big2.bin" \
   --set train.max_steps=1000000 --set train.epochs=1000 --set checkpoint.every=0 &
 job=$!
-for _ in $(seq 100); do grep -q "step 25" "$WORK/shrunk2.0" 2>/dev/null && break; sleep 0.1; done
+wait_for 120 "step 25 of the job whose file is cut" grep -q "step 25" "$WORK/shrunk2.0"
 truncate -s 1000 "$WORK/big2.bin"
 wait "$job"
 expect_eq "$(cat "$WORK/shrunk2.codes")" "2 2" "a token file cut under a job: exit 2 on both ranks, without the launcher"

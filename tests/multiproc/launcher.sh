@@ -110,10 +110,8 @@ grandchild="^sleep 299\.$$\$"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c "sleep 299.$$ & exec sleep 298.$$" \
   >"$WORK/out" 2>&1 &
 launcher=$!
-for _ in $(seq 50); do
-  [ "$(leftovers "$grandchild" | wc -l)" -ge 2 ] && [ "$(leftovers "$worker" | wc -l)" -ge 2 ] && break
-  sleep 0.1
-done
+all_started() { [ "$(leftovers "$grandchild" | wc -l)" -ge 2 ] && [ "$(leftovers "$worker" | wc -l)" -ge 2 ]; }
+wait_for 60 "both workers and their children" all_started
 expect_eq "$(leftovers "$grandchild" | wc -l)" 2 "each worker started a child of its own"
 expect_eq "$(leftovers "$worker" | wc -l)" 2 "both workers run"
 kill -9 "$launcher"

@@ -59,7 +59,8 @@ pid_reuse_case() {
   setsid sleep 295.1 &
   stranger=$!
   expect_eq "$stranger" "$first" "the stranger got attempt 1's worker pid"
-  sleep 0.3
+  leads_group() { [ "$(ps -o pgid= -p "$stranger" | tr -d ' ')" = "$first" ]; }
+  wait_for 10 "the stranger's setsid" leads_group
   expect_eq "$(ps -o pgid= -p "$stranger" | tr -d ' ')" "$first" "and leads a process group of that id"
   kill -9 "$launcher"
   wait "$launcher" 2>/dev/null

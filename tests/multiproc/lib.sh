@@ -52,5 +52,57 @@ finish() {
   [ "$FAILURES" -eq 0 ]
 }
 
-# A TCP port free right now (bind to 0, read it back, release it).
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])'; }
+# A TCP port free right now, below the kernel's ephemeral range: between
+# this call and rank 0's bind (seconds under load) no other process can be
+# handed it by a bind to port 0 (another test's store or Gloo listener).
+free_port() {
+  /usr/bin/python3 - <<'PY'
+import random, socket
+low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
+for _ in range(1000):
+    port = random.randrange(max(1024, low - 12000), low)
+    s = socket.socket()
+    try:
+        s.bind(("", port)); print(port); break
+    except OSError:
+        pass
+    finally:
+        s.close()
+PY
+}
+
+# wait_for SECS WHAT CMD...: polls CMD (every 0.2 s) until it succeeds;
+# after SECS, fails naming WHAT and returns 1, so that the caller skips
+# what depends on that state instead of acting too early.
+wait_for() {
+  local secs=$1 what=$2 start
+  shift 2
+  start=$(now)
+  until "$@" >/dev/null 2>&1; do
+    if awk "BEGIN{exit !($(now) - $start > $secs)}"; then
+      fail "timed out after $secs s waiting for $what"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# by_hand OUT N ARGS...: N ranks of "$LOCKSTEP" ARGS started by hand, as on
+# separate nodes: no launcher stops the others when the first one fails, so
+# each rank's own output and exit code can be asserted. Rank r's stdout and
+# stderr go to $WORK/OUT.r, the exit codes to $WORK/OUT.codes ("c0 c1 ...").
+by_hand() {
+  local out=$1 n=$2 p r pids=() codes=()
+  shift 2
+  p=$(free_port)
+  for r in $(seq 0 $((n - 1))); do
+    env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$p \
+      OMP_NUM_THREADS=1 "$LOCKSTEP" "$@" >"$WORK/$out.$r" 2>&1 &
+    pids+=($!)
+  done
+  for r in $(seq 0 $((n - 1))); do
+    wait "${pids[$r]}"
+    codes+=($?)
+  done
+  echo "${codes[*]}" >"$WORK/$out.codes"
+}

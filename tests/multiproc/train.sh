@@ -176,10 +176,8 @@ marker="lockstep-kill-test-$$"
   --set run.dir="$runs" --set run.name="$marker" --set model.hidden=512 --set optim.name=adam \
   --set optim.lr=0.001 --set checkpoint.every=1 --set checkpoint.keep=2 --set train.epochs=100 \
   >"$WORK/out" 2>&1 &
-for _ in $(seq 100); do
-  [ "$(ls "$runs/$marker/checkpoints" 2>/dev/null | grep -c step_)" -ge 2 ] && break
-  sleep 0.1
-done
+two_checkpoints() { [ "$(ls "$runs/$marker/checkpoints" 2>/dev/null | grep -c step_)" -ge 2 ]; }
+wait_for 120 "the kill test's second checkpoint" two_checkpoints
 sleep 0.3
 pkill -9 -f "run.name=$marker"
 wait 2>/dev/null

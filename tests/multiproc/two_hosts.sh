@@ -79,7 +79,7 @@ node "$a" "$va" 0 "$WORK/a2.out" --set run.name=cut --set train.epochs=1000 &
 pa=$!
 node "$b" "$vb" 1 "$WORK/b2.out" --set run.name=cut --set train.epochs=1000 &
 pb=$!
-for _ in $(seq 100); do grep -q "step 20/" "$WORK/a2.out" 2>/dev/null && break; sleep 0.2; done
+wait_for 120 "step 20 before the cut" grep -q "step 20/" "$WORK/a2.out"
 # Rank 0's store listens on MASTER_ADDR only, not on every interface.
 ip netns exec "$a" ss -Hltn "sport = :29631" >"$WORK/listen"
 expect_grep "$WORK/listen" "10\.77\.0\.1:29631" "the store listens on MASTER_ADDR (10.77.0.1)"
