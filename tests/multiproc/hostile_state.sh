@@ -19,17 +19,9 @@ train() {  # train OUT ARGS...: 2 ranks under lockstep-run
   "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train "$@" >"$WORK/$out" 2>&1
 }
 ranks() {  # ranks OUT ARGS...: 2 ranks started by hand; "$WORK/OUT.codes" gets "c0 c1"
-  local out=$1 p
+  local out=$1
   shift
-  p=$(free_port)
-  for r in 0 1; do
-    env RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p \
-      "$LOCKSTEP" train "$@" >"$WORK/$out.$r" 2>&1 &
-    eval "pid$r=\$!"
-  done
-  wait "$pid0"; local c0=$?
-  wait "$pid1"; local c1=$?
-  echo "$c0 $c1" >"$WORK/$out.codes"
+  by_hand "$out" 2 train "$@"
 }
 # copy_tampered SOURCE NAME FILE PYTHON: a copy of checkpoint SOURCE as
 # $WORK/NAME with FILE rewritten by PYTHON (f: its path) and its MANIFEST
