@@ -115,7 +115,13 @@ std::string ProcessGroup::roll_call() {
   auto promise = std::make_shared<std::promise<std::string>>();
   auto answer = promise->get_future();
   std::thread([store = roll_call_store_, rank = rank_, size = size_, options, promise] {
-    promise->set_value(roll_call_answer(*store, rank, size, options));
+    std::string text;
+    try {
+      text = roll_call_answer(*store, rank, size, options);
+    } catch (...) {  // out of memory building the text: a detached thread must not throw
+      text = "; the roll call itself failed";
+    }
+    promise->set_value(text);
   }).detach();
   // Only rank 0 lingers (roll_call.h).
   const auto bound = options.grace + (rank_ == 0 ? options.linger : std::chrono::milliseconds(0)) +

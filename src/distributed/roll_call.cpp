@@ -5,7 +5,6 @@
 // mid-call and could name no one.
 #include "roll_call.h"
 
-#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -62,8 +61,9 @@ std::string roll_call_answer(C10dStore& store, int rank, int size, const RollCal
              "): rank 0, which hosts it, has left, or is dead or cut off";
     }
     return "; rank(s) " + names(missing) + " did not answer the roll call in " +
-           seconds_text(Clock::now() - start) +
-           " s, until the store closed (rank 0, which hosts it, left): dead, hung or cut off";
+           seconds_text(Clock::now() - start) + " s, until the store stopped answering (" +
+           what_of(e).substr(0, 120) +
+           "; rank 0, which hosts it, has probably left): dead, hung or cut off";
   }
   const std::string text =
       missing.empty() ? "; every rank answered the roll call, so none is dead or hung"
@@ -73,10 +73,11 @@ std::string roll_call_answer(C10dStore& store, int rank, int size, const RollCal
     store.set(done_key(rank), std::vector<uint8_t>{1});
     if (rank == 0) {
       const auto until = Clock::now() + options.linger;
+      // Every rank that has answered by now, a late one included; the
+      // ones that never did are not waited for.
       for (int r = 1; r < size; ++r) {
-        if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
-        while (!holds(store, done_key(r)) && Clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        while (holds(store, key(r)) && !holds(store, done_key(r)) && Clock::now() < until)
+          std::this_thread::sleep_for(options.poll);
       }
     }
   } catch (const std::exception&) {

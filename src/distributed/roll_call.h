@@ -23,11 +23,11 @@ struct RollCallOptions {
 
 // Sets rollcall/<rank>, polls every rank's key until all are there or
 // `grace` has passed, sets rollcall/done/<rank> and, on rank 0, waits up to
-// `linger` for the done keys of every rank that answered. Returns the text
+// `linger` for the done keys of every rank that has answered by then. Returns the text
 // appended to the collective's error, starting with "; ": the ranks that did
 // not answer, or that every rank answered. Should the store fail after a
 // complete poll, that poll's missing ranks are named (the host left); before
-// one, the store's failure is. Never throws.
+// one, the store's failure is. Throws nothing but what building its text can (out of memory).
 std::string roll_call_answer(C10dStore& store, int rank, int size, const RollCallOptions& options);
 
 }  // namespace lockstep

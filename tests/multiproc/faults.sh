@@ -36,7 +36,7 @@ for r in 0 2; do
   expect_eq "${codes[$r]}" 3 "rank $r exits 3 (communication failed)"
   # within the grace, or, should rank 0 (the store's host) leave first
   # after its linger, until then
-  expect_grep "$WORK/rank$r.err" "rank\(s\) 1 did not answer the roll call (within 5.00 s|in [0-9.]+ s, until the store closed)" "rank $r names dead rank 1"
+  expect_grep "$WORK/rank$r.err" "rank\(s\) 1 did not answer the roll call (within 5.00 s|in [0-9.]+ s, until the store stopped answering)" "rank $r names dead rank 1"
 done
 
 # 2. A hung rank (SIGSTOP after step 10): the others fail after the
