@@ -20,20 +20,7 @@ done
 # other process can be handed meanwhile: below the kernel's ephemeral range
 # (an ephemeral port could go to another test's Gloo listener, which the
 # flood would then hit: unit.gloo_forced failed so once on Debian 13).
-flood_port=$(/usr/bin/python3 - <<'PY'
-import random, socket
-low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
-for _ in range(1000):
-    port = random.randrange(max(1024, low - 12000), low)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port)); print(port); break
-    except OSError:
-        pass
-    finally:
-        s.close()
-PY
-)
+flood_port=$(free_port)  # lib.sh: below the ephemeral range
 flood() {  # 4 processes of 75 sockets each: 300 in all
   exec /usr/bin/python3 - "$flood_port" <<'PY'
 import select, socket, sys, time
