@@ -19,6 +19,7 @@
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/init.h"
 #include "lockstep/distributed/ring_allreduce.h"
+#include "lockstep/distributed/shm_options.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/names.h"
 
@@ -252,6 +253,10 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
   }
   std::vector<Op> ops;
   for (const auto& name : split_list(ops_text, "--ops")) ops.push_back(op_parse(name));
+  const double chunk_mb = args["shm-chunk-mb"].as<double>();
+  if (!(chunk_mb >= 0.0625 && chunk_mb <= 1024))
+    throw ConfigError("--shm-chunk-mb must be in [0.0625, 1024] (as dist.shm_chunk_mb)");
+  const std::size_t chunk_bytes = shm_chunk_bytes_from_mib(chunk_mb);
   auto dist = dist_setup(args);
   // The contenders, each a process group of its own on the job's store;
   // every size is timed on each in turn (alternating the order per size).
@@ -265,6 +270,7 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
     options.backend = parse_named(kBackendKindNames, name, "--backends");
     options.timeout = timeout_from_seconds(args["timeout-s"].as<double>(), "timeout");
     options.name = "bench-" + name;
+    options.shm_chunk_bytes = chunk_bytes;
     groups.push_back(ProcessGroup::create(dist.store, dist.world, options));
     if (groups.back()->kind() == BackendKind::kGloo) gloo = groups.back();
   }

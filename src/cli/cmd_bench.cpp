@@ -323,6 +323,13 @@ double peak_rss_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
+// The --shm-chunk-mb default: dist.shm_chunk_mb's, written as a flag value.
+std::string default_chunk_mb() {
+  std::ostringstream out;
+  out << Config{}.dist.shm_chunk_mb;
+  return out.str();
+}
+
 // `lockstep bench matmul`: this core's product peak per dtype and size
 // (one process; the threads LibTorch is set to), the limit MFU is measured
 // against (log.mfu, scripts/bench_all.sh).
@@ -359,6 +366,7 @@ int cmd_bench(int argc, char** argv) {
         ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
         ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
         ("ops", "allreduce: collectives to time, comma-separated: allreduce, reduce_scatter, all_gather (all: the three)", cxxopts::value<std::string>()->default_value("allreduce"))
+        ("shm-chunk-mb", "allreduce: the shm contenders' chunk, MiB per step through each rank's slot (as dist.shm_chunk_mb)", cxxopts::value<double>()->default_value(default_chunk_mb()))
         ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
         ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
         ("modes", "comma-separated: local (no communication), local+barrier (no communication but a barrier after each backward: the cost of keeping the ranks in step), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-powersgd{1,2,4} (PowerSGD of that rank, compressing from the second step, one bucket), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))

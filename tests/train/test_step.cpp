@@ -290,7 +290,7 @@ TEST_CASE("the recipe: the step plan, and each section converted once", "[step][
   CHECK(init.backend == BackendKind::kGloo);
   config.dist.shm_chunk_mb = 0.0625 + 1e-7;  // rounded down to a multiple of 64 bytes
   CHECK(init_options_from_config(config).shm_chunk_bytes == 65536);
-  CHECK(Config{}.dist.shm_chunk_mb == 1);  // ShmOptions' default, in MiB
+  CHECK(Config{}.dist.shm_chunk_mb == 0.25);  // ShmOptions' default, in MiB
 
   const DdpOptions plain = ddp_options_from_config(Config{}.ddp);
   CHECK(plain.bucket_cap_mb == 25);  // DDP's own defaults, through the config
