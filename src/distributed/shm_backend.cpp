@@ -112,16 +112,19 @@
 // out) where a copy moves 2, but memory itself need only see the tensor
 // read once and written once, if the slot and result lines a step writes
 // are still in the caches when the peer reads them, one barrier later. At
-// 1 MiB a step's lines (two ranks' slots, results and tensor pieces) were
-// more than a 1 MiB L2 holds and were pushed out of an 8 MiB L3 by the
-// tensors streaming past: `lockstep bench allreduce --shm-chunk-mb`, AMD
+// 1 MiB a step's lines (two ranks' slots, results and tensor pieces) are
+// more than a 1 MiB L2 holds, and (inferred from timings: the guest below
+// has no cache counters) the tensors streaming past pushed them out of an
+// 8 MiB L3 first: `lockstep bench allreduce --shm-chunk-mb`, AMD
 // EPYC (AVX2, 1 MiB L2 per core, 8 MiB L3) under KVM, 2 ranks, 6 rounds
 // alternated, per-size medians, busbw as a fraction of the same run's
-// memory copy at 1-64 MiB: 1 MiB chunks 0.32-0.83 (0.36-0.45 from 4 MiB),
-// 512 KiB 0.36-0.95, 256 KiB 0.76-1.24, 128 KiB no better than 256 KiB
-// (more barriers). Collectives on bucket memory do not use chunks;
-// reduce-scatter and all-gather timed the same way showed no difference
-// between 256 KiB and 1 MiB chunks. docs/performance.md has the tables.
+// memory copy at 1-64 MiB: 1 MiB chunks 0.32-0.83 (0.32-0.45 from 4 MiB),
+// 512 KiB 0.36-0.95, 256 KiB 0.76-1.24 (above 1 at 1-2 MiB, where the
+// tensors fit in the caches and the copy's 64 MiB does not); two more
+// series 0.46-1.20; 128 KiB no better than 256 KiB (more barriers).
+// Collectives on bucket memory do not use chunks; reduce-scatter and
+// all-gather, 3 rounds alternated, showed no difference between 256 KiB and
+// 1 MiB chunks. docs/performance.md has the tables.
 
 namespace lockstep {
 namespace {

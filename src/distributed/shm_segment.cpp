@@ -64,8 +64,14 @@ bool pidfd_ended(int pidfd) {
   return ::poll(&p, 1, 0) > 0;
 }
 
+// A size for messages: whole MiB or KiB where exact (a chunk), else MiB to
+// one decimal, rounded up (a segment: what it needs is never understated).
 std::string mib(std::size_t bytes) {
-  return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB";
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  if (bytes % kMiB == 0) return std::to_string(bytes / kMiB) + " MiB";
+  if (bytes < kMiB && bytes % kKiB == 0) return std::to_string(bytes / kKiB) + " KiB";
+  const std::size_t tenths = (bytes * 10 + kMiB - 1) / kMiB;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " MiB";
 }
 
 // "/dev/shm has F free of T" for messages, or "" when statvfs fails.

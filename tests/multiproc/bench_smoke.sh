@@ -47,4 +47,20 @@ expect_eq "$?" 0 "bench allreduce exits 0"
 expect_grep "$WORK/out" "^\[rank0\]: +bytes +elements \| +gloo us +busbw \| +shm us +busbw \| +shm-bkt us +busbw \| +ring us +busbw \| check\$" "gloo, shm (private and bucket memory) and the ring side by side"
 expect_grep "$WORK/out" "^\[rank0\]: +4096 +1024( \| +[0-9.]+ +[0-9.]+){4} \| ok\$" "a checked row for 4096 bytes"
 expect_grep "$WORK/out" "memory copy bandwidth of this machine" "the memory-copy reference"
+# --shm-chunk-mb: 64 KiB chunks, so a 256 KiB message crosses the segment in
+# four, each row checked against the closed-form sum; the flag reaches the
+# segment (ranks given different chunks cannot share it: exit 2, saying so);
+# out of range: exit 2.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" bench allreduce --backends shm \
+  --shm-chunk-mb 0.0625 --min-bytes 262144 --max-bytes 262144 --iters 2 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 0 "bench allreduce --shm-chunk-mb 0.0625 exits 0"
+expect_grep "$WORK/out" "^\[rank0\]: +262144 +65536( \| +[0-9.]+ +[0-9.]+){2} \| ok\$" "a 256 KiB message through 64 KiB chunks, checked"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c \
+  "exec \"$LOCKSTEP\" bench allreduce --backends shm --max-bytes 4096 --iters 2 --shm-chunk-mb \$((RANK + 1))" \
+  >"$WORK/out" 2>&1
+expect_eq "$?" 2 "ranks given different --shm-chunk-mb: exit 2"
+expect_grep "$WORK/out" "the ranks were given different dist.shm_chunk_mb" "saying why"
+"$LOCKSTEP" bench allreduce --shm-chunk-mb 0.01 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 2 "--shm-chunk-mb 0.01: bad input"
+expect_grep "$WORK/err" "shm-chunk-mb must be in \[0.0625, 1024\]" "says the range"
 finish

@@ -68,7 +68,7 @@ wait "$r0"
 c0=$?
 expect_eq "$c0:$c1" "2:2" "a too-small /dev/shm: exit 2 on both ranks"
 for r in 0 1; do
-  expect_grep "$WORK/small$r.out" "/dev/shm is too small: the segment needs [0-9]+ MiB \(6 chunks of [0-9]+ MiB\) and /dev/shm has [0-9]+ MiB free of 1 MiB" "rank $r names /dev/shm, its size and the size asked"
+  expect_grep "$WORK/small$r.out" "/dev/shm is too small: the segment needs 1\.6 MiB \(6 chunks of 256 KiB\) and /dev/shm has [0-9.]+ (KiB|MiB) free of 1 MiB" "rank $r names /dev/shm, its size and the size asked"
 done
 expect_eq "$(segments)" "" "and leaves nothing in /dev/shm"
 
