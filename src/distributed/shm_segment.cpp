@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/units.h"
 
 namespace lockstep {
 namespace {
@@ -67,7 +68,7 @@ bool pidfd_ended(int pidfd) {
 // A size for messages: whole MiB or KiB where exact (a chunk), else MiB to
 // one decimal, rounded up (a segment: what it needs is never understated).
 std::string mib(std::size_t bytes) {
-  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  constexpr std::size_t kKiB = kMiB / 1024;
   if (bytes % kMiB == 0) return std::to_string(bytes / kMiB) + " MiB";
   if (bytes < kMiB && bytes % kKiB == 0) return std::to_string(bytes / kKiB) + " KiB";
   const std::size_t tenths = (bytes * 10 + kMiB - 1) / kMiB;
