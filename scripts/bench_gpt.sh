@@ -11,6 +11,9 @@
 #                              SHAPE="n_layer n_head n_embd block_size batch_size" (default: the
 #                              demo's "4 4 128 128 16") ONLY=shm: lockstep's shm row alone beside
 #                              PyTorch's; MFU=1: lockstep reports its model FLOP utilisation)
+#   DEVICE=cuda NPROC=1 scripts/bench_gpt.sh   on a GPU: lockstep on NCCL beside PyTorch's DDP on
+#                              NCCL (one row each), both on GPU LOCAL_RANK; BUILD=build-gpu
+#                              PYTHON=python3 for another build folder and Python (docs/gpu.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -24,7 +27,14 @@ shape_lockstep=(--set model.n_layer="$n_layer" --set model.n_head="$n_head" --se
 shape_torch=(--n_layer "$n_layer" --n_head "$n_head" --n_embd "$n_embd" --block_size "$block"
              --batch_size "$batch")
 PYTHON=${PYTHON:-/usr/bin/python3}
-[ -x build/lockstep ] || scripts/setup.sh
+BUILD=${BUILD:-build}
+DEVICE=${DEVICE:-cpu}
+case $DEVICE in
+  cpu) torch_backend=gloo; device_lockstep=() ;;
+  cuda) torch_backend=nccl; device_lockstep=(--set train.device=cuda --set dist.backend=nccl) ;;
+  *) echo "bench_gpt: DEVICE must be cpu or cuda, not '$DEVICE'" >&2; exit 2 ;;
+esac
+[ -x "$BUILD/lockstep" ] || scripts/setup.sh
 [ -f data/kjv.txt ] || scripts/make_text.sh
 export OMP_NUM_THREADS=1 USE_LIBUV=0
 work=$(mktemp -d)
@@ -33,15 +43,17 @@ raw="$work/raw.jsonl"
 lockstep() {  # lockstep NAME LABEL ARGS...: one run; tokens/s over the intervals after the warm-up
   local name=$1 label=$2
   shift 2
-  build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 build/lockstep train \
+  "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$BUILD/lockstep" train \
     --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="$name" --set run.overwrite=true \
     --set train.max_steps=$((WARMUP + STEPS)) --set log.every="$WARMUP" --set checkpoint.every=0 \
-    --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "${shape_lockstep[@]}" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
+    --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "${shape_lockstep[@]}" "${device_lockstep[@]}" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
   "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$raw" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 timed = [r for r in rows if r["step"] > int(sys.argv[3])]
 out = {"impl": sys.argv[2], "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed)}
+if "flops_per_s" in timed[-1]:
+    out["flops_per_token"] = timed[-1]["flops_per_s"] / timed[-1]["tokens_per_s"]
 if "mfu" in timed[-1]:
     out["mfu"] = sum(r["mfu"] for r in timed) / len(timed)
 print(json.dumps(out))
@@ -49,16 +61,26 @@ PY
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
-  lockstep shm "lockstep (shm)" --set check.every=0
-  build/lockstep-run --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
-    --text data/kjv.txt --precision "$PRECISION" "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" 2>/dev/null | sed -n 's/^\[rank0\]: //p' >>"$raw"
-  [ "${ONLY:-}" = shm ] && continue
+  if [ "$DEVICE" = cuda ]; then
+    lockstep nccl "lockstep (nccl, cuda)" --set check.every=0
+  else
+    lockstep shm "lockstep (shm)" --set check.every=0
+  fi
+  "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
+    --text data/kjv.txt --precision "$PRECISION" --backend "$torch_backend" --device "$DEVICE" \
+    "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" 2>"$work/torch.err" | sed -n 's/^\[rank0\]: //p' >>"$raw"
+  grep -q '"impl": "pytorch' "$raw" || { echo "bench_gpt: PyTorch's run printed no result:" >&2; tail -n 20 "$work/torch.err" >&2; exit 1; }
+  [ "${ONLY:-}" = shm ] || [ "$DEVICE" = cuda ] && continue
   lockstep gloo "lockstep (gloo)" --set check.every=0 --set dist.backend=gloo
   lockstep checked "lockstep (shm, check every step)" --set check.every=1
 done
-"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" "$n_layer $n_head $n_embd $block $batch" <<'PY'
+"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" "$n_layer $n_head $n_embd $block $batch" "$DEVICE" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+# A GPU's MFU is also given against a datasheet's dense bf16 peak (H100/H200
+# SXM: 989 TFLOP/s, docs/gpu.md), for both contenders: the same model's
+# FLOP per token times each one's tokens/s.
+DATASHEET_BF16 = 989e12
 names = list(dict.fromkeys(r["impl"] for r in rows))
 med = {n: statistics.median(r["tokens_per_s"] for r in rows if r["impl"] == n) for n in names}
 torch = next(v for n, v in med.items() if n.startswith("pytorch"))
@@ -67,5 +89,8 @@ print(f"GPT (configs/gpt-text.yaml; n_layer n_head n_embd block batch: {sys.argv
 for n in names:
     mfu = [r["mfu"] for r in rows if r["impl"] == n and "mfu" in r]
     extra = f"   MFU {100 * statistics.median(mfu):.1f}%" if mfu else ""
+    fpt = [r["flops_per_token"] for r in rows if "flops_per_token" in r]
+    if sys.argv[5] == "cuda" and fpt:
+        extra += f"   {med[n] * fpt[0] / 1e12:.1f} TFLOP/s, {100 * med[n] * fpt[0] / DATASHEET_BF16:.2f}% of 989"
     print(f"{n:36} {med[n]:10.0f}   x{med[n] / torch:.3f} of PyTorch's{extra}")
 PY

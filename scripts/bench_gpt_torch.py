@@ -27,12 +27,26 @@ p.add_argument("--n_embd", type=int, default=128)
 p.add_argument("--block_size", type=int, default=128)
 p.add_argument("--batch_size", type=int, default=16)
 p.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast, as train.precision)")
+p.add_argument("--device", default="cpu", help="cpu | cuda (GPU LOCAL_RANK, as lockstep's train.device)")
 a = p.parse_args()
 a.vocab_size, a.dropout, a.bias = 256, 0.0, True
 dist.init_process_group(a.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(GPT(a))
+if a.device == "cuda":
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    model = torch.nn.parallel.DistributedDataParallel(GPT(a).to(device), device_ids=[device.index])
+else:
+    device = torch.device("cpu")
+    model = torch.nn.parallel.DistributedDataParallel(GPT(a))
+
+
+def sync():
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.99), weight_decay=0.1)
 data = torch.tensor(list(open(a.text, "rb").read()), dtype=torch.long)
 t = a.block_size
@@ -42,22 +56,25 @@ order = list(sampler)
 start = None
 for step in range(a.warmup + a.steps):
     if step == a.warmup:
+        sync()
         dist.barrier()
         start = time.perf_counter()
     rows = order[step * a.batch_size:(step + 1) * a.batch_size]
-    x = torch.stack([data[i * t:i * t + t] for i in rows])
-    y = torch.stack([data[i * t + 1:i * t + t + 1] for i in rows])
+    x = torch.stack([data[i * t:i * t + t] for i in rows]).to(device)
+    y = torch.stack([data[i * t + 1:i * t + t + 1] for i in rows]).to(device)
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
         _, loss = model(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+sync()
+elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
 if rank == 0:
     tokens = world * a.batch_size * t * a.steps
-    print(json.dumps({"impl": "pytorch (%s)" % a.backend, "precision": a.precision,
+    print(json.dumps({"impl": "pytorch (%s%s)" % (a.backend, ", cuda" if device.type == "cuda" else ""),
+                      "precision": a.precision,
                       "tokens_per_s": tokens / elapsed.item(),
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
           flush=True)

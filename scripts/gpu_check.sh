@@ -19,10 +19,15 @@
 # Steps: environment -> dependencies (unpack with dpkg -x or ar+tar into a
 # private prefix, never into /; probe the binaries; build from source what
 # does not fit) -> configure (says whether CUDA and NCCL were found) ->
-# build -> unit suite (ctest -L unit, the CUDA tests included) -> comm
-# checks (nccl at world 1; gloo over CUDA tensors, 2 ranks) -> training on
-# the GPU (per-step checks, checkpoint loaded and evaluated in Python) ->
-# DDP benchmark beside PyTorch's DDP -> all-reduce benchmark.
+# build -> the CUDA tests -> check --comm on NCCL -> the GPT on the GPU
+# against Python's, step for step -> ZeRO 1/2/3 bit-identical to zero 0 ->
+# PowerSGD -> digits trained on the GPU, the checkpoint evaluated in Python
+# -> the GPT beside PyTorch's DDP (tokens/s, MFU), 4 shapes x precisions ->
+# every collective checked (bench allreduce --ops all) -> Gloo over CUDA
+# tensors (2 ranks) -> the unit suite against this LibTorch -> DDP's MLP
+# benchmark. No step starts after LOCKSTEP_GPU_DEADLINE_S (default 480)
+# seconds; each has its own time limit, so a run fits a 600 s device call.
+# env LOCKSTEP_GPU_ROUNDS: rounds of each GPT benchmark (default 2; 1 quick).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -ge 1 ] || { echo "usage: $0 OUT [DEPS]" >&2; exit 2; }
@@ -56,8 +61,13 @@ record() {  # record STATUS NAME SECONDS DETAILS
 step() {
   local name=$1 fn=$2 start=$SECONDS rc figures
   say "== $name"
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    record SKIP "$name" 0 "not started: the run is past ${deadline} s (LOCKSTEP_GPU_DEADLINE_S), the device's time"
+    return 77
+  fi
   "$fn" >"$work/step.out" 2>&1
   rc=$?
+  stand_in=""
   cat "$work/step.out" >>"$log"
   figures=$(grep '^figures:' "$work/step.out" | tail -n 1 | cut -d' ' -f2-)
   case $rc in
@@ -69,6 +79,17 @@ step() {
   return $rc
 }
 printf '| status | step | time | figures |\n| --- | --- | --- | --- |\n' >>"$summary"
+# No step starts after this many seconds into the run; each has its own
+# time limit below, so the run ends inside the device's per-call limit.
+deadline=${LOCKSTEP_GPU_DEADLINE_S:-480}
+# ... and each step's time limit is cut to end before this many seconds.
+hard=${LOCKSTEP_GPU_LIMIT_S:-$((deadline + 110))}
+cap() {  # cap SECONDS: SECONDS, or what is left before $hard if less (at least 10)
+  local left=$((hard - SECONDS - 5))
+  [ "$left" -lt 10 ] && left=10
+  echo $(($1 < left ? $1 : left))
+}
+stand_in=""  # "CPU stand-in: " before the figures of a step that ran on the CPU
 
 # ------------------------------------------------------------ environment
 has_gpu=0
@@ -247,6 +268,18 @@ configure() {
     cap=$("$PYTHON" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null)
     cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
     [ -n "$cap" ] && cuda_args+=(-DTORCH_CUDA_ARCH_LIST="$cap" -DCMAKE_CUDA_ARCHITECTURES="${cap/./}")
+    # Caffe2's cuda.cmake looks for NVTX3 (header-only since CUDA 12.9) and
+    # cuDNN in the toolkit's folders; a pip torch's live in site-packages.
+    local nvtx="" cudnn
+    for d in /usr/local/cuda/include "$torch_include" $("$PYTHON" -c 'import glob, os, nvidia; print(" ".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "include"))))' 2>/dev/null); do
+      [ -f "$d/nvtx3/nvToolsExt.h" ] && nvtx=$d && break
+    done
+    [ -n "$nvtx" ] && cuda_args+=(-Dnvtx3_dir="$nvtx" -DUSE_SYSTEM_NVTX=ON) && echo "nvtx3: $nvtx"
+    cudnn=$("$PYTHON" -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null)
+    if [ -f "$cudnn/include/cudnn.h" ] && ls "$cudnn"/lib/libcudnn.so* >/dev/null 2>&1; then
+      cuda_args+=(-DCUDNN_INCLUDE_PATH="$cudnn/include" -DCUDNN_LIBRARY_PATH="$(ls "$cudnn"/lib/libcudnn.so* | head -n 1)")
+      echo "cuDNN: $cudnn"
+    fi
   fi
   local nccl=AUTO
   if ! [ -f "$nccl_include/nccl.h" ] && ! [ -f /usr/include/nccl.h ] && ! [ -f /usr/local/cuda/include/nccl.h ]; then
@@ -275,55 +308,167 @@ configure() {
 }
 step "configure" configure || { say "configure failed: stop"; exit 1; }
 compile() {
-  cmake --build "$build" -j "$JOBS" || return 1
-  echo "figures: $(ls "$build"/lockstep "$build"/lockstep-run "$build"/tests/lockstep_tests | wc -l) binaries, $JOBS jobs"
+  # -k 0: every error of one call shown at once, and whatever else builds
+  # is built (the steps below that need only lockstep run even if a test
+  # file does not compile).
+  cmake --build "$build" -j "$JOBS" -- -k 0
+  local rc=$?
+  echo "figures: $(ls "$build"/lockstep "$build"/lockstep-run "$build"/tests/lockstep_tests 2>/dev/null | wc -l) of 3 binaries, $JOBS jobs"
+  return $rc
 }
-step "build" compile || { say "build failed: stop"; exit 1; }
+step "build" compile
+[ -x "$build/lockstep" ] && [ -x "$build/lockstep-run" ] || { say "no lockstep binaries: stop"; exit 1; }
 
 # ------------------------------------------------------------ tests and checks
+# In order of what the device's time is worth: the GPU's correctness first
+# (CUDA tests, NCCL, the GPT against Python, ZeRO, PowerSGD), then the
+# figures (the GPT beside PyTorch's DDP, the collectives), then what a CPU
+# rehearsal has already shown (the unit suite, DDP's small models).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} USE_LIBUV=0
 run=$build/lockstep-run
 bin=$build/lockstep
-unit_suite() {
-  # unit.cuda runs in the next step, on its own
-  timeout -k 5 240 ctest --test-dir "$build" -L unit -LE cuda -j "$JOBS" --output-on-failure --timeout 120 \
-    >"$work/ctest_unit.txt" 2>&1
-  local rc=$?
-  tail -n 25 "$work/ctest_unit.txt"
-  echo "figures: $(grep -E '% tests passed' "$work/ctest_unit.txt")"
-  return $rc
+quick=${LOCKSTEP_GPU_QUICK:-0}
+rounds=${LOCKSTEP_GPU_ROUNDS:-$([ "$quick" = 1 ] && echo 1 || echo 2)}
+# where: the device of a step that needs a GPU: dev=cuda, with world1=nccl
+# for one rank. Without a GPU, in a rehearsal (LOCKSTEP_GPU_QUICK=1), the
+# CPU over Gloo stands in, so that the step's commands and checks run;
+# otherwise the step is skipped (77).
+where() {
+  if [ "$has_gpu" = 1 ]; then
+    dev=cuda world1=nccl
+    return 0
+  fi
+  [ "$quick" = 1 ] || { echo "figures: no GPU"; return 77; }
+  echo "no GPU: the CPU stand-in of this step (a rehearsal)"
+  dev=cpu world1=gloo stand_in="CPU stand-in: "
 }
-step "unit suite (ctest -L unit -LE cuda)" unit_suite
 cuda_tests() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  timeout -k 5 180 "$build/tests/lockstep_tests" "[.cuda]" || return 1
+  timeout -k 5 "$(cap 180)" "$build/tests/lockstep_tests" "[.cuda]" || return 1
   echo "figures: the [.cuda] cases passed"
 }
-step "CUDA tests ([.cuda])" cuda_tests
 # comm_check FILE CMD...: one communication self-check; the summary line of
 # its table becomes the step's figures.
 comm_check() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
   local file=$work/$1
   shift
-  timeout -k 5 120 "$@" >"$file" 2>&1
+  timeout -k 5 "$(cap 120)" "$@" >"$file" 2>&1
   local rc=$?
   cat "$file"
   echo "figures: $(grep -o 'comm check (.*' "$file" | head -n 1)"
   return $rc
 }
-comm_nccl() { comm_check comm_nccl.txt "$bin" check --comm --backend nccl; }
-comm_gloo_cuda() {
-  comm_check comm_gloo.txt "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda
+comm_nccl() { comm_check comm_nccl.txt "$bin" check --comm --backend nccl --device cuda; }
+step "CUDA tests ([.cuda])" cuda_tests
+step "check --comm --backend nccl --device cuda (world 1)" comm_nccl
+
+# lockstep's GPT on the GPU (DDP over NCCL at world 1) against the same GPT
+# in Python on the same GPU, step for step: tests/multiproc/gpt_python.sh's
+# comparison (tests/python/gpt_parity.py) and its bounds.
+gpt_parity() {
+  where || return 77
+  local text=$root/data/kjv.txt dir=$work/gpt_parity
+  [ -f "$text" ] || { echo "no $text: make it here with scripts/make_text.sh and carry it (docs/gpu.md)"; return 1; }
+  mkdir -p "$dir" && head -c 100000 "$text" >"$dir/text.txt"
+  local shape=(--n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 8 --steps 50 --seed 3
+               --lr 0.002 --weight_decay 0.1 --clip 1.0 --validation_fraction 0.1)
+  "$PYTHON" "$root/tests/python/gpt_parity.py" init "$dir/init.pt" "${shape[@]}" || return 1
+  timeout -k 5 "$(cap 120)" "$run" --nproc-per-node 1 --master-port 0 "$bin" train --config "$root/configs/gpt-text.yaml" \
+    --set run.dir="$dir/runs" --set run.name=parity --set data.path="$dir/text.txt" --set model.n_layer=2 \
+    --set model.n_head=2 --set model.n_embd=64 --set model.block_size=32 --set data.batch_size=8 \
+    --set train.max_steps=50 --set run.seed=3 --set optim.lr=0.002 --set optim.weight_decay=0.1 \
+    --set optim.beta2=0.999 --set optim.schedule=constant --set optim.warmup_steps=0 \
+    --set train.clip_grad_norm=1.0 --set log.every=1 --set checkpoint.every=50 \
+    --set model.init_from="$dir/init.pt" --set train.device="$dev" --set dist.backend="$world1" \
+    >"$dir/train.out" 2>&1 || { tail -n 20 "$dir/train.out"; return 1; }
+  grep -E "model: |backend" "$dir/train.out" | head -n 4
+  local ckpt=$dir/runs/parity/checkpoints/step_00000050 prompt="And God said, Let"
+  timeout -k 5 "$(cap 60)" "$bin" generate --checkpoint "$ckpt" --prompt "$prompt" --temperature 0 --max-new-tokens 40 \
+    >"$dir/generated" 2>"$dir/generate.err" || { cat "$dir/generate.err"; return 1; }
+  timeout -k 5 "$(cap 120)" "$PYTHON" "$root/tests/python/gpt_parity.py" compare "$dir/init.pt" "${shape[@]}" \
+    --text "$dir/text.txt" --metrics "$dir/runs/parity/metrics.jsonl" --checkpoint "$ckpt/model.pt" \
+    --generated "$dir/generated" --prompt "$prompt" --device "$dev" >"$dir/parity" 2>&1 || { cat "$dir/parity"; return 1; }
+  cat "$dir/parity"
+  local rel diff
+  rel=$(sed -n 's/.*largest relative difference \([0-9.e+-]*\).*/\1/p' "$dir/parity")
+  diff=$(sed -n 's/.*largest difference after 50 steps \([0-9.e+-]*\).*/\1/p' "$dir/parity")
+  echo "figures: ${stand_in}50 AdamW steps on $dev ($world1) beside Python's on $dev: losses within ${rel:-?} (relative), weights within ${diff:-?}; greedy continuation $(sed -n 's/^greedy: //p' "$dir/parity" | cut -c1-60)"
+  # gpt_python.sh's bounds: losses 1e-5 (relative), weights half an AdamW step.
+  awk -v r="${rel:-1}" -v d="${diff:-1}" 'BEGIN{exit !(r < 1e-5 && d < 1e-3)}' ||
+    { echo "beyond the bounds (losses 1e-5 relative, weights 1e-3)"; return 1; }
+  grep -q '^greedy: equal$' "$dir/parity" || { echo "the greedy continuations differ"; return 1; }
 }
-step "check --comm --backend nccl (world 1)" comm_nccl
-step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
-# train NAME NPROC SETTINGS...: digits with per-step checks, then the
-# checkpoint loaded and evaluated in Python (docs/models.md's own code).
+step "the GPT on the GPU beside Python's, step for step (nccl, world 1)" gpt_parity
+
+weights() { grep -o "final weights [0-9a-f]*" "$work/$1.out" | tail -n 1 | awk '{print $3}'; }
+# digits NAME NPROC ARGS...: digits on $dev, output in $work/NAME.out.
+digits() {
+  local name=$1 nproc=$2
+  shift 2
+  timeout -k 5 "$(cap 90)" "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/digits.yaml" \
+    --set run.dir="$work/runs" --set run.name="$name" --set log.progress=plain --set train.device="$dev" \
+    "$@" >"$work/$name.out" 2>&1 || { tail -n 15 "$work/$name.out"; return 1; }
+}
+# optim.zero 1, 2 and 3 end bit-identical to optim.zero 0 (the "final
+# weights" fingerprint), AdamW with clipping, as tests/multiproc/zero.sh and
+# zero3.sh on the CPU: 2 ranks sharing the GPU through Gloo (NCCL refuses two
+# ranks on one GPU), each owning half, and zero 3 at world 1 over NCCL.
+zero_gpu() {
+  where || return 77
+  local z w0 w got="" bad=0
+  local settings=(--set optim.name=adamw --set optim.lr=0.003 --set optim.weight_decay=0.05
+                  --set train.clip_grad_norm=0.5 --set train.max_steps=40 --set checkpoint.every=0)
+  for z in 0 1 2 3; do
+    digits "zero2_$z" 2 "${settings[@]}" --set dist.backend=gloo --set optim.zero="$z" || return 1
+  done
+  w0=$(weights zero2_0)
+  [ -n "$w0" ] || { echo "no final weights in zero2_0.out"; return 1; }
+  for z in 1 2 3; do
+    w=$(weights "zero2_$z")
+    [ "$w" = "$w0" ] && got="$got $z" || { echo "optim.zero $z: final weights $w, zero 0's $w0"; bad=1; }
+  done
+  grep -h "this rank owns" "$work"/zero2_*.out | head -n 3
+  for z in 0 3; do
+    digits "zero1_$z" 1 "${settings[@]}" --set dist.backend="$world1" --set optim.zero="$z" || return 1
+  done
+  w=$(weights zero1_3)
+  [ -n "$w" ] && [ "$w" = "$(weights zero1_0)" ] || { echo "world 1: zero 3 $w, zero 0 $(weights zero1_0)"; bad=1; }
+  echo "figures: ${stand_in}digits, AdamW + clipping, 40 steps: optim.zero${got:- none of 1 2 3} bit-identical to 0 on 2 ranks (gloo over $dev), zero 3 $([ "$bad" = 0 ] && echo "=" || echo "vs") 0 at world 1 ($world1); zero 0's weights $w0"
+  return $bad
+}
+step "ZeRO 1, 2, 3 bit-identical to zero 0 on the GPU" zero_gpu
+
+# PowerSGD (ddp.comm_hook: powersgd) on the GPU, 2 ranks through Gloo, as
+# tests/multiproc/powersgd.sh's first part: within 0.01 of the all-reduce
+# run's accuracy, >= 4x fewer bytes per step after start_iter.
+powersgd_gpu() {
+  where || return 77
+  local settings=(--set dist.backend=gloo --set log.every=10 --set train.max_steps=200 --set optim.decay_steps=460
+                  --set check.every=10)
+  digits psgd_plain 2 "${settings[@]}" || return 1
+  digits psgd 2 "${settings[@]}" --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 || return 1
+  local a b pb sb
+  a=$(grep -o "validation accuracy [0-9.]*" "$work/psgd_plain.out" | tail -n 1 | awk '{print $3}')
+  b=$(grep -o "validation accuracy [0-9.]*" "$work/psgd.out" | tail -n 1 | awk '{print $3}')
+  bytes() {  # mean comm_bytes_per_step from step 20 on
+    "$PYTHON" -c "
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1]) if '\"comm_bytes_per_step\"' in l]
+rs = [r['comm_bytes_per_step'] for r in rs if r['step'] >= 20]
+print(int(sum(rs) / len(rs)) if rs else 0)" "$work/runs/$1/metrics.jsonl"
+  }
+  pb=$(bytes psgd_plain) sb=$(bytes psgd)
+  echo "figures: ${stand_in}digits, 200 steps, 2 ranks (gloo over $dev): accuracy ${b:-?} (all-reduce ${a:-?}), bytes per step $sb (all-reduce $pb)"
+  awk -v a="$a" -v b="$b" -v p="$pb" -v s="$sb" 'BEGIN{exit !(b != "" && a != "" && b >= a - 0.01 && s > 0 && p >= 4 * s)}' ||
+    { echo "PowerSGD: more than 0.01 below all-reduce's accuracy, or not 4x fewer bytes"; return 1; }
+}
+step "PowerSGD on the GPU (gloo over CUDA, 2 ranks)" powersgd_gpu
+
 train_gpu() {
   local name=$1 nproc=$2
   shift 2
-  timeout -k 5 150 "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/digits.yaml" \
+  timeout -k 5 "$(cap 150)" "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/digits.yaml" \
     --set run.dir="$work/runs" --set run.name="$name" --set train.max_steps=100 --set check.every=1 \
     "$@" >"$work/train_$name.txt" 2>&1 || { cat "$work/train_$name.txt"; return 1; }
   tail -n 5 "$work/train_$name.txt"
@@ -343,35 +488,69 @@ train_nccl() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
   train_gpu nccl 1 --set dist.backend=nccl
 }
-quick=${LOCKSTEP_GPU_QUICK:-0}
-stand_in=""  # "CPU stand-in: " before the figures of a step that ran on the CPU
+step "train digits on the GPU (nccl, world 1), Python evaluates the checkpoint" train_nccl
+
+# The GPT beside PyTorch's own DDP on the same GPU (scripts/bench_gpt.sh,
+# DEVICE=cuda: NCCL at world 1 for both), alternated, with MFU against the
+# GPU's measured matrix-product peak (log.mfu) and the datasheet's.
+bench_gpt_gpu() {  # bench_gpt_gpu PRECISION "n_layer n_head n_embd block batch" STEPS WARMUP
+  where || return 77
+  local precision=$1 shape=$2 steps=$3 warm=$4
+  [ "$dev" = cpu ] && shape="2 2 64 64 8" steps=10 warm=3
+  local file="$work/bench_gpt_${precision}_${shape// /_}.txt"
+  timeout -k 5 "$(cap 170)" env BUILD="$build" PYTHON="$PYTHON" DEVICE="$dev" NPROC=1 ROUNDS="$rounds" STEPS="$steps" \
+    WARMUP="$warm" PRECISION="$precision" SHAPE="$shape" MFU=1 ONLY=shm bash "$root/scripts/bench_gpt.sh" \
+    >"$file" 2>&1
+  local rc=$?
+  cat "$file"
+  echo "figures: ${stand_in}$(sed -n '/^GPT (/,$p' "$file" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
+  return $rc
+}
+bench_gpt_small_fp32() { bench_gpt_gpu fp32 "4 4 128 128 16" 200 20; }
+bench_gpt_small_bf16() { bench_gpt_gpu bf16 "4 4 128 128 16" 200 20; }
+bench_gpt_large_fp32() { bench_gpt_gpu fp32 "12 12 768 1024 16" 60 10; }
+bench_gpt_large_bf16() { bench_gpt_gpu bf16 "12 12 768 1024 16" 60 10; }
+step "GPT 12x768, block 1024, batch 16, bf16, beside PyTorch's DDP (nccl, world 1)" bench_gpt_large_bf16
+step "GPT demo shape (4x128, block 128, batch 16), fp32, beside PyTorch's DDP" bench_gpt_small_fp32
+step "GPT demo shape, bf16, beside PyTorch's DDP" bench_gpt_small_bf16
+step "GPT 12x768, block 1024, batch 16, fp32, beside PyTorch's DDP" bench_gpt_large_fp32
+
+# Every collective lockstep uses (all-reduce, reduce-scatter, all-gather),
+# checked against the closed form at every size on the GPU through NCCL.
+# At world 1 lockstep's ProcessGroup skips the exchange: times, no ring.
+bench_allreduce() {
+  where || return 77
+  timeout -k 5 "$(cap 90)" "$bin" bench allreduce --backend "$world1" --backends "$world1" --ops all \
+    --max-bytes $((64 << 20)) >"$work/bench_allreduce.txt" 2>&1
+  local rc=$?
+  cat "$work/bench_allreduce.txt"
+  echo "figures: ${stand_in}$(grep -c ' ok$' "$work/bench_allreduce.txt") sizes ok, $(grep -c 'FAIL$' "$work/bench_allreduce.txt") failed, over all-reduce, reduce-scatter, all-gather on $dev ($world1, world 1: no ring to measure, docs/gpu.md)"
+  return $rc
+}
+step "bench allreduce --backends nccl --ops all (every collective, checked)" bench_allreduce
+
+comm_gloo_cuda() {
+  comm_check comm_gloo.txt "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda
+}
+step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
 train_gloo_cuda() {
-  if [ "$has_gpu" != 1 ]; then
-    [ "$quick" = 1 ] || { echo "figures: no GPU"; return 77; }
-    echo "no GPU: the CPU stand-in of this step (a rehearsal)"
-    stand_in="CPU stand-in: "
-    train_gpu gloo2 2 --set dist.backend=gloo --set train.device=cpu
-    local rc=$?
-    stand_in=""
-    return $rc
-  fi
-  train_gpu gloo2 2 --set dist.backend=gloo --set train.device=cuda
+  where || return 77
+  train_gpu gloo2 2 --set dist.backend=gloo --set train.device="$dev"
 }
-step "train digits on the GPU (nccl, world 1)" train_nccl
-step "train digits on the GPU (gloo over CUDA, 2 ranks)" train_gloo_cuda
-gpt() {
-  [ -f "$root/configs/gpt-text.yaml" ] || { echo "figures: no configs/gpt-text.yaml yet (issue 25)"; return 77; }
-  "$bin" train --config "$root/configs/gpt-text.yaml" --set dist.backend=nccl --set run.dir="$work/runs" \
-    --set train.max_steps=50 || return 1
-  echo "figures: 50 steps"
+step "train digits on the GPU (gloo over CUDA, 2 ranks), Python evaluates the checkpoint" train_gloo_cuda
+
+unit_suite() {  # the CUDA tests ran above, on their own
+  timeout -k 5 "$(cap 200)" ctest --test-dir "$build" -L unit -LE cuda -j "$JOBS" --output-on-failure --timeout 120 \
+    >"$work/ctest_unit.txt" 2>&1
+  local rc=$?
+  tail -n 25 "$work/ctest_unit.txt"
+  echo "figures: $(grep -E '% tests passed' "$work/ctest_unit.txt")"
+  return $rc
 }
-step "train the GPT config on the GPU" gpt
-rounds=1
-deadline=${LOCKSTEP_GPU_DEADLINE_S:-420}  # seconds into the run after which benchmarks are skipped
+step "unit suite (ctest -L unit -LE cuda) against this LibTorch" unit_suite
+
 bench_ddp() {  # bench_ddp LABEL NPROC BACKEND TORCH_BACKEND DEVICE [MODELS]
-  [ "$has_gpu" = 1 ] || [ "$5" = cpu ] || { echo "figures: no GPU"; return 77; }
-  [ "$SECONDS" -lt "$deadline" ] || { echo "figures: skipped, past ${deadline} s (the device's time)"; return 77; }
-  ERRLOG=$work/bench_ddp_$1.err timeout -k 5 150 env BUILD=$build PYTHON=$PYTHON NPROC=$2 BACKEND=$3 TORCH_BACKEND=$4 DEVICE=$5 ROUNDS=$rounds \
+  ERRLOG=$work/bench_ddp_$1.err timeout -k 5 "$(cap 120)" env BUILD=$build PYTHON=$PYTHON NPROC=$2 BACKEND=$3 TORCH_BACKEND=$4 DEVICE=$5 ROUNDS=1 \
     MODELS=${6:-small,xl} MODES=local,ddp STEPS=30 WARMUP=10 bash "$root/scripts/bench_ddp.sh" \
     >"$work/bench_ddp_$1.txt" 2>&1
   local rc=$?
@@ -379,30 +558,11 @@ bench_ddp() {  # bench_ddp LABEL NPROC BACKEND TORCH_BACKEND DEVICE [MODELS]
   echo "figures: ${stand_in}$(awk '$2 == "ddp" {printf "%s %s/PyTorch %s; ", $1, "lockstep", $7}' "$work/bench_ddp_$1.txt")"
   return $rc
 }
-bench_nccl() { bench_ddp nccl 1 nccl nccl cuda; }
-bench_gloo_cuda() {
-  if [ "$has_gpu" != 1 ] && [ "$quick" = 1 ]; then
-    echo "no GPU: the CPU stand-in of this step (a rehearsal)"
-    stand_in="CPU stand-in: "
-    bench_ddp gloo_cpu 2 gloo gloo cpu small,large
-    local rc=$?
-    stand_in=""
-    return $rc
-  fi
-  bench_ddp gloo_cuda 2 gloo gloo cuda
+bench_nccl() {
+  where || return 77
+  if [ "$dev" = cpu ]; then bench_ddp gloo_cpu 1 gloo gloo cpu small; else bench_ddp nccl 1 nccl nccl cuda; fi
 }
-step "bench ddp on the GPU beside PyTorch's DDP (nccl, world 1)" bench_nccl
-step "bench ddp on the GPU beside PyTorch's DDP (gloo over CUDA, 2 ranks)" bench_gloo_cuda
-bench_allreduce() {
-  [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  [ "$SECONDS" -lt "$deadline" ] || { echo "figures: skipped, past ${deadline} s (the device's time)"; return 77; }
-  timeout -k 5 90 "$bin" bench allreduce --backends nccl --max-bytes $((256 << 20)) >"$work/bench_allreduce.txt" 2>&1
-  local rc=$?
-  cat "$work/bench_allreduce.txt"
-  echo "figures: world size 1 (one GPU): no ring to measure; see docs/gpu.md"
-  return $rc
-}
-step "bench allreduce --backends nccl" bench_allreduce
+step "bench ddp beside PyTorch's DDP (MLPs; nccl, world 1)" bench_nccl
 
 say "gpu_check: $failed step(s) failed; summary in $summary"
 cat "$summary" >&2

@@ -115,9 +115,10 @@ void Trainer::Impl::open_run_dir() {
   if (language_tokens > 0) metrics->set_language(language_tokens, language_flops);
   if (language_tokens > 0 && config.log.mfu) {
     const bool bf16 = config.train.precision == Precision::kBf16;
-    const double peak = matmul_peak_gflops(bf16 ? at::kBFloat16 : at::kFloat);
-    spdlog::info("log.mfu: this rank's {} matrix-product peak is {:.1f} GFLOP/s (1024^3)",
-                 bf16 ? "bf16" : "fp32", peak);
+    const int64_t n = device.is_cpu() ? 1024 : kGpuMatmulPeakN;
+    const double peak = matmul_peak_gflops(bf16 ? at::kBFloat16 : at::kFloat, n, 0.5, device);
+    spdlog::info("log.mfu: this rank's {} matrix-product peak on {} is {:.1f} GFLOP/s ({}^3)",
+                 bf16 ? "bf16" : "fp32", device.str(), peak, n);
     metrics->set_peak_gflops(peak);
   }
 }

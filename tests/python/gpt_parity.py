@@ -31,6 +31,7 @@ for name, kind in [("n_layer", int), ("n_head", int), ("n_embd", int), ("block_s
     p.add_argument("--" + name, type=kind, required=True)
 for name in ["text", "metrics", "checkpoint", "generated", "prompt"]:
     p.add_argument("--" + name)
+p.add_argument("--device", default="cpu", help="where Python trains (cpu | cuda): lockstep's train.device")
 a = p.parse_args()
 a.vocab_size, a.dropout, a.bias = 256, 0.0, True
 torch.manual_seed(a.seed)
@@ -40,6 +41,8 @@ if a.mode == "init":
     sys.exit(0)
 
 model.load_state_dict(torch.load(a.out, map_location="cpu"), strict=True)  # init.pt
+device = torch.device(a.device)
+model.to(device)
 data = torch.tensor(list(open(a.text, "rb").read()), dtype=torch.long)
 n = len(data)
 held = math.floor(n * a.validation_fraction + 0.5)  # C++'s llround for a positive number
@@ -55,8 +58,8 @@ ours = []
 model.train()
 for step in range(a.steps):
     rows = order[step * a.batch_size:(step + 1) * a.batch_size]
-    x = torch.stack([train[i * t:i * t + t] for i in rows])
-    y = torch.stack([train[i * t + 1:i * t + t + 1] for i in rows])
+    x = torch.stack([train[i * t:i * t + t] for i in rows]).to(device)
+    y = torch.stack([train[i * t + 1:i * t + t + 1] for i in rows]).to(device)
     opt.zero_grad()
     _, loss = model(x, y)
     loss.backward()
@@ -70,6 +73,7 @@ print("losses: %d steps, first %.6f (lockstep %.6f), last %.6f (lockstep %.6f), 
       "largest relative difference %.3g" % (a.steps, ours[0], theirs[0], ours[-1], theirs[-1], rel))
 trained = GPT(a)
 trained.load_state_dict(torch.load(a.checkpoint, map_location="cpu"), strict=True)
+model.to("cpu")
 diff = max((p1 - p2).abs().max().item()
            for p1, p2 in zip(model.state_dict().values(), trained.state_dict().values()))
 print("weights: largest difference after %d steps %.3g" % (a.steps, diff))
