@@ -27,7 +27,9 @@
 # tensors (2 ranks) -> the unit suite against this LibTorch -> DDP's MLP
 # benchmark. No step starts after LOCKSTEP_GPU_DEADLINE_S (default 480)
 # seconds; each has its own time limit, so a run fits a 600 s device call.
-# env LOCKSTEP_GPU_ROUNDS: rounds of each GPT benchmark (default 2; 1 quick).
+# env LOCKSTEP_GPU_ROUNDS: rounds of each GPT benchmark (default 2; 1 quick);
+# LOCKSTEP_GPU_ONLY=REGEX: only the steps whose names match (after the build),
+# for a rerun of failed steps in what is left of the device's time.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -ge 1 ] || { echo "usage: $0 OUT [DEPS]" >&2; exit 2; }
@@ -61,6 +63,12 @@ record() {  # record STATUS NAME SECONDS DETAILS
 step() {
   local name=$1 fn=$2 start=$SECONDS rc figures
   say "== $name"
+  case $name in environment | dependencies | configure | build) ;; *)
+    if [ -n "${LOCKSTEP_GPU_ONLY:-}" ] && ! [[ $name =~ $LOCKSTEP_GPU_ONLY ]]; then
+      record SKIP "$name" 0 "not selected (LOCKSTEP_GPU_ONLY=$LOCKSTEP_GPU_ONLY)"
+      return 77
+    fi ;;
+  esac
   if [ "$SECONDS" -ge "$deadline" ]; then
     record SKIP "$name" 0 "not started: the run is past ${deadline} s (LOCKSTEP_GPU_DEADLINE_S), the device's time"
     return 77
@@ -343,9 +351,14 @@ where() {
   dev=cpu world1=gloo stand_in="CPU stand-in: "
 }
 cuda_tests() {
-  [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
-  timeout -k 5 "$(cap 180)" "$build/tests/lockstep_tests" "[.cuda]" || return 1
-  echo "figures: the [.cuda] cases passed"
+  where || return 77
+  if [ "$dev" = cuda ]; then
+    timeout -k 5 "$(cap 120)" "$build/tests/lockstep_tests" "[.cuda]" || return 1
+  fi
+  # DDP on two processes sharing the GPU (Note [Two ranks of DDP on one GPU]).
+  LOCKSTEP_TEST_DEVICE=$dev timeout -k 5 "$(cap 120)" "$run" --nproc-per-node 2 --master-port 0 \
+    "$build/tests/lockstep_tests" "[.cuda_ranks]" || return 1
+  echo "figures: ${stand_in}$([ "$dev" = cuda ] && echo "the [.cuda] cases and ")[.cuda_ranks] (DDP, 2 processes on $dev, against one process on the whole batch) passed"
 }
 # comm_check FILE CMD...: one communication self-check; the summary line of
 # its table becomes the step's figures.

@@ -181,7 +181,9 @@ at::Tensor ZeroOptimizer::grad_norms() {
   at::Tensor packed = at::zeros({2 * n}, at::TensorOptions().dtype(at::kDouble).device(device));
   if (!mine.empty()) {
     const auto at_ = at::tensor(mine, at::kLong).to(device);
-    packed.index_copy_(0, at_, at::stack(norms));
+    // The gradients' device may not be the group's: Gloo reduces CUDA
+    // tensors from a CPU group (seen on the first GPU run, docs/gpu.md).
+    packed.index_copy_(0, at_, at::stack(norms).to(device));
     packed.index_fill_(0, at_ + n, 1.0);
   }
   pg_->allreduce(packed, ReduceKind::kSum);

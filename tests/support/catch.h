@@ -4,7 +4,19 @@
 // and `Approx(...)` the same way under both.
 #pragma once
 
-#if __has_include(<catch2/catch_all.hpp>)
+// Which one: the version CMake found and links (LOCKSTEP_CATCH2_MAJOR, from
+// tests/CMakeLists.txt), not whichever headers the include path shows first:
+// a GPU machine's image has a v3 in its system folders beside the carried
+// v2, and the tests compiled against one failed to link with the other.
+#if defined(LOCKSTEP_CATCH2_MAJOR)
+#define LOCKSTEP_CATCH2_V3 (LOCKSTEP_CATCH2_MAJOR >= 3)
+#elif __has_include(<catch2/catch_all.hpp>)
+#define LOCKSTEP_CATCH2_V3 1
+#else
+#define LOCKSTEP_CATCH2_V3 0
+#endif
+
+#if LOCKSTEP_CATCH2_V3
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
