@@ -53,7 +53,7 @@ failed=0
 
 say() { echo "$*" | tee -a "$log" >&2; }
 record() {  # record STATUS NAME SECONDS DETAILS
-  printf '| %s | %s | %ss | %s |\n' "$1" "$2" "$3" "$4" >>"$summary"
+  printf '| %s | %s | %ss | %s |\n' "$1" "$2" "$3" "${4//|/\\|}" >>"$summary"  # a | inside would split the row
   say "== $1: $2 ($3 s) $4"
   [ "$1" = FAIL ] && failed=$((failed + 1))
   return 0

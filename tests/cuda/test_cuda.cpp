@@ -56,8 +56,8 @@ std::vector<at::Tensor> on_cpu(const std::vector<at::Tensor>& tensors) {
 TEST_CASE("DDP over CUDA parameters, a process per rank, equals one process on the whole batch",
           "[.cuda_ranks]") {
   const char* where = std::getenv("LOCKSTEP_TEST_DEVICE");
-  const at::Device device = where != nullptr && std::string(where) == "cpu" ? at::Device(at::kCPU)
-                                                                            : kGpu;
+  const at::Device device =
+      where != nullptr && std::string(where) == "cpu" ? at::Device(at::kCPU) : kGpu;
   if (device.is_cuda()) REQUIRE(at::hasCUDA());
   InitOptions init;
   init.backend = BackendKind::kGloo;  // NCCL refuses two ranks on one GPU
