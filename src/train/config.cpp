@@ -433,9 +433,9 @@ const std::vector<Field>& fields() {
       make_choice("log", "progress", &C::log, &LogConfig::progress, kProgressNames,
                   "rank 0's progress display (auto: a bar on a terminal)"),
       make_field("log", "mfu", &C::log, &LogConfig::mfu, Type::kBool,
-                 "language models: measure this core's matrix-product peak at start (about half a "
-                 "second, in the run's precision) and report the model FLOP utilisation (mfu: "
-                 "achieved FLOP/s per rank over that peak)"),
+                 "language models: measure this core's (on a GPU, the GPU's) matrix-product peak "
+                 "at start (about half a second, in the run's precision) and report the model "
+                 "FLOP utilisation (mfu: achieved FLOP/s per rank over that peak)"),
       make_field("log", "tensorboard", &C::log, &LogConfig::tensorboard, Type::kBool,
                  "write TensorBoard scalars and the config to <run dir>/events.out.tfevents.* "
                  "(rank 0)"),
