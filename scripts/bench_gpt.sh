@@ -66,20 +66,23 @@ for round in $(seq "$ROUNDS"); do
   else
     lockstep shm "lockstep (shm)" --set check.every=0
   fi
-  "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
-    --text data/kjv.txt --precision "$PRECISION" --backend "$torch_backend" --device "$DEVICE" \
-    "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" 2>"$work/torch.err" | sed -n 's/^\[rank0\]: //p' >>"$raw"
-  grep -q '"impl": "pytorch' "$raw" || { echo "bench_gpt: PyTorch's run printed no result:" >&2; tail -n 20 "$work/torch.err" >&2; exit 1; }
+  { "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
+      --text data/kjv.txt --precision "$PRECISION" --backend "$torch_backend" --device "$DEVICE" \
+      "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" 2>"$work/torch.err" |
+      sed -n 's/^\[rank0\]: //p' >"$work/torch.jsonl"; } || true
+  grep -q '"impl": "pytorch' "$work/torch.jsonl" ||
+    { echo "bench_gpt: PyTorch's run printed no result:" >&2; tail -n 20 "$work/torch.err" >&2; exit 1; }
+  cat "$work/torch.jsonl" >>"$raw"
   [ "${ONLY:-}" = shm ] || [ "$DEVICE" = cuda ] && continue
   lockstep gloo "lockstep (gloo)" --set check.every=0 --set dist.backend=gloo
   lockstep checked "lockstep (shm, check every step)" --set check.every=1
 done
-"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" "$n_layer $n_head $n_embd $block $batch" "$DEVICE" <<'PY'
+"$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" "$n_layer $n_head $n_embd $block $batch" "$DEVICE" "$NPROC" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-# A GPU's MFU is also given against a datasheet's dense bf16 peak (H100/H200
-# SXM: 989 TFLOP/s, docs/gpu.md), for both contenders: the same model's
-# FLOP per token times each one's tokens/s.
+# On a GPU: each contender's TFLOP/s per GPU (the same model's FLOP per
+# token times its tokens/s, over the ranks), and in bf16 that against the
+# datasheet's dense bf16 peak (H100/H200 SXM: 989 TFLOP/s, docs/gpu.md).
 DATASHEET_BF16 = 989e12
 names = list(dict.fromkeys(r["impl"] for r in rows))
 med = {n: statistics.median(r["tokens_per_s"] for r in rows if r["impl"] == n) for n in names}
@@ -91,6 +94,9 @@ for n in names:
     extra = f"   MFU {100 * statistics.median(mfu):.1f}%" if mfu else ""
     fpt = [r["flops_per_token"] for r in rows if "flops_per_token" in r]
     if sys.argv[5] == "cuda" and fpt:
-        extra += f"   {med[n] * fpt[0] / 1e12:.1f} TFLOP/s, {100 * med[n] * fpt[0] / DATASHEET_BF16:.2f}% of 989"
+        per_gpu = med[n] * fpt[0] / int(sys.argv[6])
+        extra += f"   {per_gpu / 1e12:.1f} TFLOP/s per GPU"
+        if sys.argv[3] == "bf16":
+            extra += f", {100 * per_gpu / DATASHEET_BF16:.2f}% of 989"
     print(f"{n:36} {med[n]:10.0f}   x{med[n] / torch:.3f} of PyTorch's{extra}")
 PY

@@ -15,6 +15,7 @@
 // exchange is not replayed (docs/gpu.md).
 #include <ATen/ATen.h>
 #include <torch/nn.h>
+#include <torch/optim.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cstdlib>
@@ -51,8 +52,11 @@ std::vector<at::Tensor> on_cpu(const std::vector<at::Tensor>& tensors) {
 // PyTorch's DDP does) blocks rank 1's backward behind it: the first GPU run
 // (docs/gpu.md) hung there until Gloo's 120 s timeout. Real jobs run a
 // process per rank, and so does this case: scripts/gpu_check.sh launches it
-// with `lockstep-run --nproc-per-node 2 lockstep_tests "[.cuda_ranks]"`
-// (LOCKSTEP_TEST_DEVICE=cpu runs it on the CPU, as the kit's rehearsal does).
+// with `lockstep-run --nproc-per-node 2 lockstep_tests "[.cuda_ranks]"`;
+// with LOCKSTEP_TEST_DEVICE=cpu it runs on the CPU (ctest's
+// unit.ddp_processes, and the kit's rehearsal). Rank 1 starts from other
+// weights (DDP's first broadcast must replace them) and three SGD steps
+// take it past the bucket rebuild.
 TEST_CASE("DDP over CUDA parameters, a process per rank, equals one process on the whole batch",
           "[.cuda_ranks]") {
   const char* where = std::getenv("LOCKSTEP_TEST_DEVICE");
@@ -64,39 +68,54 @@ TEST_CASE("DDP over CUDA parameters, a process per rank, equals one process on t
   auto dist = init_distributed(init);
   REQUIRE(dist.size() == 2);
   const int64_t b = 4;
+  const int steps = 3;  // past the bucket rebuild after the first step
   for (bool view : {true, false}) {
     INFO("gradient_as_bucket_view " << view);
-    torch::manual_seed(7);  // every rank: the same model and batch
+    torch::manual_seed(7);  // every rank: the same model and batches
     auto base = make_mlp();
-    const auto x = torch::randn({2 * b, 12});
-    const auto y = torch::randint(0, 5, {2 * b});
+    const auto x = torch::randn({steps, 2 * b, 12});
+    const auto y = torch::randint(0, 5, {steps, 2 * b});
     auto reference = clone_of(base);
     reference->to(device);
-    F::cross_entropy(reference->forward(x.to(device)), y.to(device)).backward();
-    const auto want = on_cpu(grads_of(*reference));
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
 
     auto model = clone_of(base);
+    if (dist.rank() == 1) {  // DDP's first broadcast must make it rank 0's
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(1.0);
+    }
     model->to(device);
     DdpOptions options;
     options.gradient_as_bucket_view = view;
     options.bucket_cap_mb = 0.001;  // several buckets
     options.first_bucket_cap_mb = 0.0005;
     DistributedDataParallel ddp(model, dist.pg, options);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
     const auto rows = torch::indexing::Slice(dist.rank() * b, (dist.rank() + 1) * b);
-    const auto out = ddp.forward(x.index({rows}).to(device));
-    REQUIRE(out.device() == device);
-    F::cross_entropy(out, y.index({rows}).to(device)).backward();
-    std::vector<NamedTensor> grads;
-    for (const auto& item : model->named_parameters()) {
-      REQUIRE(item.value().grad().device() == device);
-      grads.push_back({item.key(), item.value().grad()});
+    for (int s = 0; s < steps; ++s) {
+      INFO("step " << s);
+      ref_opt.zero_grad();
+      F::cross_entropy(reference->forward(x[s].to(device)), y[s].to(device)).backward();
+      const auto want = on_cpu(grads_of(*reference));
+      ref_opt.step();
+
+      opt.zero_grad();
+      const auto out = ddp.forward(x[s].index({rows}).to(device));
+      REQUIRE(out.device() == device);
+      F::cross_entropy(out, y[s].index({rows}).to(device)).backward();
+      std::vector<NamedTensor> grads;
+      for (const auto& item : model->named_parameters()) {
+        REQUIRE(item.value().grad().device() == device);
+        grads.push_back({item.key(), item.value().grad()});
+      }
+      CHECK(relative_error(on_cpu(grads_of(*model)), want) < 1e-5);
+      // Bit-identical across the ranks (the digest of each rank's gradients).
+      const auto agreed = fingerprint_check(*dist.pg, grads, DigestMode::kChecksum, s + 1);
+      INFO(agreed.message);
+      CHECK(agreed.consistent);
+      opt.step();
     }
-    const auto got = on_cpu(grads_of(*model));
-    CHECK(relative_error(got, want) < 1e-5);
-    // Bit-identical across the ranks (the digest of each rank's gradients).
-    const auto agreed = fingerprint_check(*dist.pg, grads, DigestMode::kChecksum, view ? 1 : 2);
-    INFO(agreed.message);
-    CHECK(agreed.consistent);
+    CHECK(relative_error(on_cpu(weights_of(*model)), on_cpu(weights_of(*reference))) < 1e-5);
   }
   dist.shutdown();
 }
