@@ -50,8 +50,8 @@ int cmd_eval(int argc, char** argv) {
     if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
     const std::string given = args["config"].as<std::string>();
     const Config config = config_load(given.empty() ? folder + "/config.yaml" : given, overrides);
+    config_validate(config, 1);  // before the rendezvous: at once, on every rank alike
     auto dist = init_distributed(init_options_from_config(config));
-    config_validate(config, dist.world.world_size);
     const CheckpointEval eval = evaluate_checkpoint(config, folder, dist.world, *dist.pg);
     if (dist.world.rank == 0) {
       const EvalResult& r = eval.result;

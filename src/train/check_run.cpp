@@ -14,6 +14,7 @@
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
+#include "lockstep/distributed/agree.h"
 #include "lockstep/model/models.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
@@ -122,18 +123,22 @@ std::string verdict(bool ok) {
 
 CheckRunResult check_run(const Config& asked, const WorldInfo& world,
                          const std::shared_ptr<ProcessGroup>& pg, const CheckRunOptions& options) {
-  if (options.steps < 1) throw ConfigError("--steps must be >= 1");
-  if (asked.optim.zero == 3) {
-    throw ConfigError(
-        "lockstep check --config compares the ranks' weights, but optim.zero: 3 keeps each "
-        "weight on one rank only (no replica to compare; its training runs guard each shard "
-        "with a seal instead, docs/zero.md): check this config with --set optim.zero=2, which "
-        "runs the same optimizer and gradient exchange");
-  }
-  if (options.fault_rank >= world.world_size) {
-    throw ConfigError("--fault-rank " + std::to_string(options.fault_rank) + " is outside [0, " +
-                      std::to_string(world.world_size) + ")");
-  }
+  // Every rank reaches the verdict together (a rank leaving alone would tear
+  // down what a slower peer may still be joining: Trainer's constructor).
+  agree_on_failure(*pg, [&] {
+    if (options.steps < 1) throw ConfigError("--steps must be >= 1");
+    if (asked.optim.zero == 3) {
+      throw ConfigError(
+          "lockstep check --config compares the ranks' weights, but optim.zero: 3 keeps each "
+          "weight on one rank only (no replica to compare; its training runs guard each shard "
+          "with a seal instead, docs/zero.md): check this config with --set optim.zero=2, which "
+          "runs the same optimizer and gradient exchange");
+    }
+    if (options.fault_rank >= world.world_size) {
+      throw ConfigError("--fault-rank " + std::to_string(options.fault_rank) + " is outside [0, " +
+                        std::to_string(world.world_size) + ")");
+    }
+  });
   Config config = asked;  // train.precision: auto resolved as lockstep train would
   resolve_precision(config, device_from_config(config, world, pg->kind()), *pg);
   // (a)

@@ -43,6 +43,9 @@ int train_main(int argc, char** argv) {
       std::fputs(config_to_yaml(config).c_str(), stdout);
       return kExitOk;
     }
+    // A bad configuration fails here, before the rendezvous: at once, on
+    // every rank alike, waiting for no peer (and leaving none waiting).
+    config_validate(config, 1);
     const std::string allocator = tune_allocator();  // Note [Allocator tuning]
     auto dist = init_distributed(init_options_from_config(config));
     spdlog::debug("{}", allocator);

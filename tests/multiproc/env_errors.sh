@@ -49,4 +49,16 @@ expect_eq "$code" 3 "unreachable master exits 3"
 expect_lt "$(elapsed "$start")" 13 "within the 3 s timeout plus margin"
 expect_grep "$WORK/err" "could not reach the store at 127.0.0.1:$port" "the message names host:port"
 
+# A bad configuration fails before the rendezvous: rank 1 of 2, its master
+# never comes, and the error is the configuration's (exit 2) at once, not
+# an unreachable store (exit 3) after the rendezvous timeout.
+port=$(free_port)
+start=$(now)
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$LOCKSTEP" train \
+  --config "$(dirname "$0")/../../configs/digits.yaml" --set dist.rdzv_timeout_s=20 \
+  --set optim.zero=1 --set check.optimizer_state=true 2>"$WORK/err"
+expect_eq "$?" 2 "a bad configuration with no peer exits 2"
+expect_lt "$(elapsed "$start")" 10 "before the 20 s rendezvous timeout"
+expect_grep "$WORK/err" "check.optimizer_state.*optim.zero: 1" "and names the keys"
+
 finish
