@@ -2,9 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <memory>
+#include <utility>
+
 #include "lockstep/distributed/rendezvous.h"
 #include "lockstep/util/blas_probe.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/kept_until_reported.h"
 #include "lockstep/util/log.h"
 
 namespace lockstep {
@@ -17,6 +22,7 @@ std::chrono::milliseconds timeout_from_seconds(double seconds, const std::string
 }
 
 Distributed init_distributed(const InitOptions& options) {
+  release_kept();  // what an earlier world's error kept (Note [Report before teardown])
   Distributed dist;
   // Logging with rank 0's tag before the world is known would mislabel
   // errors: read the world first, and log with rank -1 if that fails.
@@ -41,6 +47,14 @@ Distributed init_distributed(const InitOptions& options) {
   pg_options.timeout = options.timeout;
   dist.pg = ProcessGroup::create(dist.store, dist.world, pg_options);
   return dist;
+}
+
+Distributed::~Distributed() {
+  // Note [Report before teardown]: the group first, then the store it uses.
+  if (std::uncaught_exceptions() > 0) {
+    if (pg) keep_until_reported(std::move(pg));
+    if (store) keep_until_reported(std::make_shared<Ptr<C10dStore>>(std::move(store)));
+  }
 }
 
 void Distributed::shutdown() {

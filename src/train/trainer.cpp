@@ -238,12 +238,14 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   s.config = std::move(config);
   s.world = std::move(world);
   s.pg = std::move(pg);
-  s.fault = fault_from_env(env_process(), s.world.world_size);
   // Every rank reaches this verdict together: a rank that failed alone and
   // left would tear down the store or shm segment that a slower peer may
   // still be joining, and that peer would report a communication failure
-  // (exit 3) instead of the configuration's error (exit 2).
-  agree_on_failure(*s.pg, [&] { config_validate(s.config, s.world.world_size); });
+  // (exit 3) instead of the configuration's or environment's error (exit 2).
+  agree_on_failure(*s.pg, [&] {
+    s.fault = fault_from_env(env_process(), s.world.world_size);
+    config_validate(s.config, s.world.world_size);
+  });
   s.agree_on_config();
   s.prepare_run_dir();
   within_memory("the dataset (section data)", [&] { s.load_data(); });

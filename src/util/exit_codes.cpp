@@ -6,15 +6,15 @@
 #include <cstdio>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/kept_until_reported.h"
 
 namespace lockstep {
 namespace {
 constexpr const char* kMemoryHint =
     " (this rank's memory ran out: shard the weights with optim.zero 3, recompute activations "
     "with model.activation_checkpointing, or lower data.batch_size; docs/zero.md)";
-}  // namespace
 
-int run_guarded(const std::string& command, const std::function<int()>& body) {
+int guarded(const std::string& command, const std::function<int()>& body) {
   auto report = [&](const char* kind, const std::string& what) {
     if (spdlog::default_logger()->name() == "lockstep") {
       spdlog::error("lockstep {}: {}{}", command, kind, what);
@@ -72,6 +72,14 @@ int run_guarded(const std::string& command, const std::function<int()>& body) {
     report("internal error: ", what_of(e));
     return kExitInternal;
   }
+}
+
+}  // namespace
+
+int run_guarded(const std::string& command, const std::function<int()>& body) {
+  const int code = guarded(command, body);
+  release_kept();  // after the error's line (Note [Report before teardown])
+  return code;
 }
 
 }  // namespace lockstep

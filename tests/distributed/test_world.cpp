@@ -1,8 +1,20 @@
-// WorldInfo: each launcher convention, their precedence, and bad values.
+// WorldInfo: each launcher convention, their precedence, and bad values;
+// init_distributed's world outliving an error until it is reported.
 #include "support/catch.h"
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lockstep/distributed/init.h"
 #include "lockstep/distributed/world.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/exit_codes.h"
 
 using lockstep::env_from_map;
 using lockstep::EnvError;
@@ -141,4 +153,55 @@ TEST_CASE("bad values name the variable and the value", "[world]") {
                       Contains("SLURM_NTASKS is not set"));
   REQUIRE_THROWS_WITH(world_from_env(env_from_map({{"RANK", " 1"}, {"WORLD_SIZE", "2"}})),
                       Contains("RANK=' 1' is not an integer"));
+}
+
+namespace {
+// Records each log line with whether the watched process group was alive.
+class WatchingSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit WatchingSink(const std::weak_ptr<lockstep::ProcessGroup>* watched) : watched_(watched) {}
+  std::vector<std::pair<std::string, bool>> lines;
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines.emplace_back(std::string(msg.payload.data(), msg.payload.size()), !watched_->expired());
+  }
+  void flush_() override {}
+
+ private:
+  const std::weak_ptr<lockstep::ProcessGroup>* watched_;
+};
+}  // namespace
+
+// Note [Report before teardown]: a peer sees the group go at once, so the
+// error line must come first; after it, nothing is held.
+TEST_CASE("a failing rank reports its error before its process group goes", "[world]") {
+  std::weak_ptr<lockstep::ProcessGroup> pg;
+  auto sink = std::make_shared<WatchingSink>(&pg);
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("lockstep", sink));
+  lockstep::InitOptions options;
+  options.init_logging = false;
+  const int code = lockstep::run_guarded("test", [&]() -> int {
+    auto dist = lockstep::init_distributed(options);
+    pg = dist.pg;
+    throw lockstep::ConfigError("the cause");
+  });
+  spdlog::set_default_logger(previous);
+  CHECK(code == lockstep::kExitBadInput);
+  int reported = 0;
+  for (const auto& [line, alive] : sink->lines) {
+    if (line.find("the cause") == std::string::npos) continue;
+    ++reported;
+    CHECK(alive);
+  }
+  CHECK(reported == 1);
+  CHECK(pg.expired());  // released once reported
+
+  {  // no error: released with the object, nothing kept
+    auto dist = lockstep::init_distributed(options);
+    pg = dist.pg;
+    REQUIRE_FALSE(pg.expired());
+  }
+  CHECK(pg.expired());
 }

@@ -45,6 +45,17 @@ class Distributed {
   Ptr<C10dStore> store;  // the rendezvous store (HashStore at world size 1)
   std::shared_ptr<ProcessGroup> pg;
 
+  Distributed() = default;
+  Distributed(Distributed&&) = default;
+  Distributed& operator=(Distributed&&) = default;
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+  // While an error unwinds, the process group and the store outlive this
+  // object until the error is reported (Note [Report before teardown],
+  // lockstep/util/kept_until_reported.h): a program that catches lockstep's
+  // errors itself calls lockstep::release_kept() once it has reported one.
+  ~Distributed();
+
   int rank() const { return world.rank; }
   int size() const { return world.world_size; }
   // Waits for every rank (so rank 0's store outlives the others' last use),
