@@ -2,14 +2,21 @@
 
 #include <torch/optim.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "lockstep/optim/foreach_adam.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {
 
 std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& c,
-                                                          const std::vector<at::Tensor>& params) {
+                                                          const std::vector<at::Tensor>& params,
+                                                          std::optional<bool> foreach) {
+  const bool all_cuda =
+      !params.empty() &&
+      std::all_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.is_cuda(); });
+  const bool multi_tensor = foreach.value_or(all_cuda);
   switch (c.name) {
     case OptimizerKind::kSgd:
       if (c.nesterov && c.momentum <= 0) {
@@ -20,16 +27,22 @@ std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& c,
                                                              .momentum(c.momentum)
                                                              .nesterov(c.nesterov)
                                                              .weight_decay(c.weight_decay));
-    case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
-                                                              .betas({c.beta1, c.beta2})
-                                                              .eps(c.eps)
-                                                              .weight_decay(c.weight_decay));
-    case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
-                                                               .betas({c.beta1, c.beta2})
-                                                               .eps(c.eps)
-                                                               .weight_decay(c.weight_decay));
+    case OptimizerKind::kAdam: {
+      const auto options = torch::optim::AdamOptions(c.lr)
+                               .betas({c.beta1, c.beta2})
+                               .eps(c.eps)
+                               .weight_decay(c.weight_decay);
+      if (multi_tensor) return std::make_unique<ForeachAdam>(params, options);
+      return std::make_unique<torch::optim::Adam>(params, options);
+    }
+    case OptimizerKind::kAdamW: {
+      const auto options = torch::optim::AdamWOptions(c.lr)
+                               .betas({c.beta1, c.beta2})
+                               .eps(c.eps)
+                               .weight_decay(c.weight_decay);
+      if (multi_tensor) return std::make_unique<ForeachAdamW>(params, options);
+      return std::make_unique<torch::optim::AdamW>(params, options);
+    }
   }
   throw std::logic_error("optimizer_create: an OptimizerKind outside its name table");
 }
