@@ -50,10 +50,13 @@ Distributed init_distributed(const InitOptions& options) {
 }
 
 Distributed::~Distributed() {
+  if (std::uncaught_exceptions() <= uncaught_at_birth_) return;
   // Note [Report before teardown]: the group first, then the store it uses.
-  if (std::uncaught_exceptions() > 0) {
+  // Should holding them fail (memory), they go now, as without the note.
+  try {
     if (pg) keep_until_reported(std::move(pg));
     if (store) keep_until_reported(std::make_shared<Ptr<C10dStore>>(std::move(store)));
+  } catch (...) {
   }
 }
 

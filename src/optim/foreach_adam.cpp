@@ -26,9 +26,12 @@ void foreach_group_step(Optimizer& optimizer, torch::optim::OptimizerParamGroup&
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
   std::vector<at::Scalar> bias_correction2_sqrt, neg_step_size;
   auto& states = optimizer.state();
+  for (const auto& p : group.params()) {  // before any state changes
+    if (p.grad().defined() && p.grad().is_sparse())
+      throw UsageError("Adam and AdamW do not support sparse gradients");
+  }
   for (auto& p : group.params()) {
     if (!p.grad().defined()) continue;
-    if (p.grad().is_sparse()) throw UsageError("Adam and AdamW do not support sparse gradients");
     const auto key = optimizer_state_key(optimizer, p);
     if (states.find(key) == states.end()) {
       auto state = std::make_unique<State>();

@@ -1,5 +1,6 @@
 #include "lockstep/util/kept_until_reported.h"
 
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -15,6 +16,10 @@ std::vector<std::shared_ptr<void>>& kept() {
 
 void keep_until_reported(std::shared_ptr<void> object) {
   if (!object) return;
+  // A program that catches the error itself and never calls release_kept:
+  // released at its exit, before the statics made earlier are destroyed.
+  static const bool at_exit = std::atexit(release_kept) == 0;
+  (void)at_exit;
   const std::lock_guard<std::mutex> lock(g_mutex);
   kept().push_back(std::move(object));
 }

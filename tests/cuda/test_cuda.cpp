@@ -157,9 +157,10 @@ TEST_CASE("the checksum fingerprint runs on the GPU, equals the CPU's and sees o
 }
 
 // Note [Foreach optimizers]: on a GPU the default for Adam and AdamW, as in
-// PyTorch; fused multi-tensor kernels of the same arithmetic as LibTorch's
+// PyTorch; multi-tensor kernels of the same arithmetic as LibTorch's
 // per-parameter step, so equal to it up to rounding (not asserted bit for
-// bit: a fused kernel may contract a multiply-add).
+// bit: CUDA's per-tensor division by a host scalar multiplies by its
+// reciprocal, the foreach one divides).
 TEST_CASE("on a GPU optimizer_create steps AdamW with foreach, as LibTorch's step to rounding",
           "[.cuda]") {
   REQUIRE(at::hasCUDA());

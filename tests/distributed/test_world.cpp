@@ -5,8 +5,10 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,20 +158,20 @@ TEST_CASE("bad values name the variable and the value", "[world]") {
 }
 
 namespace {
-// Records each log line with whether the watched process group was alive.
+// Records each log line with whether the watched objects were all alive.
 class WatchingSink : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  explicit WatchingSink(const std::weak_ptr<lockstep::ProcessGroup>* watched) : watched_(watched) {}
+  explicit WatchingSink(std::function<bool()> alive) : alive_(std::move(alive)) {}
   std::vector<std::pair<std::string, bool>> lines;
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
-    lines.emplace_back(std::string(msg.payload.data(), msg.payload.size()), !watched_->expired());
+    lines.emplace_back(std::string(msg.payload.data(), msg.payload.size()), alive_());
   }
   void flush_() override {}
 
  private:
-  const std::weak_ptr<lockstep::ProcessGroup>* watched_;
+  std::function<bool()> alive_;
 };
 }  // namespace
 
@@ -177,7 +179,8 @@ class WatchingSink : public spdlog::sinks::base_sink<std::mutex> {
 // error line must come first; after it, nothing is held.
 TEST_CASE("a failing rank reports its error before its process group goes", "[world]") {
   std::weak_ptr<lockstep::ProcessGroup> pg;
-  auto sink = std::make_shared<WatchingSink>(&pg);
+  c10::weak_intrusive_ptr<lockstep::C10dStore> store{c10::intrusive_ptr<lockstep::C10dStore>()};
+  auto sink = std::make_shared<WatchingSink>([&] { return !pg.expired() && !store.expired(); });
   const auto previous = spdlog::default_logger();
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("lockstep", sink));
   lockstep::InitOptions options;
@@ -185,6 +188,7 @@ TEST_CASE("a failing rank reports its error before its process group goes", "[wo
   const int code = lockstep::run_guarded("test", [&]() -> int {
     auto dist = lockstep::init_distributed(options);
     pg = dist.pg;
+    store = c10::weak_intrusive_ptr<lockstep::C10dStore>(dist.store);
     throw lockstep::ConfigError("the cause");
   });
   spdlog::set_default_logger(previous);
@@ -197,11 +201,29 @@ TEST_CASE("a failing rank reports its error before its process group goes", "[wo
   }
   CHECK(reported == 1);
   CHECK(pg.expired());  // released once reported
+  CHECK(store.expired());
 
   {  // no error: released with the object, nothing kept
     auto dist = lockstep::init_distributed(options);
     pg = dist.pg;
     REQUIRE_FALSE(pg.expired());
+  }
+  CHECK(pg.expired());
+
+  // Made and ended while another exception unwinds (a destructor's work):
+  // that unwinding is not this object's, so nothing is kept.
+  struct DuringUnwinding {
+    std::weak_ptr<lockstep::ProcessGroup>* watched;
+    lockstep::InitOptions options;
+    ~DuringUnwinding() {
+      auto dist = lockstep::init_distributed(options);
+      *watched = dist.pg;
+    }
+  };
+  try {
+    DuringUnwinding during{&pg, options};
+    throw std::runtime_error("elsewhere");
+  } catch (const std::runtime_error&) {
   }
   CHECK(pg.expired());
 }

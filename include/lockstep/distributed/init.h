@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -50,10 +51,11 @@ class Distributed {
   Distributed& operator=(Distributed&&) = default;
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
-  // While an error unwinds, the process group and the store outlive this
-  // object until the error is reported (Note [Report before teardown],
+  // While an error unwinds past it, the process group and the store outlive
+  // this object until the error is reported (Note [Report before teardown],
   // lockstep/util/kept_until_reported.h): a program that catches lockstep's
-  // errors itself calls lockstep::release_kept() once it has reported one.
+  // errors itself calls lockstep::release_kept() once it has reported one
+  // (else the next init_distributed, or the program's exit, releases them).
   ~Distributed();
 
   int rank() const { return world.rank; }
@@ -61,6 +63,11 @@ class Distributed {
   // Waits for every rank (so rank 0's store outlives the others' last use),
   // then releases the process group and the store. Idempotent.
   void shutdown();
+
+ private:
+  // Exceptions in flight when this object was made: an unwinding past it
+  // is one more (the idiom that ignores unwindings it was born inside).
+  int uncaught_at_birth_ = std::uncaught_exceptions();
 };
 
 Distributed init_distributed(const InitOptions& options = {});

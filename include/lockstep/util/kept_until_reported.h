@@ -17,9 +17,12 @@ namespace lockstep {
 // Distributed's destructor, when it runs during unwinding, hands its process
 // group and store to keep_until_reported; run_guarded releases them right
 // after printing the error, and init_distributed before it meets a new world
-// (a program that catches the error and starts over).
+// (a program that catches the error and starts over); what is still held
+// at the program's exit is released then.
 
-// Holds `object` until release_kept(). Thread-safe.
+// Holds `object` until release_kept() (or the program's exit). Thread-safe;
+// one list per process: a release on any thread releases everything held
+// (a process holds one world, as lockstep's programs do).
 void keep_until_reported(std::shared_ptr<void> object);
 
 // Destroys what keep_until_reported holds, in the order it was handed in.
