@@ -38,9 +38,12 @@ static void movsb_copy(char* d, const char* s, size_t n) {
 }
 
 static void copy(int method, char* d, const char* s, size_t n) {
-  if (method == 0) memcpy(d, s, n);
-  else if (method == 1) avx2_copy(d, s, n);
-  else movsb_copy(d, s, n);
+  if (method == 0)
+    memcpy(d, s, n);
+  else if (method == 1)
+    avx2_copy(d, s, n);
+  else
+    movsb_copy(d, s, n);
 }
 
 typedef struct {
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
       out += now() - t;
       barrier(bar, me, ++gen);
     }
-    if (me == 1) usleep(100000);  /* rank 0 prints first */
+    if (me == 1) usleep(100000); /* rank 0 prints first */
     printf("%-9s process %d: into its slot %.2f GB/s, out of the other's slot %.2f GB/s\n",
            names[method], me, n * (double)steps / in / 1e9, n * (double)steps / out / 1e9);
     fflush(stdout);
