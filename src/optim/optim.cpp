@@ -12,11 +12,11 @@ namespace lockstep {
 
 std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& c,
                                                           const std::vector<at::Tensor>& params,
-                                                          std::optional<bool> foreach) {
+                                                          std::optional<bool> use_foreach) {
   const bool all_cuda =
       !params.empty() &&
       std::all_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.is_cuda(); });
-  const bool multi_tensor = foreach.value_or(all_cuda);
+  const bool multi_tensor = use_foreach.value_or(all_cuda);
   switch (c.name) {
     case OptimizerKind::kSgd:
       if (c.nesterov && c.momentum <= 0) {

@@ -177,8 +177,8 @@ TEST_CASE("on a GPU optimizer_create steps AdamW with foreach, as LibTorch's ste
   c.lr = 0.01;
   c.weight_decay = 0.1;
   auto reference = optimizer_create(c, a, false);
-  auto foreach = optimizer_create(c, b);  // every parameter on the GPU: foreach
-  REQUIRE(dynamic_cast<ForeachAdamW*>(foreach.get()) != nullptr);
+  auto multi = optimizer_create(c, b);  // every parameter on the GPU: foreach
+  REQUIRE(dynamic_cast<ForeachAdamW*>(multi.get()) != nullptr);
   REQUIRE(dynamic_cast<ForeachAdamW*>(reference.get()) == nullptr);
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < a.size(); ++i) {
@@ -187,7 +187,7 @@ TEST_CASE("on a GPU optimizer_create steps AdamW with foreach, as LibTorch's ste
       b[i].mutable_grad() = grad.clone();
     }
     reference->step();
-    foreach->step();
+    multi->step();
   }
   double worst = 0, moved = 0;
   for (size_t i = 0; i < a.size(); ++i) {

@@ -92,7 +92,7 @@ void foreach_matches(const Options& options, int steps, size_t fields) {
     b.push_back(t.clone().requires_grad_(true));
   }
   Reference reference(a, options);
-  Foreach foreach (b, options);
+  Foreach multi(b, options);
   for (int step = 1; step <= steps; ++step) {
     for (size_t i = 0; i < a.size(); ++i) {
       const bool skip = i == 1 && step % 2 == 0;
@@ -101,8 +101,7 @@ void foreach_matches(const Options& options, int steps, size_t fields) {
       b[i].mutable_grad() = skip ? at::Tensor() : grad.clone();
     }
     reference.step();
-    foreach
-      .step();
+    multi.step();
     for (size_t i = 0; i < a.size(); ++i) {
       INFO("step " << step << ", parameter " << i);
       REQUIRE(torch::equal(a[i], b[i]));  // bit for bit
@@ -113,7 +112,7 @@ void foreach_matches(const Options& options, int steps, size_t fields) {
   const std::vector<std::pair<std::string, at::Tensor>> named_b = {
       {"w", b[0]}, {"v", b[1]}, {"s", b[2]}};
   const auto state_a = optimizer_state_dict(reference, named_a);
-  const auto state_b = optimizer_state_dict(foreach, named_b);
+  const auto state_b = optimizer_state_dict(multi, named_b);
   REQUIRE(state_a.size() == state_b.size());
   REQUIRE(state_a.size() == 3 * fields);  // exp_avg, exp_avg_sq, [max_exp_avg_sq,] step
   for (size_t i = 0; i < state_a.size(); ++i) {
@@ -122,7 +121,8 @@ void foreach_matches(const Options& options, int steps, size_t fields) {
     CHECK(torch::equal(state_a[i].second, state_b[i].second));
   }
   for (const auto& [name, value] : state_b) {
-    if (name == "v.step") CHECK(value.template item<int64_t>() == steps - steps / 2);  // skipped evens
+    if (name == "v.step")
+      CHECK(value.template item<int64_t>() == steps - steps / 2);  // skipped evens
     if (name == "w.step") CHECK(value.template item<int64_t>() == steps);
   }
 }

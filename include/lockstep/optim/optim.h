@@ -13,12 +13,12 @@
 
 namespace lockstep {
 
-// `foreach`, as PyTorch's: Adam and AdamW step with multi-tensor kernels
+// `use_foreach`, as PyTorch's foreach: Adam and AdamW step with multi-tensor kernels
 // (ForeachAdam, ForeachAdamW: Note [Foreach optimizers]); unset, when every
 // parameter is on a GPU, as PyTorch defaults. SGD steps per parameter.
 std::unique_ptr<torch::optim::Optimizer> optimizer_create(
     const OptimConfig& config, const std::vector<at::Tensor>& params,
-    std::optional<bool> foreach = std::nullopt);
+    std::optional<bool> use_foreach = std::nullopt);
 
 // The learning rate for optimizer step `step` (0-based) of `total_steps`:
 // a cosine reaches min_lr at the last one (step total_steps - 1) and stays.
