@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "shm_buffers.h"
 #include "shm_reduce.h"
 #include "shm_segment.h"
+#include "shm_store_choice.h"
 
 // Note [Shared-memory backend]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -148,12 +150,15 @@ void check_tensor(const at::Tensor& t, const char* what) {
 
 class ShmBackend : public SerialBackend {
  public:
-  ShmBackend(ShmSegment segment, int rank, int size, std::chrono::milliseconds timeout)
+  ShmBackend(ShmSegment segment, int rank, int size, std::chrono::milliseconds timeout,
+             ShmStreaming streaming)
       : SerialBackend(rank, size, "shm"),
         segment_(std::move(segment)),
         me_(rank),
         world_(size),
-        timeout_(timeout) {}
+        timeout_(timeout) {
+    stores_.fill(ShmStoreChoice(streaming));
+  }
   ~ShmBackend() override {
     segment_.depart(me_);
     stop_worker();
@@ -265,9 +270,45 @@ class ShmBackend : public SerialBackend {
   void sync() {
     ++generation_;
     segment_.arrive(me_, generation_);
-    const std::string why = segment_.wait_all(generation_, Clock::now() + timeout_, stop_, kSpin);
+    const auto arrived = Clock::now();
+    const std::string why = segment_.wait_all(generation_, arrived + timeout_, stop_, kSpin);
+    waited_ += Clock::now() - arrived;
     if (!why.empty()) throw CommError("shm backend: " + why);
   }
+
+  // The collectives that write slots, each with its own choice of stores.
+  enum class Stores { kAllReduce, kReduceScatter, kBroadcast, kAllGather, kCount };
+
+  // One collective's choice of stores for what it writes into the segment
+  // (Note [Choosing the stores], shm_store_choice.cpp) and its timing: its
+  // time less its barrier waits, reported by done() at its normal end.
+  class StoreTimer {
+   public:
+    StoreTimer(ShmBackend& backend, Stores kind, std::size_t bytes)
+        : choice_(backend.stores_[static_cast<int>(kind)]),
+          waited_(backend.waited_),
+          bytes_(bytes),
+          stream_(choice_.stream(bytes)),
+          start_(Clock::now()),
+          waited_at_start_(waited_) {}
+    bool stream() const { return stream_; }
+    void copy(void* to, const void* from, std::size_t n) const {
+      if (stream_) return shm_stream_copy(to, from, n);
+      std::memcpy(to, from, n);
+    }
+    void done() {
+      const auto worked = (Clock::now() - start_) - (waited_ - waited_at_start_);
+      choice_.took(bytes_, stream_, std::chrono::duration<double>(worked).count());
+    }
+
+   private:
+    ShmStoreChoice& choice_;
+    const Clock::duration& waited_;
+    std::size_t bytes_;
+    bool stream_;
+    Clock::time_point start_;
+    Clock::duration waited_at_start_;
+  };
 
   // Rank r's share of an n-element chunk: [begin, begin + len).
   struct Share {
@@ -281,10 +322,17 @@ class ShmBackend : public SerialBackend {
 
   // Copies the parts of an n-element chunk outside my share, [0, begin) and
   // [begin + len, n), from `from` to `to` (elements of `elem` bytes).
-  void copy_others(char* to, const char* from, std::size_t n, std::size_t elem) const {
+  // `stream`: with streaming stores (into a slot the peers read next).
+  void copy_others(char* to, const char* from, std::size_t n, std::size_t elem,
+                   bool stream = false) const {
     const Share mine = share_of(n, me_);
-    std::memcpy(to, from, mine.begin * elem);
     const std::size_t end = mine.begin + mine.len;
+    if (stream) {
+      shm_stream_copy(to, from, mine.begin * elem);
+      shm_stream_copy(to + end * elem, from + end * elem, (n - end) * elem);
+      return;
+    }
+    std::memcpy(to, from, mine.begin * elem);
     std::memcpy(to + end * elem, from + end * elem, (n - end) * elem);
   }
 
@@ -423,13 +471,15 @@ class ShmBackend : public SerialBackend {
     const std::size_t count = static_cast<std::size_t>(flat.numel());
     const std::size_t per_chunk = segment_.chunk() / elem;
     std::vector<const void*> inputs(world_);
+    StoreTimer stores(*this, Stores::kAllReduce, flat.nbytes());
     int previous_set = -1;  // the chunk whose result is still to copy out
     std::size_t previous_off = 0, previous_n = 0;
     for (std::size_t off = 0; off < count; off += per_chunk) {
       const std::size_t n = std::min(per_chunk, count - off);
       const int set = static_cast<int>(step_++ % 2);
-      // My share is reduced from my own tensor: the others need only the rest.
-      copy_others(segment_.slot(set, me_), data + off * elem, n, elem);
+      // My share is reduced from my own tensor: the others need only the
+      // rest. Streamed: the peers read it (Note [Streaming into the slots]).
+      copy_others(segment_.slot(set, me_), data + off * elem, n, elem, stores.stream());
       sync();
       if (may_restart && off == 0) {
         bool any_shared = false;
@@ -444,8 +494,10 @@ class ShmBackend : public SerialBackend {
         // [Reducing a line into every copy]).
         void* outputs[2] = {segment_.result(set) + mine.begin * elem,
                             data + (off + mine.begin) * elem};
-        shm_reduce_lines({inputs.data(), world_, outputs, 2}, mine.len, flat.scalar_type(), op,
-                         1.0);
+        // The shared result as the slot, my tensor plainly (Note
+        // [Streaming into the slots]).
+        shm_reduce_lines({inputs.data(), world_, outputs, 2, stores.stream() ? 1u : 0u}, mine.len,
+                         flat.scalar_type(), op, 1.0);
       }
       if (previous_set >= 0)
         copy_others(data + previous_off * elem, segment_.result(previous_set), previous_n, elem);
@@ -457,6 +509,7 @@ class ShmBackend : public SerialBackend {
       sync();
       copy_others(data + previous_off * elem, segment_.result(previous_set), previous_n, elem);
     }
+    stores.done();
     if (!tensor.is_contiguous()) tensor.copy_(flat);
   }
 
@@ -474,12 +527,13 @@ class ShmBackend : public SerialBackend {
     const std::size_t n = static_cast<std::size_t>(out.numel());
     const std::size_t per = segment_.chunk() / elem / world_;
     std::vector<const void*> inputs(world_);
+    StoreTimer stores(*this, Stores::kReduceScatter, in.nbytes());
     for (std::size_t off = 0; off < n; off += per) {
       const std::size_t m = std::min(per, n - off);
       const int set = static_cast<int>(step_++ % 2);
       char* slot = segment_.slot(set, me_);
       for (int d = 0; d < world_; ++d) {
-        if (d != me_) std::memcpy(slot + d * m * elem, data + (d * n + off) * elem, m * elem);
+        if (d != me_) stores.copy(slot + d * m * elem, data + (d * n + off) * elem, m * elem);
       }
       sync();
       for (int r = 0; r < world_; ++r) {
@@ -488,6 +542,7 @@ class ShmBackend : public SerialBackend {
       }
       shm_reduce(result + off * elem, inputs.data(), world_, m, out.scalar_type(), op);
     }
+    stores.done();
     if (!output.is_contiguous()) output.copy_(out);
   }
 
@@ -497,13 +552,15 @@ class ShmBackend : public SerialBackend {
     at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();
     char* data = static_cast<char*>(flat.data_ptr());
     const std::size_t bytes = flat.nbytes();
+    StoreTimer stores(*this, Stores::kBroadcast, bytes);
     for (std::size_t off = 0; off < bytes; off += segment_.chunk()) {
       const std::size_t n = std::min(segment_.chunk(), bytes - off);
       const int set = static_cast<int>(step_++ % 2);
-      if (me_ == root) std::memcpy(segment_.slot(set, root), data + off, n);
+      if (me_ == root) stores.copy(segment_.slot(set, root), data + off, n);
       sync();
       if (me_ != root) std::memcpy(data + off, segment_.slot(set, root), n);
     }
+    stores.done();
     if (!tensor.is_contiguous()) tensor.copy_(flat);
   }
 
@@ -513,14 +570,16 @@ class ShmBackend : public SerialBackend {
     const std::size_t bytes = in.nbytes();
     std::vector<at::Tensor> flats;
     for (auto& o : outputs) flats.push_back(o.is_contiguous() ? o : o.contiguous());
+    StoreTimer stores(*this, Stores::kAllGather, bytes);
     for (std::size_t off = 0; off < bytes; off += segment_.chunk()) {
       const std::size_t n = std::min(segment_.chunk(), bytes - off);
       const int set = static_cast<int>(step_++ % 2);
-      std::memcpy(segment_.slot(set, me_), data + off, n);
+      stores.copy(segment_.slot(set, me_), data + off, n);
       sync();
       for (int r = 0; r < world_; ++r)
         std::memcpy(static_cast<char*>(flats[r].data_ptr()) + off, segment_.slot(set, r), n);
     }
+    stores.done();
     for (int r = 0; r < world_; ++r)
       if (!outputs[r].is_contiguous()) outputs[r].copy_(flats[r]);
   }
@@ -533,6 +592,8 @@ class ShmBackend : public SerialBackend {
   int world_;
   std::chrono::milliseconds timeout_;
   uint32_t generation_ = 0;
+  Clock::duration waited_{0};  // in barriers, all told (StoreTimer)
+  std::array<ShmStoreChoice, static_cast<int>(Stores::kCount)> stores_;
   uint64_t step_ = 0;
 };
 
@@ -638,6 +699,7 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   if (options.chunk_bytes < 4096 || options.chunk_bytes % 64 != 0)
     throw ConfigError("shm backend: a chunk of " + std::to_string(options.chunk_bytes) +
                       " bytes (at least 4096, a multiple of 64)");
+  const ShmStreaming streaming = shm_streaming_from_env();
   const std::vector<std::string> all = [&] {
     std::vector<std::string> keys;
     for (int r = 0; r < world.world_size; ++r) keys.push_back("shm/mapped/" + std::to_string(r));
@@ -699,7 +761,7 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   }
   segment->watch_peers(world.rank);
   return c10::make_intrusive<ShmBackend>(std::move(*segment), world.rank, world.world_size,
-                                         options.timeout);
+                                         options.timeout, streaming);
 }
 
 }  // namespace lockstep

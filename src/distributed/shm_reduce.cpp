@@ -5,7 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "lockstep/util/error.h"
 
@@ -66,6 +71,38 @@ void reduce_typed(void* out, const void* const* inputs, int n, std::size_t count
 // avx512f/avx2, whole lines as 64-byte vectors): no different in medians of
 // 6 alternated rounds (512 KiB 20.4 against 21.2 us): what the kernel waits
 // for is lines crossing between cores, not arithmetic.
+// Note [Streaming into the slots]
+// The segment's slots and result areas are written by one core and read by
+// another, and the next time round written again by the first: each store
+// into a line the other core read last must first take that line from the
+// other core's cache. On AMD EPYC under KVM (AVX2, 16 MiB L3) a core moved
+// 5.5-6.6 GB/s into such lines with memcpy, an AVX2 loop or rep movsb, and
+// 19-21 GB/s with streaming stores, which write the line to memory without
+// reading it first; the other core then read those lines at 13-15 GB/s
+// against 9-11 from the writer's cache (scripts/bench_cross_core.sh,
+// docs/performance.md). So the private-tensor path writes its slot and the
+// result area with streaming stores, and its own tensor (read next by this
+// core) with plain ones. The stores are weakly ordered: an sfence before
+// the barrier's release makes them visible first. Values are untouched:
+// the same bits either way.
+#if defined(__SSE2__)
+inline bool stream_line(void* to, const void* line) {
+  if (reinterpret_cast<std::uintptr_t>(to) % 16 != 0) return false;
+  auto* d = static_cast<__m128i*>(to);
+  const auto* s = static_cast<const __m128i*>(line);
+  for (int i = 0; i < 4; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
+  return true;
+}
+inline void stream_fence() {
+  _mm_sfence();
+}
+#else
+inline bool stream_line(void*, const void*) {
+  return false;
+}
+inline void stream_fence() {}
+#endif
+
 template <typename T, typename Acc, typename Load, typename Combine, typename Finish>
 __attribute__((always_inline)) inline void reduce_line(const ShmLines& lines, std::size_t at,
                                                        std::size_t len, Load load, Combine f,
@@ -82,6 +119,7 @@ __attribute__((always_inline)) inline void reduce_line(const ShmLines& lines, st
   for (std::size_t i = 0; i < len; ++i) result[i] = finish(acc[i]);
   for (int r = 0; r < lines.m; ++r) {
     T* __restrict out = static_cast<T*>(lines.outputs[r]) + at;
+    if (len == kLine && (lines.streamed >> r & 1u) != 0 && stream_line(out, result)) continue;
     for (std::size_t i = 0; i < len; ++i) out[i] = result[i];
   }
 }
@@ -97,6 +135,7 @@ void reduce_lines(const ShmLines& lines, std::size_t count, Load load, Combine f
   std::size_t at = head;
   for (; at + kLine <= count; at += kLine) reduce_line<T, Acc>(lines, at, kLine, load, f, finish);
   if (at < count) reduce_line<T, Acc>(lines, at, count - at, load, f, finish);
+  if (lines.streamed != 0) stream_fence();
 }
 
 template <typename T, typename Acc>
@@ -198,6 +237,21 @@ void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType 
       throw CommError(std::string("shm backend: all-reduce of ") + c10::toString(dtype) +
                       " is not supported (float32/64, float16, bfloat16, int8/32/64, uint8)");
   }
+}
+
+void shm_stream_copy(void* to, const void* from, std::size_t bytes) {
+  auto* d = static_cast<char*>(to);
+  const auto* s = static_cast<const char*>(from);
+  const std::size_t head = std::min(bytes, (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64);
+  std::memcpy(d, s, head);
+  std::size_t at = head;
+  bool streamed = false;
+  for (; at + 64 <= bytes; at += 64) {
+    if (!stream_line(d + at, s + at)) break;
+    streamed = true;
+  }
+  std::memcpy(d + at, s + at, bytes - at);
+  if (streamed) stream_fence();
 }
 
 void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::ScalarType dtype,

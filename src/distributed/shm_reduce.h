@@ -30,6 +30,9 @@ struct ShmLines {
   int n;
   void* const* outputs;
   int m;
+  // Bit r set: whole lines of output r are written with streaming stores
+  // (Note [Streaming into the slots]), fenced before the call returns.
+  unsigned streamed = 0;
 };
 void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType dtype, ShmOp op,
                       double scale);
@@ -40,5 +43,10 @@ void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType 
 // with the copies as inputs and outputs).
 void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::ScalarType dtype,
                        ShmOp op, double scale);
+
+// memcpy, but with streaming (non-temporal) stores where `to` allows it,
+// fenced before it returns: for lines another core reads next (Note
+// [Streaming into the slots]). Plain memcpy where SSE2 is not there.
+void shm_stream_copy(void* to, const void* from, std::size_t bytes);
 
 }  // namespace lockstep

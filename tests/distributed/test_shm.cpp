@@ -12,12 +12,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <thread>
 
+#include "distributed/shm_reduce.h"
 #include "distributed/shm_segment.h"
+#include "distributed/shm_store_choice.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/hex.h"
 #include "support/thread_world.h"
@@ -388,5 +392,158 @@ TEST_CASE("hierarchical: shm inside hosts, gloo between them, equals the closed 
         CHECK(outcomes[r].result == "");
       }
     }
+  }
+}
+
+// Note [Streaming into the slots], Note [Choosing the stores].
+TEST_CASE("shm: streaming and plain stores give the same bits in every collective", "[shm]") {
+  // 3 ranks: shares and chunk pieces start off 64-byte lines (odd sizes),
+  // so the streamed copies' plain heads and tails are used too.
+  const int n = 3;
+  auto run = [&](const char* streaming) {
+    struct Unset {
+      ~Unset() { unsetenv("LOCKSTEP_SHM_STREAMING"); }
+    } unset;
+    REQUIRE(setenv("LOCKSTEP_SHM_STREAMING", streaming, 1) == 0);
+    auto outcomes = run_ranks<std::vector<at::Tensor>>(
+        n,
+        [&](ProcessGroup& pg) {
+          auto gen = at::detail::createCPUGenerator(11 + pg.rank());
+          std::vector<at::Tensor> got;
+          auto sum = at::randn({300001}, gen, at::kFloat);
+          pg.allreduce(sum, ReduceKind::kSum);
+          got.push_back(sum);
+          auto avg = at::randn({70001}, gen, at::kDouble);
+          pg.allreduce(avg, ReduceKind::kAvg);
+          got.push_back(avg);
+          auto out = at::empty({50001}, at::kFloat);
+          pg.reduce_scatter(out, at::randn({n * 50001}, gen, at::kFloat));
+          got.push_back(out);
+          for (const auto& t : pg.allgather(at::randn({70001}, gen, at::kFloat))) got.push_back(t);
+          auto b = at::randn({100003}, gen, at::kFloat);
+          pg.broadcast(b, 1);
+          got.push_back(b);
+          return got;
+        },
+        kTimeout, kShm);
+    return outcomes;
+  };
+  // What each rank drew, in the same order, for the closed forms.
+  std::vector<std::vector<at::Tensor>> drawn(n);
+  for (int r = 0; r < n; ++r) {
+    auto gen = at::detail::createCPUGenerator(11 + r);
+    drawn[r].push_back(at::randn({300001}, gen, at::kFloat));
+    drawn[r].push_back(at::randn({70001}, gen, at::kDouble));
+    drawn[r].push_back(at::randn({n * 50001}, gen, at::kFloat));
+    drawn[r].push_back(at::randn({70001}, gen, at::kFloat));
+    drawn[r].push_back(at::randn({100003}, gen, at::kFloat));
+  }
+  // Sums in rank order, as the backend adds.
+  const auto sum = drawn[0][0] + drawn[1][0] + drawn[2][0];
+  const auto avg = (drawn[0][1] + drawn[1][1] + drawn[2][1]) / n;
+  for (const char* streaming : {"on", "off"}) {
+    INFO("LOCKSTEP_SHM_STREAMING=" << streaming);
+    const auto outcomes = run(streaming);
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r << ": " << error_text(outcomes[r].error));
+      REQUIRE_FALSE(outcomes[r].error);
+      const auto& got = outcomes[r].result;
+      REQUIRE(got.size() == static_cast<std::size_t>(4 + n));
+      CHECK(at::equal(got[0], sum));
+      CHECK(at::equal(got[1], avg));
+      const auto piece = [&](int q) { return drawn[q][2].slice(0, r * 50001, (r + 1) * 50001); };
+      CHECK(at::equal(got[2], piece(0) + piece(1) + piece(2)));
+      for (int q = 0; q < n; ++q) CHECK(at::equal(got[3 + q], drawn[q][3]));
+      CHECK(at::equal(got[3 + n], drawn[1][4]));
+    }
+  }
+}
+
+TEST_CASE("shm: a streamed copy is memcpy at every alignment and length", "[shm]") {
+  std::vector<unsigned char> from(4096 + 64), to(4096 + 64 + 64);
+  for (std::size_t i = 0; i < from.size(); ++i) from[i] = static_cast<unsigned char>(i * 7 + 3);
+  std::string wrong;
+  for (std::size_t at_to : {0, 1, 16, 63}) {
+    for (std::size_t at_from : {0, 5}) {
+      for (std::size_t len : {0, 1, 63, 64, 65, 128, 1000, 4096}) {
+        std::fill(to.begin(), to.end(), 0xAB);
+        shm_stream_copy(to.data() + at_to, from.data() + at_from, len);
+        bool ok = std::memcmp(to.data() + at_to, from.data() + at_from, len) == 0;
+        for (std::size_t i = 0; i < to.size(); ++i)
+          if ((i < at_to || i >= at_to + len) && to[i] != 0xAB) ok = false;  // nothing else
+        if (!ok)
+          wrong += std::to_string(at_to) + "/" + std::to_string(at_from) + "/" +
+                   std::to_string(len) + "; ";
+      }
+    }
+  }
+  CHECK(wrong == "");
+}
+
+TEST_CASE("shm: the stores are chosen by measured time, and re-tried", "[shm]") {
+  const std::size_t big = std::size_t{1} << 20;
+  SECTION("each kind tried once, then the faster, the other every kExplore-th time") {
+    ShmStoreChoice choice;
+    CHECK_FALSE(choice.stream(ShmStoreChoice::kMinBytes - 1));  // small: plain, not counted
+    CHECK(choice.stream(big));                                  // first: streaming
+    choice.took(big, true, 1e-3);
+    CHECK_FALSE(choice.stream(big));  // second: plain
+    choice.took(big, false, 3e-3);
+    CHECK(choice.ns_per_byte(big, true) == Approx(1e6 / big));
+    CHECK(choice.ns_per_byte(big, false) == Approx(3e6 / big));
+    // Calls 2..: streaming, except call 16 (n % kExplore == 0), which tries plain.
+    int plain = 0;
+    for (uint64_t call = 2; call < 2 + 2 * ShmStoreChoice::kExplore; ++call) {
+      const bool s = choice.stream(big);
+      if (!s) {
+        ++plain;
+        CHECK(call % ShmStoreChoice::kExplore == 0);
+      }
+    }
+    CHECK(plain == 2);
+    // Another size class has its own record: it starts over.
+    CHECK(choice.stream(4 * big));
+  }
+  SECTION("a change in which is faster is followed") {
+    ShmStoreChoice choice;
+    uint64_t call = 0;
+    // The host: streaming 1 ms, plain 3 ms at first; from call 40, plain 0.5 ms.
+    int streamed_late = 0;
+    for (; call < 120; ++call) {
+      const bool s = choice.stream(big);
+      const double plain_time = call < 40 ? 3e-3 : 0.5e-3;
+      choice.took(big, s, s ? 1e-3 : plain_time);
+      if (call >= 40 + 3 * ShmStoreChoice::kExplore && s) ++streamed_late;
+    }
+    // Switched within two explorations; afterwards streaming only when exploring.
+    CHECK(streamed_late <= 3);
+    CHECK(choice.ns_per_byte(big, false) < choice.ns_per_byte(big, true));
+  }
+  SECTION("on and off fix it") {
+    ShmStoreChoice on(ShmStreaming::kOn), off(ShmStreaming::kOff);
+    for (int k = 0; k < 40; ++k) {
+      CHECK(on.stream(k % 2 == 0 ? big : 100));
+      CHECK_FALSE(off.stream(big));
+      on.took(big, true, 1.0);
+      off.took(big, false, 1e-9);
+    }
+    CHECK(on.ns_per_byte(big, true) == 0.0);  // not measured when fixed
+  }
+  SECTION("LOCKSTEP_SHM_STREAMING") {
+    const auto with = [](const char* v) {
+      struct Unset {
+        ~Unset() { unsetenv("LOCKSTEP_SHM_STREAMING"); }
+      } unset;  // also when it throws
+      setenv("LOCKSTEP_SHM_STREAMING", v, 1);
+      return shm_streaming_from_env();
+    };
+    CHECK(shm_streaming_from_env() == ShmStreaming::kAuto);
+    CHECK(with("auto") == ShmStreaming::kAuto);
+    CHECK(with("on") == ShmStreaming::kOn);
+    CHECK(with("1") == ShmStreaming::kOn);
+    CHECK(with("off") == ShmStreaming::kOff);
+    CHECK(with("0") == ShmStreaming::kOff);
+    CHECK_THROWS_WITH(with("yes"),
+                      Contains("LOCKSTEP_SHM_STREAMING='yes': expected auto, on (1) or off (0)"));
   }
 }

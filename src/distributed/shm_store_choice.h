@@ -1,0 +1,50 @@
+// Which stores the shm backend's private-tensor path writes its slots and
+// result areas with, chosen by measuring (Note [Choosing the stores],
+// shm_store_choice.cpp). Plain C++, no LibTorch.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace lockstep {
+
+enum class ShmStreaming { kAuto, kOn, kOff };
+
+// LOCKSTEP_SHM_STREAMING: unset or "auto", "1"/"on", "0"/"off". Throws
+// ConfigError naming the variable and its value for anything else.
+ShmStreaming shm_streaming_from_env();
+
+class ShmStoreChoice {
+ public:
+  explicit ShmStoreChoice(ShmStreaming mode = ShmStreaming::kAuto) : mode_(mode) {}
+
+  // Below this an operation writes with plain stores and is not measured.
+  static constexpr std::size_t kMinBytes = std::size_t{64} << 10;
+  // One operation in this many of a size class tries the other stores.
+  static constexpr uint64_t kExplore = 16;
+
+  // Whether the next operation of `bytes` streams. Every rank asks for the
+  // same operations in the same order, so every rank tries the other
+  // stores in the same operation.
+  bool stream(std::size_t bytes);
+  // How long that operation took, from its first barrier to its end.
+  void took(std::size_t bytes, bool streamed, double seconds);
+
+  // Nanoseconds per byte measured so far for the size class of `bytes`, by
+  // stores (0: not measured yet). For tests and logs.
+  double ns_per_byte(std::size_t bytes, bool streamed) const;
+
+ private:
+  struct Class {
+    double ns_per_byte[2] = {0.0, 0.0};  // plain, streamed
+    uint64_t calls = 0;
+  };
+  static std::size_t class_of(std::size_t bytes);
+
+  ShmStreaming mode_;
+  std::array<Class, 64> classes_{};
+};
+
+}  // namespace lockstep
