@@ -1,5 +1,6 @@
 #include "shm_store_choice.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "lockstep/util/error.h"
@@ -12,19 +13,24 @@
 // writes it to memory. When they share one, the other core's reads come
 // from that cache with plain stores and from memory with streaming ones,
 // and plain stores win. Measured on one AMD EPYC guest whose two vCPUs
-// moved between both placements over time (docs/performance.md): with
-// plain stores 9-11.5 GB/s at 1-8 MiB while the cache was shared, 2.7-3.1
-// when it was not; streaming 8.4-9.6 in the second state, ~7 in the first.
-// Which state a rank is in is not visible from inside a guest, and changes,
-// so the backend measures: per size class (a power of two of bytes) it
-// keeps each kind of store's time per byte (from the operation's first
-// barrier, so a late peer's arrival is not counted), as a moving average
-// that weighs the newest time one half; it uses the faster, and every
-// kExplore-th operation of the class the other, so that a change of state
-// is seen within a few explorations. The first two operations of a class
-// try one each. Both kinds write the same values: only speed depends on
-// the choice, and ranks that chose differently still agree bit for bit.
-// LOCKSTEP_SHM_STREAMING=on/off fixes the choice (tests, measurements).
+// moved between both states over time (docs/performance.md), 1-8 MiB:
+// plain 9-12.5 GB/s in the first state, 2.9-3.4 in the second; streaming
+// 6.7-7.3 in the first, 8.4-9.6 in the second. Which state a rank is in is
+// not visible from inside a guest, and changes within seconds, so the
+// backend measures. Per size class (a power of two of bytes) it keeps each
+// kind's last kKept times per byte, counted from the operation's start to
+// its end less its barrier waits (this rank's own work: a late peer is not
+// counted against the stores), and takes their minimum as the estimate:
+// interference only ever makes a time longer, so a minimum ignores it,
+// and the kKept-th new time after a change of state replaces the last old
+// one. The first four operations of a class alternate (streamed, plain,
+// streamed, plain); after that each uses the kind with the lower estimate,
+// and every kExplore-th the other, so that a change is seen within one
+// exploration. Every rank asks for the same operations in the same order,
+// so the ranks explore together. Both kinds write the same values: only
+// speed depends on the choice, and ranks that chose differently still agree
+// bit for bit. LOCKSTEP_SHM_STREAMING=on/off fixes the choice (tests,
+// measurements).
 
 namespace lockstep {
 
@@ -47,26 +53,34 @@ std::size_t ShmStoreChoice::class_of(std::size_t bytes) {
   return c;
 }
 
+double ShmStoreChoice::estimate(const Kind& kind) {
+  const int n = std::min(kind.taken, kKept);
+  if (n == 0) return 0.0;
+  return *std::min_element(kind.recent.begin(), kind.recent.begin() + n);
+}
+
 bool ShmStoreChoice::stream(std::size_t bytes) {
   if (mode_ != ShmStreaming::kAuto) return mode_ == ShmStreaming::kOn;
   if (bytes < kMinBytes) return false;
   Class& c = classes_[class_of(bytes)];
   const uint64_t n = c.calls++;
-  if (c.ns_per_byte[1] == 0.0) return true;
-  if (c.ns_per_byte[0] == 0.0) return false;
-  const bool best = c.ns_per_byte[1] < c.ns_per_byte[0];
+  if (n < 4) return n % 2 == 0;
+  const double plain = estimate(c.kinds[0]), streamed = estimate(c.kinds[1]);
+  if (streamed == 0.0) return true;  // a kind whose operations all failed
+  if (plain == 0.0) return false;
+  const bool best = streamed < plain;
   return n % kExplore == 0 ? !best : best;
 }
 
 void ShmStoreChoice::took(std::size_t bytes, bool streamed, double seconds) {
   if (mode_ != ShmStreaming::kAuto || bytes < kMinBytes || seconds <= 0.0) return;
-  double& avg = classes_[class_of(bytes)].ns_per_byte[streamed ? 1 : 0];
-  const double sample = seconds * 1e9 / static_cast<double>(bytes);
-  avg = avg == 0.0 ? sample : 0.5 * avg + 0.5 * sample;
+  Kind& kind = classes_[class_of(bytes)].kinds[streamed ? 1 : 0];
+  kind.recent[kind.taken % kKept] = seconds * 1e9 / static_cast<double>(bytes);
+  ++kind.taken;
 }
 
 double ShmStoreChoice::ns_per_byte(std::size_t bytes, bool streamed) const {
-  return classes_[class_of(bytes)].ns_per_byte[streamed ? 1 : 0];
+  return estimate(classes_[class_of(bytes)].kinds[streamed ? 1 : 0]);
 }
 
 }  // namespace lockstep

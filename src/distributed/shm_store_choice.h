@@ -32,16 +32,24 @@ class ShmStoreChoice {
   // How long that operation took, from its first barrier to its end.
   void took(std::size_t bytes, bool streamed, double seconds);
 
-  // Nanoseconds per byte measured so far for the size class of `bytes`, by
-  // stores (0: not measured yet). For tests and logs.
+  // The estimate of nanoseconds per byte for the size class of `bytes`, by
+  // stores: the least of the last kKept times (0: not measured yet).
   double ns_per_byte(std::size_t bytes, bool streamed) const;
 
  private:
+  // The last kKept times per byte of each kind (plain, streamed); the
+  // estimate is their minimum (Note [Choosing the stores]).
+  static constexpr int kKept = 4;
+  struct Kind {
+    std::array<double, kKept> recent{};
+    int taken = 0;  // how many were ever recorded
+  };
   struct Class {
-    double ns_per_byte[2] = {0.0, 0.0};  // plain, streamed
+    Kind kinds[2];
     uint64_t calls = 0;
   };
   static std::size_t class_of(std::size_t bytes);
+  static double estimate(const Kind& kind);
 
   ShmStreaming mode_;
   std::array<Class, 64> classes_{};

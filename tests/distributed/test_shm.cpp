@@ -17,6 +17,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "distributed/shm_reduce.h"
@@ -482,42 +483,63 @@ TEST_CASE("shm: a streamed copy is memcpy at every alignment and length", "[shm]
 
 TEST_CASE("shm: the stores are chosen by measured time, and re-tried", "[shm]") {
   const std::size_t big = std::size_t{1} << 20;
-  SECTION("each kind tried once, then the faster, the other every kExplore-th time") {
+  SECTION("each kind tried twice, then the faster, the other every kExplore-th time") {
     ShmStoreChoice choice;
     CHECK_FALSE(choice.stream(ShmStoreChoice::kMinBytes - 1));  // small: plain, not counted
-    CHECK(choice.stream(big));                                  // first: streaming
-    choice.took(big, true, 1e-3);
-    CHECK_FALSE(choice.stream(big));  // second: plain
-    choice.took(big, false, 3e-3);
+    for (int k = 0; k < 4; ++k) {
+      const bool s = choice.stream(big);
+      CHECK(s == (k % 2 == 0));  // streamed, plain, streamed, plain
+      choice.took(big, s, s ? 1e-3 : 3e-3);
+    }
     CHECK(choice.ns_per_byte(big, true) == Approx(1e6 / big));
     CHECK(choice.ns_per_byte(big, false) == Approx(3e6 / big));
-    // Calls 2..: streaming, except call 16 (n % kExplore == 0), which tries plain.
-    int plain = 0;
-    for (uint64_t call = 2; call < 2 + 2 * ShmStoreChoice::kExplore; ++call) {
+    // Calls 4..35: streaming, except calls 16 and 32, which try plain.
+    std::vector<uint64_t> plain;
+    for (uint64_t call = 4; call < 4 + 2 * ShmStoreChoice::kExplore; ++call) {
       const bool s = choice.stream(big);
-      if (!s) {
-        ++plain;
-        CHECK(call % ShmStoreChoice::kExplore == 0);
-      }
+      choice.took(big, s, s ? 1e-3 : 3e-3);
+      if (!s) plain.push_back(call);
     }
-    CHECK(plain == 2);
+    CHECK(plain == std::vector<uint64_t>{16, 32});
     // Another size class has its own record: it starts over.
     CHECK(choice.stream(4 * big));
   }
-  SECTION("a change in which is faster is followed") {
-    ShmStoreChoice choice;
-    uint64_t call = 0;
-    // The host: streaming 1 ms, plain 3 ms at first; from call 40, plain 0.5 ms.
-    int streamed_late = 0;
-    for (; call < 120; ++call) {
+  // `host(call, streamed)`: the seconds an operation takes. Returns the
+  // first call from `from` on that used `want` other than to explore.
+  const auto follow = [&](ShmStoreChoice& choice, uint64_t from, bool want,
+                          const std::function<double(uint64_t, bool)>& host) {
+    uint64_t found = 0;
+    for (uint64_t call = 0; call < 200; ++call) {
       const bool s = choice.stream(big);
-      const double plain_time = call < 40 ? 3e-3 : 0.5e-3;
-      choice.took(big, s, s ? 1e-3 : plain_time);
-      if (call >= 40 + 3 * ShmStoreChoice::kExplore && s) ++streamed_late;
+      choice.took(big, s, host(call, s));
+      if (found == 0 && call >= from && s == want && call % ShmStoreChoice::kExplore != 0)
+        found = call;
     }
-    // Switched within two explorations; afterwards streaming only when exploring.
-    CHECK(streamed_late <= 3);
-    CHECK(choice.ns_per_byte(big, false) < choice.ns_per_byte(big, true));
+    return found;
+  };
+  SECTION("a kind that became faster is taken at its first exploration") {
+    ShmStoreChoice choice;
+    // Streaming 1 ms throughout; plain 3 ms, then 0.5 ms from call 40.
+    const auto at = follow(choice, 40, false, [](uint64_t call, bool s) {
+      return s ? 1e-3 : (call < 40 ? 3e-3 : 0.5e-3);
+    });
+    CHECK(at == 49);  // explored at 48, taken from 49
+  }
+  SECTION("a kind in use that became slower is left within kKept operations") {
+    ShmStoreChoice choice;
+    // Plain 1 ms, then 5 ms from call 40; streaming 3 ms throughout.
+    const auto at = follow(choice, 40, true, [](uint64_t call, bool s) {
+      return s ? 3e-3 : (call < 40 ? 1e-3 : 5e-3);
+    });
+    CHECK(at == 44);  // four slow times replace the four fast ones
+  }
+  SECTION("one slow time (interference) does not change the choice") {
+    ShmStoreChoice choice;
+    // Streaming 1 ms but 10 ms at call 20; plain 3 ms.
+    const auto at = follow(choice, 4, false, [](uint64_t call, bool s) {
+      return s ? (call == 20 ? 10e-3 : 1e-3) : 3e-3;
+    });
+    CHECK(at == 0);  // plain never taken but to explore
   }
   SECTION("on and off fix it") {
     ShmStoreChoice on(ShmStreaming::kOn), off(ShmStreaming::kOff);

@@ -63,4 +63,17 @@ expect_grep "$WORK/out" "the ranks were given different dist.shm_chunk_mb" "sayi
 "$LOCKSTEP" bench allreduce --shm-chunk-mb 0.01 >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 2 "--shm-chunk-mb 0.01: bad input"
 expect_grep "$WORK/err" "shm-chunk-mb must be in \[0.0625, 1024\]" "says the range"
+# LOCKSTEP_SHM_STREAMING (Note [Choosing the stores]): a bad value is bad input.
+LOCKSTEP_SHM_STREAMING=sometimes "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" \
+  bench allreduce --backends shm --max-bytes 4096 --iters 2 >"$WORK/out" 2>&1
+expect_eq "$?" 2 "LOCKSTEP_SHM_STREAMING=sometimes: exit 2"
+expect_grep "$WORK/out" "LOCKSTEP_SHM_STREAMING='sometimes': expected auto, on \(1\) or off \(0\)" "naming the variable"
+# scripts/bench_cross_core.sh: every copy method's rates, both processes.
+if command -v gcc >/dev/null; then
+  "$root/scripts/bench_cross_core.sh" 20 >"$WORK/out" 2>"$WORK/err"
+  expect_eq "$?" 0 "bench_cross_core.sh exits 0"
+  for method in memcpy "avx2 loop" "rep movsb" streaming; do
+    expect_eq "$(grep -cE "^$method +process [01]: into its slot [0-9.]+ GB/s, out of the other's slot [0-9.]+ GB/s\$" "$WORK/out")" 2 "$method: both processes' rates"
+  done
+fi
 finish
