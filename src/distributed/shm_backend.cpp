@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "lockstep/util/error.h"
@@ -276,8 +277,8 @@ class ShmBackend : public SerialBackend {
     if (!why.empty()) throw CommError("shm backend: " + why);
   }
 
-  // The collectives that write slots, each with its own choice of stores.
-  enum class Stores { kAllReduce, kReduceScatter, kBroadcast, kAllGather, kCount };
+  // The collectives that choose their stores, each with its own record.
+  enum class Stores { kAllReduce, kReduceScatter, kAllGather, kCount };
 
   // One collective's choice of stores for what it writes into the segment
   // (Note [Choosing the stores], shm_store_choice.cpp) and its timing: its
@@ -290,7 +291,11 @@ class ShmBackend : public SerialBackend {
           bytes_(bytes),
           stream_(choice_.stream(bytes)),
           start_(Clock::now()),
-          waited_at_start_(waited_) {}
+          waited_at_start_(waited_),
+          streamed_(backend.streamed_),
+          measured_(backend.measured_) {
+      if (stream_) streamed_.fetch_add(1, std::memory_order_relaxed);
+    }
     bool stream() const { return stream_; }
     void copy(void* to, const void* from, std::size_t n) const {
       if (stream_) return shm_stream_copy(to, from, n);
@@ -298,7 +303,8 @@ class ShmBackend : public SerialBackend {
     }
     void done() {
       const auto worked = (Clock::now() - start_) - (waited_ - waited_at_start_);
-      choice_.took(bytes_, stream_, std::chrono::duration<double>(worked).count());
+      if (choice_.took(bytes_, stream_, std::chrono::duration<double>(worked).count()))
+        measured_.fetch_add(1, std::memory_order_relaxed);
     }
 
    private:
@@ -308,6 +314,8 @@ class ShmBackend : public SerialBackend {
     bool stream_;
     Clock::time_point start_;
     Clock::duration waited_at_start_;
+    std::atomic<int64_t>& streamed_;
+    std::atomic<int64_t>& measured_;
   };
 
   // Rank r's share of an n-element chunk: [begin, begin + len).
@@ -457,6 +465,9 @@ class ShmBackend : public SerialBackend {
 
  public:
   int64_t in_place_count() const { return in_place_.load(std::memory_order_relaxed); }
+  ShmStoreCounts store_counts() const {
+    return {streamed_.load(std::memory_order_relaxed), measured_.load(std::memory_order_relaxed)};
+  }
 
  private:
   // Pipelined: chunk i's copy-in shares a barrier with chunk i - 1's
@@ -464,14 +475,19 @@ class ShmBackend : public SerialBackend {
   // [Shared-memory backend]). After the first barrier, a rank whose tensor
   // is private sees whether another's was in a shared buffer: then every
   // rank starts over here (Note [Buckets in shared memory]).
-  void allreduce_through_segment(at::Tensor& tensor, ShmOp op, bool may_restart) {
+  // `restarted`: the timer of the attempt that started over (its choice
+  // kept, so that every rank asks the chooser once per all-reduce).
+  void allreduce_through_segment(at::Tensor& tensor, ShmOp op, bool may_restart,
+                                 StoreTimer* restarted = nullptr) {
     at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();
     char* data = static_cast<char*>(flat.data_ptr());
     const std::size_t elem = flat.element_size();
     const std::size_t count = static_cast<std::size_t>(flat.numel());
     const std::size_t per_chunk = segment_.chunk() / elem;
     std::vector<const void*> inputs(world_);
-    StoreTimer stores(*this, Stores::kAllReduce, flat.nbytes());
+    std::optional<StoreTimer> own;
+    StoreTimer& stores =
+        restarted != nullptr ? *restarted : own.emplace(*this, Stores::kAllReduce, flat.nbytes());
     int previous_set = -1;  // the chunk whose result is still to copy out
     std::size_t previous_off = 0, previous_n = 0;
     for (std::size_t off = 0; off < count; off += per_chunk) {
@@ -484,7 +500,8 @@ class ShmBackend : public SerialBackend {
       if (may_restart && off == 0) {
         bool any_shared = false;
         for (int r = 0; r < world_; ++r) any_shared |= segment_.described(r).region != 0;
-        if (any_shared) return allreduce_through_segment(tensor, op, /*may_restart=*/false);
+        if (any_shared)
+          return allreduce_through_segment(tensor, op, /*may_restart=*/false, &stores);
       }
       const Share mine = share_of(n, me_);
       if (mine.len > 0) {
@@ -552,15 +569,14 @@ class ShmBackend : public SerialBackend {
     at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();
     char* data = static_cast<char*>(flat.data_ptr());
     const std::size_t bytes = flat.nbytes();
-    StoreTimer stores(*this, Stores::kBroadcast, bytes);
+    // Plain stores (Note [Choosing the stores]).
     for (std::size_t off = 0; off < bytes; off += segment_.chunk()) {
       const std::size_t n = std::min(segment_.chunk(), bytes - off);
       const int set = static_cast<int>(step_++ % 2);
-      if (me_ == root) stores.copy(segment_.slot(set, root), data + off, n);
+      if (me_ == root) std::memcpy(segment_.slot(set, root), data + off, n);
       sync();
       if (me_ != root) std::memcpy(data + off, segment_.slot(set, root), n);
     }
-    stores.done();
     if (!tensor.is_contiguous()) tensor.copy_(flat);
   }
 
@@ -592,7 +608,8 @@ class ShmBackend : public SerialBackend {
   int world_;
   std::chrono::milliseconds timeout_;
   uint32_t generation_ = 0;
-  Clock::duration waited_{0};  // in barriers, all told (StoreTimer)
+  Clock::duration waited_{0};                       // in barriers, all told (StoreTimer)
+  std::atomic<int64_t> streamed_{0}, measured_{0};  // shm_store_counts
   std::array<ShmStoreChoice, static_cast<int>(Stores::kCount)> stores_;
   uint64_t step_ = 0;
 };
@@ -666,6 +683,11 @@ at::Tensor shm_shared_zeros(C10dBackend& backend, int64_t numel, const at::Tenso
   return shm->shared_zeros(numel, options, willing, why);
 }
 
+ShmStoreCounts shm_store_counts(C10dBackend& backend) {
+  auto* shm = dynamic_cast<ShmBackend*>(&backend);
+  return shm == nullptr ? ShmStoreCounts{} : shm->store_counts();
+}
+
 int64_t shm_in_place_count(C10dBackend& backend) {
   auto* shm = dynamic_cast<ShmBackend*>(&backend);
   return shm == nullptr ? 0 : shm->in_place_count();
@@ -699,7 +721,8 @@ Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo
   if (options.chunk_bytes < 4096 || options.chunk_bytes % 64 != 0)
     throw ConfigError("shm backend: a chunk of " + std::to_string(options.chunk_bytes) +
                       " bytes (at least 4096, a multiple of 64)");
-  const ShmStreaming streaming = shm_streaming_from_env();
+  const ShmStreaming streaming =
+      shm_streaming_supported() ? shm_streaming_from_env() : ShmStreaming::kOff;
   const std::vector<std::string> all = [&] {
     std::vector<std::string> keys;
     for (int r = 0; r < world.world_size; ++r) keys.push_back("shm/mapped/" + std::to_string(r));

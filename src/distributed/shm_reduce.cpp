@@ -71,7 +71,9 @@ void reduce_typed(void* out, const void* const* inputs, int n, std::size_t count
 // avx512f/avx2, whole lines as 64-byte vectors): no different in medians of
 // 6 alternated rounds (512 KiB 20.4 against 21.2 us): what the kernel waits
 // for is lines crossing between cores, not arithmetic.
+//
 // Note [Streaming into the slots]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The segment's slots and result areas are written by one core and read by
 // another, and the next time round written again by the first: each store
 // into a line the other core read last must first take that line from the
@@ -80,11 +82,12 @@ void reduce_typed(void* out, const void* const* inputs, int n, std::size_t count
 // 19-21 GB/s with streaming stores, which write the line to memory without
 // reading it first; the other core then read those lines at 13-15 GB/s
 // against 9-11 from the writer's cache (scripts/bench_cross_core.sh,
-// docs/performance.md). So the private-tensor path writes its slot and the
-// result area with streaming stores, and its own tensor (read next by this
-// core) with plain ones. The stores are weakly ordered: an sfence before
-// the barrier's release makes them visible first. Values are untouched:
-// the same bits either way.
+// docs/performance.md). So a collective through the segment may write its
+// slot and the result area with streaming stores (where they are faster:
+// Note [Choosing the stores], shm_store_choice.cpp), and its own tensor
+// (read next by this core) always with plain ones. The stores are weakly
+// ordered: an sfence before the barrier's release makes them visible
+// first. Values are untouched: the same bits either way.
 #if defined(__SSE2__)
 inline bool stream_line(void* to, const void* line) {
   if (reinterpret_cast<std::uintptr_t>(to) % 16 != 0) return false;
@@ -96,11 +99,13 @@ inline bool stream_line(void* to, const void* line) {
 inline void stream_fence() {
   _mm_sfence();
 }
+constexpr bool kStreaming = true;
 #else
 inline bool stream_line(void*, const void*) {
   return false;
 }
 inline void stream_fence() {}
+constexpr bool kStreaming = false;
 #endif
 
 template <typename T, typename Acc, typename Load, typename Combine, typename Finish>
@@ -237,6 +242,10 @@ void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType 
       throw CommError(std::string("shm backend: all-reduce of ") + c10::toString(dtype) +
                       " is not supported (float32/64, float16, bfloat16, int8/32/64, uint8)");
   }
+}
+
+bool shm_streaming_supported() {
+  return kStreaming;
 }
 
 void shm_stream_copy(void* to, const void* from, std::size_t bytes) {

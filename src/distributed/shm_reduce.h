@@ -30,8 +30,10 @@ struct ShmLines {
   int n;
   void* const* outputs;
   int m;
-  // Bit r set: whole lines of output r are written with streaming stores
-  // (Note [Streaming into the slots]), fenced before the call returns.
+  // Bit r set: output r is written with streaming stores (Note [Streaming
+  // into the slots]) where a line of outputs[0] is whole and output r's
+  // address there is 16-byte aligned (outputs[0]'s always is), plainly
+  // elsewhere; fenced before the call returns. The same bits either way.
   unsigned streamed = 0;
 };
 void shm_reduce_lines(const ShmLines& lines, std::size_t count, c10::ScalarType dtype, ShmOp op,
@@ -48,5 +50,9 @@ void shm_reduce_copies(void* const* copies, int n, std::size_t count, c10::Scala
 // fenced before it returns: for lines another core reads next (Note
 // [Streaming into the slots]). Plain memcpy where SSE2 is not there.
 void shm_stream_copy(void* to, const void* from, std::size_t bytes);
+
+// Whether streaming stores exist here (SSE2); without them both of the
+// above store plainly.
+bool shm_streaming_supported();
 
 }  // namespace lockstep

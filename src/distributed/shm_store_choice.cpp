@@ -27,10 +27,14 @@
 // streamed, plain); after that each uses the kind with the lower estimate,
 // and every kExplore-th the other, so that a change is seen within one
 // exploration. Every rank asks for the same operations in the same order,
-// so the ranks explore together. Both kinds write the same values: only
-// speed depends on the choice, and ranks that chose differently still agree
-// bit for bit. LOCKSTEP_SHM_STREAMING=on/off fixes the choice (tests,
-// measurements).
+// so the ranks explore together; their estimates are their own, so they
+// may come to choose differently (each one's time then mixes its stores
+// with the others'). Both kinds write the same values: only speed depends
+// on the choice, and ranks that chose differently still agree bit for bit.
+// A broadcast keeps plain stores: only its root writes, and what its
+// stores cost shows in the readers' times, which the root does not see.
+// Where SSE2 is missing there is nothing to choose: plain stores. LOCKSTEP_SHM_STREAMING=on/off
+// fixes the choice (tests, measurements).
 
 namespace lockstep {
 
@@ -54,7 +58,7 @@ std::size_t ShmStoreChoice::class_of(std::size_t bytes) {
 }
 
 double ShmStoreChoice::estimate(const Kind& kind) {
-  const int n = std::min(kind.taken, kKept);
+  const auto n = static_cast<int>(std::min<uint64_t>(kind.taken, kKept));
   if (n == 0) return 0.0;
   return *std::min_element(kind.recent.begin(), kind.recent.begin() + n);
 }
@@ -72,11 +76,12 @@ bool ShmStoreChoice::stream(std::size_t bytes) {
   return n % kExplore == 0 ? !best : best;
 }
 
-void ShmStoreChoice::took(std::size_t bytes, bool streamed, double seconds) {
-  if (mode_ != ShmStreaming::kAuto || bytes < kMinBytes || seconds <= 0.0) return;
+bool ShmStoreChoice::took(std::size_t bytes, bool streamed, double seconds) {
+  if (mode_ != ShmStreaming::kAuto || bytes < kMinBytes || seconds <= 0.0) return false;
   Kind& kind = classes_[class_of(bytes)].kinds[streamed ? 1 : 0];
   kind.recent[kind.taken % kKept] = seconds * 1e9 / static_cast<double>(bytes);
   ++kind.taken;
+  return true;
 }
 
 double ShmStoreChoice::ns_per_byte(std::size_t bytes, bool streamed) const {

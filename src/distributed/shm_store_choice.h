@@ -1,6 +1,7 @@
-// Which stores the shm backend's private-tensor path writes its slots and
-// result areas with, chosen by measuring (Note [Choosing the stores],
-// shm_store_choice.cpp). Plain C++, no LibTorch.
+// Which stores the shm backend's collectives that go through the segment
+// (a private tensor's all-reduce, reduce-scatter, all-gather) write their
+// slots and result areas with: plain or streaming, chosen by measuring
+// (Note [Choosing the stores], shm_store_choice.cpp). Plain C++, no LibTorch.
 #pragma once
 
 #include <array>
@@ -29,8 +30,10 @@ class ShmStoreChoice {
   // same operations in the same order, so every rank tries the other
   // stores in the same operation.
   bool stream(std::size_t bytes);
-  // How long that operation took, from its first barrier to its end.
-  void took(std::size_t bytes, bool streamed, double seconds);
+  // How long that operation took: from its start to its end, less the time
+  // it waited in barriers. Whether the time was recorded (auto, kMinBytes
+  // or more).
+  bool took(std::size_t bytes, bool streamed, double seconds);
 
   // The estimate of nanoseconds per byte for the size class of `bytes`, by
   // stores: the least of the last kKept times (0: not measured yet).
@@ -42,7 +45,7 @@ class ShmStoreChoice {
   static constexpr int kKept = 4;
   struct Kind {
     std::array<double, kKept> recent{};
-    int taken = 0;  // how many were ever recorded
+    uint64_t taken = 0;  // how many were ever recorded
   };
   struct Class {
     Kind kinds[2];

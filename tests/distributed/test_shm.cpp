@@ -16,13 +16,19 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "distributed/shm_reduce.h"
 #include "distributed/shm_segment.h"
 #include "distributed/shm_store_choice.h"
+#include "lockstep/distributed/shm_backend.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/hex.h"
 #include "support/thread_world.h"
@@ -71,6 +77,31 @@ std::vector<std::string> our_segments() {
   closedir(dir);
   return out;
 }
+
+// Sets LOCKSTEP_SHM_STREAMING for its lifetime; restores the value it had
+// (or its absence), also when a check throws.
+class StreamingEnv {
+ public:
+  explicit StreamingEnv(const char* value) {
+    if (const char* was = std::getenv(kName)) was_ = was;
+    if (value == nullptr)
+      unsetenv(kName);
+    else
+      setenv(kName, value, 1);
+  }
+  ~StreamingEnv() {
+    if (was_)
+      setenv(kName, was_->c_str(), 1);
+    else
+      unsetenv(kName);
+  }
+  StreamingEnv(const StreamingEnv&) = delete;
+  StreamingEnv& operator=(const StreamingEnv&) = delete;
+
+ private:
+  static constexpr const char* kName = "LOCKSTEP_SHM_STREAMING";
+  std::optional<std::string> was_;
+};
 
 }  // namespace
 
@@ -402,10 +433,7 @@ TEST_CASE("shm: streaming and plain stores give the same bits in every collectiv
   // so the streamed copies' plain heads and tails are used too.
   const int n = 3;
   auto run = [&](const char* streaming) {
-    struct Unset {
-      ~Unset() { unsetenv("LOCKSTEP_SHM_STREAMING"); }
-    } unset;
-    REQUIRE(setenv("LOCKSTEP_SHM_STREAMING", streaming, 1) == 0);
+    const StreamingEnv env(streaming);
     auto outcomes = run_ranks<std::vector<at::Tensor>>(
         n,
         [&](ProcessGroup& pg) {
@@ -424,6 +452,8 @@ TEST_CASE("shm: streaming and plain stores give the same bits in every collectiv
           auto b = at::randn({100003}, gen, at::kFloat);
           pg.broadcast(b, 1);
           got.push_back(b);
+          const ShmStoreCounts counts = shm_store_counts(pg.backend());
+          got.push_back(at::tensor({counts.streamed, counts.measured}, at::kLong));
           return got;
         },
         kTimeout, kShm);
@@ -442,14 +472,22 @@ TEST_CASE("shm: streaming and plain stores give the same bits in every collectiv
   // Sums in rank order, as the backend adds.
   const auto sum = drawn[0][0] + drawn[1][0] + drawn[2][0];
   const auto avg = (drawn[0][1] + drawn[1][1] + drawn[2][1]) / n;
-  for (const char* streaming : {"on", "off"}) {
+  // Streamed and timed operations among the four that choose (the two
+  // all-reduces, the reduce-scatter, the all-gather; a broadcast does not),
+  // all of 64 KiB or more: "on" streams all and times none, "off" neither;
+  // "auto" times all four, and each, the first of its size class, streams.
+  const std::map<std::string, std::vector<int64_t>> counts{
+      {"on", {4, 0}}, {"off", {0, 0}}, {"auto", {4, 4}}};
+  for (const char* streaming : {"on", "off", "auto"}) {
     INFO("LOCKSTEP_SHM_STREAMING=" << streaming);
     const auto outcomes = run(streaming);
     for (int r = 0; r < n; ++r) {
       INFO("rank " << r << ": " << error_text(outcomes[r].error));
       REQUIRE_FALSE(outcomes[r].error);
       const auto& got = outcomes[r].result;
-      REQUIRE(got.size() == static_cast<std::size_t>(4 + n));
+      REQUIRE(got.size() == static_cast<std::size_t>(5 + n));
+      const auto* c = got[4 + n].data_ptr<int64_t>();
+      CHECK(std::vector<int64_t>{c[0], c[1]} == counts.at(streaming));
       CHECK(at::equal(got[0], sum));
       CHECK(at::equal(got[1], avg));
       const auto piece = [&](int q) { return drawn[q][2].slice(0, r * 50001, (r + 1) * 50001); };
@@ -476,6 +514,47 @@ TEST_CASE("shm: a streamed copy is memcpy at every alignment and length", "[shm]
           wrong += std::to_string(at_to) + "/" + std::to_string(at_from) + "/" +
                    std::to_string(len) + "; ";
       }
+    }
+  }
+  CHECK(wrong == "");
+}
+
+TEST_CASE("shm: a reduction with a streamed output writes the same values and nothing else",
+          "[shm]") {
+  // Two float inputs; outputs[0] (the streamed one, as the segment's result
+  // area) and outputs[1] at byte offsets that start off a 64-byte line,
+  // guarded by sentinels, against the same reduction with plain stores.
+  constexpr std::size_t kMax = 1003, kPad = 64;
+  std::vector<float> a(kMax), b(kMax);
+  for (std::size_t i = 0; i < kMax; ++i) {
+    a[i] = 0.1f * static_cast<float>(i) - 7.0f;
+    b[i] = 1.0f / static_cast<float>(i + 3);
+  }
+  const void* inputs[2] = {a.data(), b.data()};
+  std::string wrong;
+  for (std::size_t shift : {0, 4, 16, 20, 60}) {
+    for (std::size_t count : {0, 1, 15, 16, 17, 100, 1003}) {
+      // Buffers of floats, 64-aligned; the outputs start `shift` bytes in.
+      std::vector<float> plain0(kMax + 2 * kPad), plain1(kMax + 2 * kPad);
+      std::vector<float> got0(kMax + 2 * kPad, -1.0f), got1(kMax + 2 * kPad, -1.0f);
+      const auto at = [&](std::vector<float>& v) {
+        auto base = reinterpret_cast<std::uintptr_t>(v.data() + kPad / 2);
+        base = (base + 63) / 64 * 64 + shift;
+        return reinterpret_cast<float*>(base);
+      };
+      void* plain[2] = {at(plain0), at(plain1)};
+      void* streamed[2] = {at(got0), at(got1)};
+      shm_reduce_lines({inputs, 2, plain, 2, 0u}, count, c10::ScalarType::Float, ShmOp::kSum, 0.5);
+      shm_reduce_lines({inputs, 2, streamed, 2, 1u}, count, c10::ScalarType::Float, ShmOp::kSum,
+                       0.5);
+      bool ok = std::memcmp(plain[0], streamed[0], count * sizeof(float)) == 0 &&
+                std::memcmp(plain[1], streamed[1], count * sizeof(float)) == 0;
+      for (auto* v : {&got0, &got1}) {
+        const float* first = at(*v);
+        for (const float& x : *v)
+          if ((&x < first || &x >= first + count) && x != -1.0f) ok = false;  // nothing else
+      }
+      if (!ok) wrong += std::to_string(shift) + "/" + std::to_string(count) + "; ";
     }
   }
   CHECK(wrong == "");
@@ -553,13 +632,11 @@ TEST_CASE("shm: the stores are chosen by measured time, and re-tried", "[shm]") 
   }
   SECTION("LOCKSTEP_SHM_STREAMING") {
     const auto with = [](const char* v) {
-      struct Unset {
-        ~Unset() { unsetenv("LOCKSTEP_SHM_STREAMING"); }
-      } unset;  // also when it throws
-      setenv("LOCKSTEP_SHM_STREAMING", v, 1);
+      const StreamingEnv env(v);
       return shm_streaming_from_env();
     };
-    CHECK(shm_streaming_from_env() == ShmStreaming::kAuto);
+    CHECK(with(nullptr) == ShmStreaming::kAuto);
+    CHECK(with("") == ShmStreaming::kAuto);
     CHECK(with("auto") == ShmStreaming::kAuto);
     CHECK(with("on") == ShmStreaming::kOn);
     CHECK(with("1") == ShmStreaming::kOn);

@@ -68,8 +68,9 @@ LOCKSTEP_SHM_STREAMING=sometimes "$LOCKSTEP_RUN" --nproc-per-node 2 --master-por
   bench allreduce --backends shm --max-bytes 4096 --iters 2 >"$WORK/out" 2>&1
 expect_eq "$?" 2 "LOCKSTEP_SHM_STREAMING=sometimes: exit 2"
 expect_grep "$WORK/out" "LOCKSTEP_SHM_STREAMING='sometimes': expected auto, on \(1\) or off \(0\)" "naming the variable"
-# scripts/bench_cross_core.sh: every copy method's rates, both processes.
-if command -v gcc >/dev/null; then
+# scripts/bench_cross_core.sh: every copy method's rates, both processes
+# (an x86-64 program with AVX2 loops).
+if command -v gcc >/dev/null && [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo; then
   "$root/scripts/bench_cross_core.sh" 20 >"$WORK/out" 2>"$WORK/err"
   expect_eq "$?" 0 "bench_cross_core.sh exits 0"
   for method in memcpy "avx2 loop" "rep movsb" streaming; do

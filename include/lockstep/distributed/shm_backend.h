@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "lockstep/distributed/shm_options.h"
@@ -42,6 +43,16 @@ Ptr<C10dWork> shm_allreduce_scaled(C10dBackend& backend, at::Tensor& tensor, dou
 
 // How many all-reduces `backend` (shm) ran in place so far; 0 for others.
 int64_t shm_in_place_count(C10dBackend& backend);
+
+// Of `backend`'s (shm) collectives through the segment that choose their
+// stores (Note [Choosing the stores], src/distributed/shm_store_choice.cpp):
+// how many wrote with streaming stores, and how many were timed for the
+// choice (LOCKSTEP_SHM_STREAMING=auto, 64 KiB and more). Zeros for others.
+struct ShmStoreCounts {
+  int64_t streamed = 0;
+  int64_t measured = 0;
+};
+ShmStoreCounts shm_store_counts(C10dBackend& backend);
 
 // Whether every rank runs on this host (boot id and host name compared
 // through `store`); every rank must call it.
