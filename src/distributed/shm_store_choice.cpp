@@ -33,8 +33,8 @@
 // on the choice, and ranks that chose differently still agree bit for bit.
 // A broadcast keeps plain stores: only its root writes, and what its
 // stores cost shows in the readers' times, which the root does not see.
-// Where SSE2 is missing there is nothing to choose: plain stores. LOCKSTEP_SHM_STREAMING=on/off
-// fixes the choice (tests, measurements).
+// Where SSE2 is missing there is nothing to choose: plain stores.
+// LOCKSTEP_SHM_STREAMING=on/off fixes the choice (tests, measurements).
 
 namespace lockstep {
 
