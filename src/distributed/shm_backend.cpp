@@ -102,7 +102,8 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A rank that reaches a barrier first spins for 100 us (by the clock: a
 // pause instruction lasts ~25 ns on one CPU and ~140 cycles on another),
-// then sleeps on the futex. Spinning up to 1 ms in the thread that waits
+// then sleeps on the futex; for a peer on its own CPU it sleeps at once
+// (Note [A peer on the same core], shm_segment.cpp). Spinning up to 1 ms in the thread that waits
 // at once, where ranks do not outnumber cores, was tried against 100 us on
 // the small MLP's DDP step (AMD EPYC under KVM, 2 ranks, 11 rounds
 // alternated): 0.519 against 0.516 ms, no difference, so it was left out.
@@ -272,7 +273,10 @@ class ShmBackend : public SerialBackend {
     ++generation_;
     segment_.arrive(me_, generation_);
     const auto arrived = Clock::now();
-    const std::string why = segment_.wait_all(generation_, arrived + timeout_, stop_, kSpin);
+    int64_t shared_core = 0;
+    const std::string why =
+        segment_.wait_all(generation_, arrived + timeout_, stop_, kSpin, &shared_core);
+    if (shared_core > 0) shared_core_.fetch_add(shared_core, std::memory_order_relaxed);
     waited_ += Clock::now() - arrived;
     if (!why.empty()) throw CommError("shm backend: " + why);
   }
@@ -465,6 +469,7 @@ class ShmBackend : public SerialBackend {
 
  public:
   int64_t in_place_count() const { return in_place_.load(std::memory_order_relaxed); }
+  int64_t shared_core_waits() const { return shared_core_.load(std::memory_order_relaxed); }
   ShmStoreCounts store_counts() const {
     return {streamed_.load(std::memory_order_relaxed), measured_.load(std::memory_order_relaxed)};
   }
@@ -610,6 +615,7 @@ class ShmBackend : public SerialBackend {
   uint32_t generation_ = 0;
   Clock::duration waited_{0};                       // in barriers, all told (StoreTimer)
   std::atomic<int64_t> streamed_{0}, measured_{0};  // shm_store_counts
+  std::atomic<int64_t> shared_core_{0};             // shm_shared_core_waits
   std::array<ShmStoreChoice, static_cast<int>(Stores::kCount)> stores_;
   uint64_t step_ = 0;
 };
@@ -681,6 +687,11 @@ at::Tensor shm_shared_zeros(C10dBackend& backend, int64_t numel, const at::Tenso
     return {};
   }
   return shm->shared_zeros(numel, options, willing, why);
+}
+
+int64_t shm_shared_core_waits(C10dBackend& backend) {
+  auto* shm = dynamic_cast<ShmBackend*>(&backend);
+  return shm == nullptr ? 0 : shm->shared_core_waits();
 }
 
 ShmStoreCounts shm_store_counts(C10dBackend& backend) {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -321,8 +322,28 @@ void ShmSegment::depart(int rank) {
   for (int r = 0; r < world_; ++r) futex(&flag(r)->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
+// Note [A peer on the same core]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Spinning for a peer only pays while the peer runs on another CPU. Where
+// two ranks share one (more ranks than cores; ranks started on one core
+// and not yet spread by the scheduler; an affinity mask), the spinner holds
+// the CPU the peer needs to arrive: each barrier cost the whole spin, and a
+// 4 KiB all-reduce of 2 ranks pinned to one CPU took ~217 us against ~4
+// (docs/performance.md). Each rank publishes the CPU of its arrival; a
+// waiter on that CPU sleeps on the futex at once, which hands the CPU over.
+// The CPU read may be stale (the peer has moved since): then one barrier
+// spins for nothing or sleeps when it need not, and the next arrival
+// corrects it. Where the kernel cannot say (sched_getcpu fails), spin.
+namespace {
+int32_t cpu_mark() {
+  const int cpu = sched_getcpu();
+  return cpu >= 0 ? cpu + 1 : 0;
+}
+}  // namespace
+
 void ShmSegment::arrive(int rank, uint32_t generation) {
   Flag* f = flag(rank);
+  f->cpu.store(cpu_mark(), std::memory_order_relaxed);
   f->arrived.store(generation, std::memory_order_seq_cst);
   if (f->sleepers.load(std::memory_order_seq_cst) > 0)
     futex(&f->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
@@ -348,22 +369,28 @@ ShmDescriptor ShmSegment::described(int rank) const {
 
 std::string ShmSegment::wait_all(uint32_t generation,
                                  std::chrono::steady_clock::time_point deadline,
-                                 const std::atomic<bool>& stop,
-                                 std::chrono::microseconds spin) const {
+                                 const std::atomic<bool>& stop, std::chrono::microseconds spin,
+                                 int64_t* shared_core) const {
   for (int r = 0; r < world_; ++r) {
     Flag* f = flag(r);
     // Spin for `spin` (the peer is usually about to arrive), the clock read
     // every 64 pauses, then sleep on the futex in short slices, checking the
-    // deadline and the peer's life.
+    // deadline and the peer's life. Not for a peer on this CPU (Note [A peer
+    // on the same core]).
     if (!reached(f->arrived.load(std::memory_order_acquire), generation)) {
-      const auto until = std::chrono::steady_clock::now() + spin;
-      bool arrived = false;
-      do {
-        for (int k = 0; k < 64 && !arrived; ++k) {
-          arrived = reached(f->arrived.load(std::memory_order_acquire), generation);
-          if (!arrived) __builtin_ia32_pause();
-        }
-      } while (!arrived && std::chrono::steady_clock::now() < until);
+      const int32_t theirs = f->cpu.load(std::memory_order_relaxed);
+      if (theirs != 0 && theirs == cpu_mark()) {
+        if (shared_core != nullptr) ++*shared_core;
+      } else {
+        const auto until = std::chrono::steady_clock::now() + spin;
+        bool arrived = false;
+        do {
+          for (int k = 0; k < 64 && !arrived; ++k) {
+            arrived = reached(f->arrived.load(std::memory_order_acquire), generation);
+            if (!arrived) __builtin_ia32_pause();
+          }
+        } while (!arrived && std::chrono::steady_clock::now() < until);
+      }
     }
     while (true) {
       const uint32_t seen = f->arrived.load(std::memory_order_acquire);

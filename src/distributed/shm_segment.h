@@ -75,10 +75,13 @@ class ShmSegment {
   ShmDescriptor described(int rank) const;
   // Waits until every rank has arrived at `generation`: spinning for up to
   // `spin` per rank waited for, then sleeping on its futex (Note [How long
-  // to spin], shm_backend.cpp). Returns "" or why it gave up: a rank that
+  // to spin], shm_backend.cpp), or sleeping at once for a rank that last
+  // arrived on the CPU this thread runs on (Note [A peer on the same core]);
+  // `*shared_core` counts those. Returns "" or why it gave up: a rank that
   // left or died (its pid is gone), the deadline, or `stop`.
   std::string wait_all(uint32_t generation, std::chrono::steady_clock::time_point deadline,
-                       const std::atomic<bool>& stop, std::chrono::microseconds spin) const;
+                       const std::atomic<bool>& stop, std::chrono::microseconds spin,
+                       int64_t* shared_core = nullptr) const;
 
  private:
   ShmSegment(void* base, std::size_t size, int world, std::size_t chunk);
@@ -86,6 +89,7 @@ class ShmSegment {
   struct alignas(64) Flag {
     std::atomic<uint32_t> arrived;
     std::atomic<uint32_t> sleepers;
+    std::atomic<int32_t> cpu;            // 1 + the CPU of the rank's last arrival; 0: not known
     std::atomic<uint64_t> described[5];  // ShmDescriptor's fields
   };
   Header* header() const;

@@ -54,6 +54,11 @@ struct ShmStoreCounts {
 };
 ShmStoreCounts shm_store_counts(C10dBackend& backend);
 
+// How many times a rank of `backend` (shm) found a rank it waited for last
+// seen on its own CPU, and slept at once instead of spinning (Note [A peer
+// on the same core], src/distributed/shm_segment.cpp). 0 for others.
+int64_t shm_shared_core_waits(C10dBackend& backend);
+
 // Whether every rank runs on this host (boot id and host name compared
 // through `store`); every rank must call it.
 bool all_ranks_on_one_host(C10dStore& store, const WorldInfo& world,
