@@ -76,13 +76,16 @@ for r in $(seq "${ALLREDUCE_ROUNDS:-3}"); do
   # Each rank on its own core, as mpirun binds by default (the shm
   # contender included: both run in the same processes). Unbound, the two
   # ranks sometimes start on one core, and the first size timed (shm's 4
-  # KiB) caught it: 216 us in 2 of 20 runs (docs/performance.md).
-  mpi_bind="--bind-to core"
-  [ "$cores" -ge 2 ] || mpi_bind="--oversubscribe"
+  # KiB) caught it: 216 us in 2 of 20 runs (docs/performance.md). Where
+  # Open MPI sees fewer than 2 cores (hardware threads, a cpuset), binding
+  # fails: then unbound, with --oversubscribe.
   port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  if command -v mpirun >/dev/null && mpirun --allow-run-as-root $mpi_bind -np 2 -x OMP_NUM_THREADS \
-    -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" build/lockstep bench allreduce --backends shm,mpi \
-    --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | grep -v '\[info\]' >"$out/mpi_$r"; then
+  mpi_run() {
+    mpirun --allow-run-as-root "$@" -np 2 -x OMP_NUM_THREADS \
+      -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" build/lockstep bench allreduce --backends shm,mpi \
+      --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | grep -v '\[info\]' >"$out/mpi_$r"
+  }
+  if command -v mpirun >/dev/null && { mpi_run --bind-to core || mpi_run --oversubscribe; }; then
     :
   else
     rm -f "$out/mpi_$r"

@@ -334,6 +334,8 @@ void ShmSegment::depart(int rank) {
 // The CPU read may be stale (the peer has moved since): then one barrier
 // spins for nothing or sleeps when it need not, and the next arrival
 // corrects it. Where the kernel cannot say (sched_getcpu fails), spin.
+// A CPU here is a logical one: two SMT siblings of a core are two CPUs,
+// and a rank spinning on one does not stop the other from running.
 namespace {
 int32_t cpu_mark() {
   const int cpu = sched_getcpu();
@@ -379,10 +381,12 @@ std::string ShmSegment::wait_all(uint32_t generation,
     // on the same core]).
     if (!reached(f->arrived.load(std::memory_order_acquire), generation)) {
       const int32_t theirs = f->cpu.load(std::memory_order_relaxed);
-      if (theirs != 0 && theirs == cpu_mark()) {
+      const auto spin_for =
+          theirs != 0 && theirs == cpu_mark() ? std::chrono::microseconds::zero() : spin;
+      if (spin_for == std::chrono::microseconds::zero()) {
         if (shared_core != nullptr) ++*shared_core;
       } else {
-        const auto until = std::chrono::steady_clock::now() + spin;
+        const auto until = std::chrono::steady_clock::now() + spin_for;
         bool arrived = false;
         do {
           for (int k = 0; k < 64 && !arrived; ++k) {

@@ -34,13 +34,16 @@ template <typename Result>
 std::vector<RankOutcome<Result>> run_ranks(
     int world_size, const std::function<Result(ProcessGroup&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(60),
-    BackendKind backend = test_backend()) {
+    BackendKind backend = test_backend(), const std::function<void(int rank)>& before_create = {}) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankOutcome<Result>> outcomes(world_size);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
+        // E.g. pinning the rank's thread: the backend's threads, made by
+        // ProcessGroup::create, inherit its CPU mask.
+        if (before_create) before_create(rank);
         WorldInfo world;
         world.rank = rank;
         world.world_size = world_size;
