@@ -103,10 +103,11 @@
 // A rank that reaches a barrier first spins for 100 us (by the clock: a
 // pause instruction lasts ~25 ns on one CPU and ~140 cycles on another),
 // then sleeps on the futex; for a peer on its own CPU it sleeps at once
-// (Note [A peer on the same core], shm_segment.cpp). Spinning up to 1 ms in the thread that waits
-// at once, where ranks do not outnumber cores, was tried against 100 us on
-// the small MLP's DDP step (AMD EPYC under KVM, 2 ranks, 11 rounds
-// alternated): 0.519 against 0.516 ms, no difference, so it was left out.
+// (Note [A peer on the same core], shm_segment.cpp). Spinning up to 1 ms
+// in the thread that waits at once, where ranks do not outnumber cores,
+// was tried against 100 us on the small MLP's DDP step (AMD EPYC under
+// KVM, 2 ranks, 11 rounds alternated): 0.519 against 0.516 ms, no
+// difference, so it was left out.
 //
 // Note [The chunk's size]
 // ~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,3 +1,7 @@
+// Size (~420 lines): one shared-memory layout and everything that touches
+// it - the segment's creation, mapping and name (orphans included), the
+// per-rank flags with their futex barriers, and the peers' liveness - which
+// a split would have to share through the private Header and Flag types.
 #include "shm_segment.h"
 
 #include <dirent.h>
@@ -381,12 +385,10 @@ std::string ShmSegment::wait_all(uint32_t generation,
     // on the same core]).
     if (!reached(f->arrived.load(std::memory_order_acquire), generation)) {
       const int32_t theirs = f->cpu.load(std::memory_order_relaxed);
-      const auto spin_for =
-          theirs != 0 && theirs == cpu_mark() ? std::chrono::microseconds::zero() : spin;
-      if (spin_for == std::chrono::microseconds::zero()) {
+      if (theirs != 0 && theirs == cpu_mark()) {
         if (shared_core != nullptr) ++*shared_core;
       } else {
-        const auto until = std::chrono::steady_clock::now() + spin_for;
+        const auto until = std::chrono::steady_clock::now() + spin;
         bool arrived = false;
         do {
           for (int k = 0; k < 64 && !arrived; ++k) {

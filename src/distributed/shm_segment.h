@@ -76,9 +76,8 @@ class ShmSegment {
   // Waits until every rank has arrived at `generation`: spinning for up to
   // `spin` per rank waited for, then sleeping on its futex (Note [How long
   // to spin], shm_backend.cpp), or sleeping at once for a rank that last
-  // arrived on the CPU this thread runs on (Note [A peer on the same core]);
-  // `*shared_core` counts the waits that did not spin (every wait, where
-  // `spin` is zero; the backend's is not). Returns "" or why it gave up: a rank that
+  // arrived on the CPU this thread runs on (Note [A peer on the same core]),
+  // which `*shared_core` counts. Returns "" or why it gave up: a rank that
   // left or died (its pid is gone), the deadline, or `stop`.
   std::string wait_all(uint32_t generation, std::chrono::steady_clock::time_point deadline,
                        const std::atomic<bool>& stop, std::chrono::microseconds spin,
