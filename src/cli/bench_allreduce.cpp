@@ -19,6 +19,7 @@
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/init.h"
 #include "lockstep/distributed/ring_allreduce.h"
+#include "lockstep/distributed/shm_backend.h"
 #include "lockstep/distributed/shm_options.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/names.h"
@@ -65,17 +66,41 @@ double time_us(ProcessGroup& pg, int warmup, int iters, F&& op) {
   return time_us(pg, warmup, iters, std::forward<F>(op), [] {});
 }
 
-// Bytes copied per second by one large tensor copy (read + write counted once,
-// as nccl-tests' figures count the buffer once).
-double memcpy_gbps(int64_t bytes) {
+// Bytes copied per second by one large copy (read + write counted once, as
+// nccl-tests' figures count the buffer once): `copy(to, from)`, 5 times
+// after one untimed.
+template <typename F>
+double copy_gbps(int64_t bytes, F&& copy) {
   auto a = at::ones({bytes / 4}, at::kFloat);
   auto b = at::empty_like(a);
-  b.copy_(a);
+  copy(b, a);
   const auto start = Clock::now();
   const int reps = 5;
-  for (int i = 0; i < reps; ++i) b.copy_(a);
+  for (int i = 0; i < reps; ++i) copy(b, a);
   const double s = std::chrono::duration<double>(Clock::now() - start).count() / reps;
   return static_cast<double>(bytes) / s / 1e9;
+}
+
+// The machine's copy as its users meet it (a tensor copy), and the same copy
+// with streaming stores, which do not read the destination first: the
+// larger is the copy limit the all-reduce is held to (docs/performance.md,
+// "Which copy is the limit"). The second is 0 where there are no streaming
+// stores.
+void print_copy_limits(int64_t max_bytes) {
+  const int64_t bytes = std::max<int64_t>(std::min<int64_t>(max_bytes, 256 << 20), 1 << 20);
+  const double tensor_copy =
+      copy_gbps(bytes, [](at::Tensor& to, const at::Tensor& from) { to.copy_(from); });
+  bool streams = true;
+  const double streamed = copy_gbps(bytes, [&](at::Tensor& to, const at::Tensor& from) {
+    streams =
+        shm_copy_streaming(to.data_ptr(), from.data_ptr(), static_cast<std::size_t>(from.nbytes()));
+  });
+  std::printf("memory copy bandwidth of this machine (one %lld-byte tensor copy): %.2f GB/s\n",
+              static_cast<long long>(bytes), tensor_copy);
+  if (streams)
+    std::printf(
+        "streaming copy bandwidth of this machine (the same copy, streaming stores): %.2f GB/s\n",
+        streamed);
 }
 
 std::vector<std::string> split_list(const std::string& text, const char* flag = "--backends") {
@@ -280,11 +305,7 @@ int bench_allreduce(const cxxopts::ParseResult& args) {
     failures += time_op(op, pg, groups, gloo, dtype, min_bytes, max_bytes, warmup, iters,
                         args["dtype"].as<std::string>());
   }
-  if (dist.world.rank == 0) {
-    std::printf("memory copy bandwidth of this machine (one %lld-byte tensor copy): %.2f GB/s\n",
-                static_cast<long long>(std::min<int64_t>(max_bytes, 256 << 20)),
-                memcpy_gbps(std::max<int64_t>(std::min<int64_t>(max_bytes, 256 << 20), 1 << 20)));
-  }
+  if (dist.world.rank == 0) print_copy_limits(max_bytes);
   return failures == 0 ? kExitOk : kExitCheckFailed;
 }
 

@@ -724,6 +724,12 @@ bool all_ranks_on_one_host(C10dStore& store, const WorldInfo& world,
   return true;
 }
 
+bool shm_copy_streaming(void* to, const void* from, std::size_t bytes) {
+  if (!shm_streaming_supported()) return false;
+  shm_stream_copy(to, from, bytes);
+  return true;
+}
+
 Ptr<C10dBackend> shm_backend_create(const Ptr<C10dStore>& store, const WorldInfo& world,
                                     const ShmOptions& options) {
   if (world.local_world_size != world.world_size)

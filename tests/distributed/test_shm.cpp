@@ -519,6 +519,16 @@ TEST_CASE("shm: a streamed copy is memcpy at every alignment and length", "[shm]
     }
   }
   CHECK(wrong == "");
+  // The public form `bench allreduce` times: the same copy where the CPU
+  // streams, and nothing written where it does not.
+  std::fill(to.begin(), to.end(), 0xAB);
+  const bool streamed = shm_copy_streaming(to.data() + 1, from.data() + 5, 4000);
+  CHECK(streamed == shm_streaming_supported());
+  if (streamed) {
+    CHECK(std::memcmp(to.data() + 1, from.data() + 5, 4000) == 0);
+  } else {
+    CHECK(std::count(to.begin(), to.end(), 0xAB) == static_cast<long>(to.size()));
+  }
 }
 
 TEST_CASE("shm: a reduction with a streamed output writes the same values and nothing else",

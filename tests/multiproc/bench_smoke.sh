@@ -46,7 +46,10 @@ expect_grep "$WORK/err" "interleave must be 0 or a number of steps" "says what -
 expect_eq "$?" 0 "bench allreduce exits 0"
 expect_grep "$WORK/out" "^\[rank0\]: +bytes +elements \| +gloo us +busbw \| +shm us +busbw \| +shm-bkt us +busbw \| +ring us +busbw \| check\$" "gloo, shm (private and bucket memory) and the ring side by side"
 expect_grep "$WORK/out" "^\[rank0\]: +4096 +1024( \| +[0-9.]+ +[0-9.]+){4} \| ok\$" "a checked row for 4096 bytes"
-expect_grep "$WORK/out" "memory copy bandwidth of this machine" "the memory-copy reference"
+expect_grep "$WORK/out" "memory copy bandwidth of this machine \(one 1048576-byte tensor copy\): [0-9]+\.[0-9]+ GB/s" "the memory-copy reference"
+if [ "$(uname -m)" = x86_64 ]; then  # SSE2's streaming stores: every x86-64
+  expect_grep "$WORK/out" "streaming copy bandwidth of this machine \(the same copy, streaming stores\): [0-9]+\.[0-9]+ GB/s" "the streaming-copy reference beside it"
+fi
 # --shm-chunk-mb: 64 KiB chunks, so a 256 KiB message crosses the segment in
 # four, each row checked against the closed-form sum; the flag reaches the
 # segment (ranks given different chunks cannot share it: exit 2, saying so);

@@ -59,6 +59,15 @@ ShmStoreCounts shm_store_counts(C10dBackend& backend);
 // on the same core], src/distributed/shm_segment.cpp). 0 for others.
 int64_t shm_shared_core_waits(C10dBackend& backend);
 
+// Copies `bytes` from `from` to `to` with streaming (non-temporal) stores,
+// as the backend writes what its peers read (Note [Streaming into the
+// slots], src/distributed/shm_reduce.cpp). False, with nothing copied,
+// where this build or CPU has no such stores. `bench allreduce` times it as
+// the machine's copy limit beside an ordinary tensor copy, which (glibc's
+// memcpy below its non-temporal threshold) reads every destination line
+// before writing it.
+bool shm_copy_streaming(void* to, const void* from, std::size_t bytes);
+
 // Whether every rank runs on this host (boot id and host name compared
 // through `store`); every rank must call it.
 bool all_ranks_on_one_host(C10dStore& store, const WorldInfo& world,
