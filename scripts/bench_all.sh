@@ -152,6 +152,7 @@ print("".join("    " + l for l in open(runs[0])))
 for path, name in (("shm", "private tensors"), ("shm-bkt", "DDP's bucket memory")):
     for ref in ("memcpy", "the copy limit"):
         ratios, small, each = {}, [], []  # bytes -> busbw / copy per run; 4 KiB us; each run's worst
+        streamed_runs = 0  # runs that printed a streaming copy
         for f in runs:
             text = open(f).read()
             copy = re.search(r"\(one \d+-byte tensor copy\): ([0-9.]+) GB/s", text)
@@ -162,6 +163,7 @@ for path, name in (("shm", "private tensors"), ("shm-bkt", "DDP's bucket memory"
             limit = float(copy.group(1))
             if ref != "memcpy" and streamed:
                 limit = max(limit, float(streamed.group(1)))
+                streamed_runs += 1
             mine = {size: cells[path][1] / limit for size, cells in rows.items() if size >= 1 << 20}
             for size, ratio in mine.items():
                 ratios.setdefault(size, []).append(ratio)
@@ -174,7 +176,9 @@ for path, name in (("shm", "private tensors"), ("shm-bkt", "DDP's bucket memory"
         print(f"shm, {name}: busbw / {ref} at >= 1 MiB, per-size medians of {len(each)} runs: "
               f"worst {med[worst]:.2f} (at {worst >> 20} MiB; each run's worst: "
               f"{', '.join(f'{v:.2f}' for v in each)}); "
-              f"4 KiB latency {min(small):.1f}-{max(small):.1f} us over the runs")
+              f"4 KiB latency {min(small):.1f}-{max(small):.1f} us over the runs"
+              + (f" (streaming copy in {streamed_runs} of {len(each)} runs; the tensor copy in the others)"
+                 if ref != "memcpy" and streamed_runs < len(each) else ""))
 mpis = sorted(glob.glob(f"{out}/mpi_*"))
 print("\n### Open MPI")
 if not mpis:

@@ -84,23 +84,24 @@ double copy_gbps(int64_t bytes, F&& copy) {
 // The machine's copy as its users meet it (a tensor copy), and the same copy
 // with streaming stores, which do not read the destination first: the
 // larger is the copy limit the all-reduce is held to (docs/performance.md,
-// "Which copy is the limit"). The second is 0 where there are no streaming
-// stores.
+// "Which copy is the limit"). The second line is left out where this build
+// has no streaming stores. Both copies are one thread's where
+// OMP_NUM_THREADS=1, as the launcher sets for more than one rank per host;
+// otherwise the tensor copy may use more threads than the streaming one.
 void print_copy_limits(int64_t max_bytes) {
   const int64_t bytes = std::max<int64_t>(std::min<int64_t>(max_bytes, 256 << 20), 1 << 20);
   const double tensor_copy =
       copy_gbps(bytes, [](at::Tensor& to, const at::Tensor& from) { to.copy_(from); });
-  bool streams = true;
-  const double streamed = copy_gbps(bytes, [&](at::Tensor& to, const at::Tensor& from) {
-    streams =
-        shm_copy_streaming(to.data_ptr(), from.data_ptr(), static_cast<std::size_t>(from.nbytes()));
-  });
   std::printf("memory copy bandwidth of this machine (one %lld-byte tensor copy): %.2f GB/s\n",
               static_cast<long long>(bytes), tensor_copy);
-  if (streams)
-    std::printf(
-        "streaming copy bandwidth of this machine (the same copy, streaming stores): %.2f GB/s\n",
-        streamed);
+  char probe_from[64] = {}, probe_to[64];
+  if (!shm_copy_streaming(probe_to, probe_from, sizeof(probe_to))) return;
+  const double streamed = copy_gbps(bytes, [](at::Tensor& to, const at::Tensor& from) {
+    shm_copy_streaming(to.data_ptr(), from.data_ptr(), static_cast<std::size_t>(from.nbytes()));
+  });
+  std::printf(
+      "streaming copy bandwidth of this machine (the same copy, streaming stores): %.2f GB/s\n",
+      streamed);
 }
 
 std::vector<std::string> split_list(const std::string& text, const char* flag = "--backends") {

@@ -526,6 +526,8 @@ TEST_CASE("shm: a streamed copy is memcpy at every alignment and length", "[shm]
   CHECK(streamed == shm_streaming_supported());
   if (streamed) {
     CHECK(std::memcmp(to.data() + 1, from.data() + 5, 4000) == 0);
+    CHECK(to[0] == 0xAB);  // nothing outside the range
+    CHECK(std::count(to.begin() + 4001, to.end(), 0xAB) == static_cast<long>(to.size() - 4001));
   } else {
     CHECK(std::count(to.begin(), to.end(), 0xAB) == static_cast<long>(to.size()));
   }

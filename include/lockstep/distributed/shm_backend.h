@@ -62,10 +62,9 @@ int64_t shm_shared_core_waits(C10dBackend& backend);
 // Copies `bytes` from `from` to `to` with streaming (non-temporal) stores,
 // as the backend writes what its peers read (Note [Streaming into the
 // slots], src/distributed/shm_reduce.cpp). False, with nothing copied,
-// where this build or CPU has no such stores. `bench allreduce` times it as
-// the machine's copy limit beside an ordinary tensor copy, which (glibc's
-// memcpy below its non-temporal threshold) reads every destination line
-// before writing it.
+// where this build has no such stores (no SSE2). `bench allreduce` times it
+// beside an ordinary tensor copy (plain stores, which read each destination
+// line before writing it): the larger of the two is the copy limit.
 bool shm_copy_streaming(void* to, const void* from, std::size_t bytes);
 
 // Whether every rank runs on this host (boot id and host name compared
