@@ -35,7 +35,8 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
 int check_config_mode(const cxxopts::ParseResult& args) {
   std::vector<std::string> overrides;
   if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
-  const Config config = config_load(args["config"].as<std::string>(), overrides);
+  // As lockstep train validates it: a run train refuses is not checked.
+  const Config config = config_load_validated(args["config"].as<std::string>(), overrides);
   CheckRunOptions options;
   options.steps = args["steps"].as<int64_t>();
   options.fault = parse_named(kCheckFaultNames, args["inject"].as<std::string>(), "--inject");

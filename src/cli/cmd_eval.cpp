@@ -49,8 +49,9 @@ int cmd_eval(int argc, char** argv) {
     std::vector<std::string> overrides;
     if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
     const std::string given = args["config"].as<std::string>();
-    const Config config = config_load(given.empty() ? folder + "/config.yaml" : given, overrides);
-    config_validate(config, 1);  // before the rendezvous: at once, on every rank alike
+    // Before the rendezvous: at once, on every rank alike.
+    const Config config =
+        config_load_validated(given.empty() ? folder + "/config.yaml" : given, overrides);
     auto dist = init_distributed(init_options_from_config(config));
     const CheckpointEval eval = evaluate_checkpoint(config, folder, dist.world, *dist.pg);
     if (dist.world.rank == 0) {

@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "lockstep/data/bpe.h"
+#include "lockstep/data/tokens.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 
@@ -64,11 +65,11 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
   return files;
 }
 
-class TokenFile {
+class TokenWriter {
  public:
   // Written as PATH.tmp and renamed by finish(): a failed run leaves no
   // train.bin or val.bin behind (nor anything a rerun would refuse).
-  TokenFile(const std::string& path, bool llmc)
+  TokenWriter(const std::string& path, bool llmc)
       : path_(path), tmp_(path + ".tmp"), llmc_(llmc), file_(tmp_) {
     if (llmc_) {
       const std::vector<char> header(256 * 4, 0);
@@ -84,7 +85,7 @@ class TokenFile {
     file_.append(buffer_.data(), buffer_.size());
     count_ += static_cast<int64_t>(ids.size());
   }
-  ~TokenFile() {
+  ~TokenWriter() {
     if (!renamed_) std::remove(tmp_.c_str());
   }
   void finish() {
@@ -126,35 +127,27 @@ std::string with_commas(int64_t n) {
   return out;
 }
 
+// The ids of a token file as text. The file is read as training reads it
+// (data/tokens.h: nanoGPT's headerless uint16, or either llm.c header, its
+// count checked), in pieces: memory stays flat whatever the file's size.
 int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
-  const std::string bytes = read_regular_file(path, size_t{1} << 34);
-  size_t at = 0;
-  if (bytes.size() >= 1024 && bytes.compare(0, 4, std::string("\x20\xf0\x34\x01", 4)) == 0) {
-    // llm.c's header: version 1 holds uint16 ids, and the count must fit.
-    int32_t head[3];
-    std::memcpy(head, bytes.data(), sizeof head);
-    if (head[1] != 1)
-      throw DataError(path + ": llm.c header version " + std::to_string(head[1]) +
-                      " (only version 1, uint16 ids, is decoded here)");
-    if (head[2] < 0 || static_cast<uint64_t>(head[2]) * 2 != bytes.size() - 1024)
-      throw DataError(path + ": the llm.c header counts " + std::to_string(head[2]) +
-                      " tokens, the file holds " + std::to_string((bytes.size() - 1024) / 2));
-    at = 1024;
-  }
-  if ((bytes.size() - at) % 2 != 0)
-    throw DataError(path + ": " + std::to_string(bytes.size() - at) +
-                    " bytes of tokens, not a whole number of uint16");
+  const auto file = TokenFile::open(path, TokenFormat::kUint16);
+  constexpr int64_t kPiece = 65536;
+  std::vector<int64_t> piece(kPiece);
   std::vector<int32_t> ids;
-  std::string out;
-  for (size_t k = at; k < bytes.size(); k += 2) {
-    ids.push_back(static_cast<unsigned char>(bytes[k]) |
-                  (static_cast<unsigned char>(bytes[k + 1]) << 8));
-    if (ids.size() == 65536 || k + 2 >= bytes.size()) {
-      out = bpe.decode(ids);
-      std::fwrite(out.data(), 1, out.size(), stdout);
-      ids.clear();
-    }
+  for (int64_t at = 0; at < file->size(); at += kPiece) {
+    const int64_t n = std::min(kPiece, file->size() - at);
+    file->read(at, n, piece.data());
+    ids.assign(piece.begin(), piece.begin() + n);
+    for (size_t k = 0; k < ids.size(); ++k)
+      if (ids[k] >= bpe.vocab_size())
+        throw DataError(file->described() + ": token " + std::to_string(at + k) + " is id " +
+                        std::to_string(ids[k]) + ", outside the vocabulary's " +
+                        std::to_string(bpe.vocab_size()));
+    const std::string out = bpe.decode(ids);
+    std::fwrite(out.data(), 1, out.size(), stdout);
   }
+  std::fflush(stdout);
   return kExitOk;
 }
 
@@ -220,7 +213,7 @@ int cmd_tokenize(int argc, char** argv) {
     }
     make_directories(out);
     const bool llmc = format == "llmc";
-    TokenFile train(out + "/train.bin", llmc), val(out + "/val.bin", llmc);
+    TokenWriter train(out + "/train.bin", llmc), val(out + "/val.bin", llmc);
     const uint64_t split_at =
         static_cast<uint64_t>(static_cast<double>(total) * (1 - val_fraction));
     const bool tty = isatty(STDERR_FILENO) != 0;

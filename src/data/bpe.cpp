@@ -13,6 +13,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/json.h"
 
 // Note [GPT-2 BPE]
 // ~~~~~~~~~~~~~~~~
@@ -155,215 +156,11 @@ void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
-// JSON (RFC 8259) for the vocabulary files: a tree, nesting capped and the
-// number of values too (a node is ~100 bytes: 3 million bound it to ~0.3 GB
-// whatever a hostile file holds; GPT-2's tokenizer.json has ~150,000).
-constexpr size_t kMaxJsonValues = 3000000;
-struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
-  bool boolean = false;
-  double number = 0;
-  bool whole = false;  // the number was written as a non-negative integer
-  std::string string;
-  std::vector<Json> array;
-  std::vector<std::pair<std::string, Json>> object;
-  const Json* get(const std::string& key) const {
-    for (const auto& [k, v] : object)
-      if (k == key) return &v;
-    return nullptr;
-  }
-};
-
-class JsonParser {
- public:
-  JsonParser(std::string_view text, std::string file) : s_(text), file_(std::move(file)) {}
-  Json parse() {
-    Json v = value(0);
-    skip();
-    if (i_ != s_.size()) fail("text after the value");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw DataError(file_ + ": not valid JSON at byte " + std::to_string(i_) + ": " + what);
-  }
-  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
-  void skip() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
-      ++i_;
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++i_;
-  }
-  bool literal(const char* word) {
-    const std::string_view w(word);
-    if (s_.substr(i_, w.size()) != w) return false;
-    i_ += w.size();
-    return true;
-  }
-  Json value(int depth) {
-    if (depth > 64) fail("nested deeper than 64");
-    if (++values_ > kMaxJsonValues) fail("more than 3,000,000 values");
-    skip();
-    Json v;
-    const char c = peek();
-    if (c == '{') {
-      v.kind = Json::Kind::kObject;
-      ++i_;
-      skip();
-      if (peek() == '}') return ++i_, v;
-      for (;;) {
-        skip();
-        std::string key = string();
-        skip();
-        expect(':');
-        v.object.emplace_back(std::move(key), value(depth + 1));
-        skip();
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect('}');
-        return v;
-      }
-    }
-    if (c == '[') {
-      v.kind = Json::Kind::kArray;
-      ++i_;
-      skip();
-      if (peek() == ']') return ++i_, v;
-      for (;;) {
-        v.array.push_back(value(depth + 1));
-        skip();
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect(']');
-        return v;
-      }
-    }
-    if (c == '"') {
-      v.kind = Json::Kind::kString;
-      v.string = string();
-      return v;
-    }
-    if (literal("true")) return v.kind = Json::Kind::kBool, v.boolean = true, v;
-    if (literal("false")) return v.kind = Json::Kind::kBool, v;
-    if (literal("null")) return v;
-    return number();
-  }
-  Json number() {
-    const size_t start = i_;
-    if (peek() == '-') ++i_;
-    if (!(peek() >= '0' && peek() <= '9')) fail("not a value");
-    while (peek() >= '0' && peek() <= '9') ++i_;
-    bool whole = s_[start] != '-' && i_ - start <= 15;
-    if (peek() == '.') {
-      whole = false;
-      ++i_;
-      if (!(peek() >= '0' && peek() <= '9')) fail("a bad number");
-      while (peek() >= '0' && peek() <= '9') ++i_;
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      whole = false;
-      ++i_;
-      if (peek() == '+' || peek() == '-') ++i_;
-      if (!(peek() >= '0' && peek() <= '9')) fail("a bad number");
-      while (peek() >= '0' && peek() <= '9') ++i_;
-    }
-    Json v;
-    v.kind = Json::Kind::kNumber;
-    v.whole = whole;
-    v.number = std::strtod(std::string(s_.substr(start, i_ - start)).c_str(), nullptr);
-    return v;
-  }
-  uint32_t hex4() {
-    if (i_ + 4 > s_.size()) fail("a short \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = s_[i_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') {
-        v |= static_cast<uint32_t>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        v |= static_cast<uint32_t>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        v |= static_cast<uint32_t>(c - 'A' + 10);
-      } else {
-        fail("a bad \\u escape");
-      }
-    }
-    return v;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (i_ >= s_.size()) fail("an unterminated string");
-      const char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("a control character in a string");
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      const char e = peek();
-      ++i_;
-      switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '/':
-          out.push_back('/');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u') fail("a lone surrogate");
-            i_ += 2;
-            const uint32_t low = hex4();
-            if (low < 0xDC00 || low > 0xDFFF) fail("a lone surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            fail("a lone surrogate");
-          }
-          append_utf8(cp, out);
-          break;
-        }
-        default:
-          fail("a bad escape");
-      }
-    }
-  }
-
-  std::string_view s_;
-  std::string file_;
-  size_t i_ = 0;
-  size_t values_ = 0;
-};
-
 constexpr size_t kMaxVocabFileBytes = size_t{64} << 20;
+// Note [Bounded JSON]: 16 bytes a value, so at most 48 MB of nodes
+// whatever a hostile file holds (GPT-2's tokenizer.json has ~150,000
+// values, Llama 3's ~1.1 million).
+constexpr size_t kMaxJsonValues = 3000000;
 constexpr int64_t kMaxVocab = int64_t{1} << 20;  // GPT-2 has 50,257; Llama 3 128,256
 constexpr size_t kShortPiece = 64;               // symbols: below, the quadratic loop
 constexpr size_t kCacheEntries = 1 << 18;
@@ -451,11 +248,23 @@ struct VocabSource {
   std::vector<size_t> merge_lines;  // for messages: the line (vocab.bpe) or index
 };
 
-int64_t token_id(const Json& v, const std::string& file, const std::string& token) {
-  if (v.kind != Json::Kind::kNumber || !v.whole || v.number >= static_cast<double>(kMaxVocab))
-    throw DataError(file + ": the id of token '" + token.substr(0, 40) +
+// Each merge makes a token no other merge makes, so a vocabulary has fewer
+// merges than tokens, and no more than kMaxVocab tokens: refused as soon as
+// a file says more, before they are held (Note [Bounded JSON]).
+void check_counts(const VocabSource& src) {
+  if (static_cast<int64_t>(src.tokens.size()) > kMaxVocab)
+    throw DataError(src.vocab_file + ": more than " + std::to_string(kMaxVocab) + " tokens");
+  if (src.merges.size() > src.tokens.size())
+    throw DataError(src.merges_file + ": more merges than the " +
+                    std::to_string(src.tokens.size()) + " tokens of " + src.vocab_file +
+                    " (each merge makes a token of its own)");
+}
+
+int64_t token_id(JsonValue v, const std::string& file, std::string_view token) {
+  if (!v.whole() || v.number() >= static_cast<double>(kMaxVocab))
+    throw DataError(file + ": the id of token '" + std::string(token.substr(0, 40)) +
                     "' is not a whole number below " + std::to_string(kMaxVocab));
-  return static_cast<int64_t>(v.number);
+  return static_cast<int64_t>(v.number());
 }
 
 // GPT-2's encoder.json and vocab.bpe.
@@ -463,12 +272,17 @@ VocabSource read_gpt2_files(const std::string& folder) {
   VocabSource src;
   src.vocab_file = folder + "/encoder.json";
   src.merges_file = folder + "/vocab.bpe";
-  const Json encoder =
-      JsonParser(read_regular_file(src.vocab_file, kMaxVocabFileBytes), src.vocab_file).parse();
-  if (encoder.kind != Json::Kind::kObject)
-    throw DataError(src.vocab_file + ": not a JSON object of token -> id");
-  for (const auto& [token, id] : encoder.object)
-    src.tokens.emplace_back(token_id(id, src.vocab_file, token), token);
+  {
+    // Note [Bounded JSON]: the document and the text go before the merges come in.
+    const JsonDocument encoder(read_regular_file(src.vocab_file, kMaxVocabFileBytes),
+                               src.vocab_file, kMaxJsonValues);
+    if (!encoder.root().is(JsonKind::kObject))
+      throw DataError(src.vocab_file + ": not a JSON object of token -> id");
+    for (const JsonValue id : encoder.root()) {
+      src.tokens.emplace_back(token_id(id, src.vocab_file, id.key()), std::string(id.key()));
+      check_counts(src);
+    }
+  }
   const std::string merges = read_regular_file(src.merges_file, kMaxVocabFileBytes);
   size_t line_no = 0;
   for (size_t at = 0; at < merges.size();) {
@@ -487,8 +301,71 @@ VocabSource read_gpt2_files(const std::string& folder) {
     src.merges.emplace_back(std::string(line.substr(0, space)),
                             std::string(line.substr(space + 1)));
     src.merge_lines.push_back(line_no);
+    check_counts(src);
   }
   return src;
+}
+
+bool type_is(JsonValue v, std::string_view type) {
+  return v.get("type").text() == type;
+}
+
+// The ByteLevel pre-tokenizer, alone or in a Sequence (missing if neither);
+// anything beside it in a Sequence is refused by name.
+JsonValue byte_level_of(JsonValue pre, const std::string& path) {
+  if (type_is(pre, "ByteLevel")) return pre;
+  if (!type_is(pre, "Sequence")) return JsonValue();
+  JsonValue byte_level;
+  for (const JsonValue p : pre.get("pretokenizers"))
+    if (type_is(p, "ByteLevel")) byte_level = p;
+  if (byte_level.missing()) return byte_level;
+  for (const JsonValue p : pre.get("pretokenizers"))
+    if (!type_is(p, "ByteLevel"))
+      throw DataError(path + ": pre_tokenizer holds another pre-tokenizer beside ByteLevel");
+  return byte_level;
+}
+
+// Whatever would change the ids is refused by name: lockstep reads GPT-2's
+// kind only.
+void check_gpt2_kind(JsonValue root, JsonValue model, JsonValue byte_level,
+                     const std::string& path) {
+  const auto is_null_or_empty = [](JsonValue v) {
+    return v.is(JsonKind::kNull) || (v.is(JsonKind::kString) && v.text().empty()) ||
+           (v.is(JsonKind::kBool) && !v.boolean());
+  };
+  if (!is_null_or_empty(root.get("normalizer")))
+    throw DataError(path + ": normalizer is set; GPT-2's tokenizer has none");
+  for (const char* field :
+       {"continuing_subword_prefix", "end_of_word_suffix", "dropout", "ignore_merges"})
+    if (!is_null_or_empty(model.get(field)))
+      throw DataError(path + ": model." + field + " is set; GPT-2's BPE has none");
+  if (byte_level.get("add_prefix_space").boolean())
+    throw DataError(path + ": pre_tokenizer.add_prefix_space is true; GPT-2's is false");
+  const JsonValue regex = byte_level.get("use_regex");
+  if (regex.is(JsonKind::kBool) && !regex.boolean())
+    throw DataError(path + ": pre_tokenizer.use_regex is false; GPT-2's pattern is used");
+}
+
+void read_merges(JsonValue merges, const std::string& path, VocabSource& src) {
+  size_t k = 0;
+  for (const JsonValue m : merges) {
+    const std::string_view text = m.text();
+    const size_t space = text.find(' ');
+    if (m.is(JsonKind::kString)) {
+      if (space == std::string_view::npos || space == 0 || space + 1 >= text.size() ||
+          text.find(' ', space + 1) != std::string_view::npos)
+        throw DataError(path + ": merge " + std::to_string(k) + " is not two tokens and a space");
+      src.merges.emplace_back(std::string(text.substr(0, space)),
+                              std::string(text.substr(space + 1)));
+    } else if (m.is(JsonKind::kArray) && m.size() == 2 && m.at(0).is(JsonKind::kString) &&
+               m.at(1).is(JsonKind::kString)) {
+      src.merges.emplace_back(std::string(m.at(0).text()), std::string(m.at(1).text()));
+    } else {
+      throw DataError(path + ": merge " + std::to_string(k) + " is neither \"a b\" nor [a, b]");
+    }
+    src.merge_lines.push_back(k++);
+    check_counts(src);
+  }
 }
 
 // A Hugging Face tokenizer.json of GPT-2's kind: model.type BPE with its
@@ -498,86 +375,36 @@ VocabSource read_gpt2_files(const std::string& folder) {
 VocabSource read_tokenizer_json(const std::string& path) {
   VocabSource src;
   src.vocab_file = src.merges_file = path;
-  const Json root = JsonParser(read_regular_file(path, kMaxVocabFileBytes), path).parse();
-  const Json* model = root.get("model");
-  const Json* type = model != nullptr ? model->get("type") : nullptr;
-  if (model == nullptr || model->kind != Json::Kind::kObject || type == nullptr ||
-      type->string != "BPE")
+  const JsonDocument doc(read_regular_file(path, kMaxVocabFileBytes), path, kMaxJsonValues);
+  const JsonValue root = doc.root();
+  const JsonValue model = root.get("model");
+  if (!model.is(JsonKind::kObject) || !type_is(model, "BPE"))
     throw DataError(path + ": model.type is not BPE (only GPT-2's byte-level BPE is read)");
-  // The pre-tokenizer: ByteLevel, alone or in a Sequence.
-  const Json* pre = root.get("pre_tokenizer");
-  const Json* byte_level = nullptr;
-  if (pre != nullptr && pre->kind == Json::Kind::kObject) {
-    const Json* t = pre->get("type");
-    if (t != nullptr && t->string == "ByteLevel") byte_level = pre;
-    const Json* seq = pre->get("pretokenizers");
-    if (t != nullptr && t->string == "Sequence" && seq != nullptr)
-      for (const auto& p : seq->array) {
-        const Json* pt = p.get("type");
-        if (pt != nullptr && pt->string == "ByteLevel") byte_level = &p;
-      }
-  }
-  if (byte_level == nullptr)
+  const JsonValue byte_level = byte_level_of(root.get("pre_tokenizer"), path);
+  if (byte_level.missing())
     throw DataError(path + ": pre_tokenizer is not ByteLevel (GPT-2's): another tokenizer kind");
-  // Whatever else would change the ids is refused by name: lockstep reads
-  // GPT-2's kind only.
-  const auto is_null_or = [](const Json* v, const char* empty) {
-    return v == nullptr || v->kind == Json::Kind::kNull ||
-           (v->kind == Json::Kind::kString && v->string == empty) ||
-           (v->kind == Json::Kind::kBool && !v->boolean);
-  };
-  if (!is_null_or(root.get("normalizer"), ""))
-    throw DataError(path + ": normalizer is set; GPT-2's tokenizer has none");
-  if (byte_level != pre)
-    for (const auto& p : pre->get("pretokenizers")->array)
-      if (&p != byte_level)
-        throw DataError(path + ": pre_tokenizer holds another pre-tokenizer beside ByteLevel");
-  for (const char* field :
-       {"continuing_subword_prefix", "end_of_word_suffix", "dropout", "ignore_merges"})
-    if (!is_null_or(model->get(field), ""))
-      throw DataError(path + ": model." + field + " is set; GPT-2's BPE has none");
-  const Json* prefix = byte_level->get("add_prefix_space");
-  if (prefix != nullptr && prefix->boolean)
-    throw DataError(path + ": pre_tokenizer.add_prefix_space is true; GPT-2's is false");
-  const Json* regex = byte_level->get("use_regex");
-  if (regex != nullptr && regex->kind == Json::Kind::kBool && !regex->boolean)
-    throw DataError(path + ": pre_tokenizer.use_regex is false; GPT-2's pattern is used");
-  const Json* vocab = model->get("vocab");
-  const Json* merges = model->get("merges");
-  if (vocab == nullptr || vocab->kind != Json::Kind::kObject)
+  check_gpt2_kind(root, model, byte_level, path);
+  const JsonValue vocab = model.get("vocab");
+  const JsonValue merges = model.get("merges");
+  if (!vocab.is(JsonKind::kObject))
     throw DataError(path + ": model.vocab is not an object of token -> id");
-  if (merges == nullptr || merges->kind != Json::Kind::kArray)
-    throw DataError(path + ": model.merges is not an array");
-  for (const auto& [token, id] : vocab->object)
-    src.tokens.emplace_back(token_id(id, path, token), token);
+  if (!merges.is(JsonKind::kArray)) throw DataError(path + ": model.merges is not an array");
+  for (const JsonValue id : vocab) {
+    src.tokens.emplace_back(token_id(id, path, id.key()), std::string(id.key()));
+    check_counts(src);
+  }
   std::unordered_set<int64_t> known;
   for (const auto& t : src.tokens) known.insert(t.first);
-  if (const Json* added = root.get("added_tokens"); added != nullptr) {
-    for (const auto& a : added->array) {
-      const Json* content = a.get("content");
-      const Json* id = a.get("id");
-      if (content == nullptr || id == nullptr || content->kind != Json::Kind::kString)
-        throw DataError(path + ": an added token without content and id");
-      const int64_t n = token_id(*id, path, content->string);
-      if (known.insert(n).second) src.tokens.emplace_back(n, content->string);
-    }
+  for (const JsonValue a : root.get("added_tokens")) {
+    const JsonValue content = a.get("content");
+    const JsonValue id = a.get("id");
+    if (!content.is(JsonKind::kString) || id.missing())
+      throw DataError(path + ": an added token without content and id");
+    const int64_t n = token_id(id, path, content.text());
+    if (known.insert(n).second) src.tokens.emplace_back(n, std::string(content.text()));
+    check_counts(src);
   }
-  for (size_t k = 0; k < merges->array.size(); ++k) {
-    const Json& m = merges->array[k];
-    if (m.kind == Json::Kind::kString) {
-      const size_t space = m.string.find(' ');
-      if (space == std::string::npos || space == 0 || space + 1 >= m.string.size() ||
-          m.string.find(' ', space + 1) != std::string::npos)
-        throw DataError(path + ": merge " + std::to_string(k) + " is not two tokens and a space");
-      src.merges.emplace_back(m.string.substr(0, space), m.string.substr(space + 1));
-    } else if (m.kind == Json::Kind::kArray && m.array.size() == 2 &&
-               m.array[0].kind == Json::Kind::kString && m.array[1].kind == Json::Kind::kString) {
-      src.merges.emplace_back(m.array[0].string, m.array[1].string);
-    } else {
-      throw DataError(path + ": merge " + std::to_string(k) + " is neither \"a b\" nor [a, b]");
-    }
-    src.merge_lines.push_back(k);
-  }
+  read_merges(merges, path, src);
   return src;
 }
 

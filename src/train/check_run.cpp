@@ -126,6 +126,7 @@ CheckRunResult check_run(const Config& asked, const WorldInfo& world,
   // Every rank reaches the verdict together (a rank leaving alone would tear
   // down what a slower peer may still be joining: Trainer's constructor).
   agree_on_failure(*pg, [&] {
+    config_validate(asked, world.world_size);  // as the Trainer does: the same rules
     if (options.steps < 1) throw ConfigError("--steps must be >= 1");
     if (asked.optim.zero == 3) {
       throw ConfigError(

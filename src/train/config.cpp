@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -22,6 +23,7 @@
 #include "lockstep/util/fs.h"
 #include "lockstep/util/log.h"
 #include "lockstep/util/text.h"
+#include "lockstep/util/utf8.h"
 
 namespace lockstep {
 namespace {
@@ -100,6 +102,11 @@ Field field_at(const char* section, const char* key, Ref ref, Type type, std::st
   f.set = [ref, shape](Config& c, const std::string& text, const std::string& where) {
     T& v = ref(c);
     if constexpr (std::is_same_v<T, std::string>) {
+      // Note [Strings in config.yaml]: only what writes back and reads the same.
+      if (!utf8_valid(text) || text.find('\0') != std::string::npos)
+        throw ConfigError((where.rfind("--set ", 0) == 0 ? "--set " + shape.path() : where) +
+                          ": not UTF-8 text (a NUL or a byte sequence that is no UTF-8); "
+                          "config.yaml could not hold it");
       if (!shape.choices.empty() &&
           std::find(shape.choices.begin(), shape.choices.end(), text) == shape.choices.end()) {
         std::string valid;
@@ -468,24 +475,35 @@ std::string mark(const std::string& path, const YAML::Node& node) {
 }
 
 // Note [Paths in a config]: an input path written in a config file (data.path,
-// model.path, model.init_from, checkpoint.resume) is relative to the file's
-// folder, so that a config and its data move together; on the command line
-// (--set) it is relative to the working directory, as a shell user expects.
-// A path resolved against the file's folder is made absolute, so that the
-// resolved config (<run dir>/config.yaml) reads back the same from anywhere.
-// run.dir is output, always relative to the working directory.
+// data.tokenizer, model.path, model.init_from, checkpoint.resume) is
+// relative to the file's folder, so that a config and its data move
+// together; on the command line (--set) it is relative to the working
+// directory, as a shell user expects. Either way it is made absolute, so
+// that the resolved config (<run dir>/config.yaml) reads back the same from
+// anywhere: eval --checkpoint, generate and resume read that file from
+// other folders. Names that are no paths stay as they are: resume's
+// "auto" and data.tokenizer's "gpt2". run.dir is output, always relative
+// to the working directory.
 bool is_input_path(const Field& f) {
   const std::string p = f.path();
-  return p == "data.path" || p == "model.path" || p == "model.init_from" ||
+  return p == "data.path" || p == "data.tokenizer" || p == "model.path" || p == "model.init_from" ||
          p == "checkpoint.resume";
 }
 
-std::string resolved_against(const std::string& config_path, const std::string& value) {
-  if (value.empty() || value.front() == '/' || value == "auto") return value;
-  const std::filesystem::path folder = std::filesystem::path(config_path).parent_path();
+// `value` of input path `f` made absolute against `folder` (a config
+// file's, or "" for the working directory).
+std::string resolved_against(const Field& f, const std::filesystem::path& folder,
+                             const std::string& value) {
+  const bool name = (f.path() == "checkpoint.resume" && value == "auto") ||
+                    (f.path() == "data.tokenizer" && value == "gpt2");
+  if (value.empty() || name) return value;
   std::error_code error;
   const auto absolute = std::filesystem::absolute(folder / value, error);
   return (error ? folder / value : absolute).lexically_normal().string();
+}
+
+std::filesystem::path folder_of(const std::string& config_path) {
+  return std::filesystem::path(config_path).parent_path();
 }
 
 // Note [Config includes]
@@ -571,7 +589,7 @@ void apply_config_file(Config& config, const std::string& path, std::vector<std:
       if (!file.IsScalar() || file.Scalar().empty()) {
         throw ConfigError(mark(path, file) + ": include: each entry must be a file's path");
       }
-      apply_config_file(config, resolved_against(path, file.Scalar()), chain, loaded,
+      apply_config_file(config, (folder_of(path) / file.Scalar()).string(), chain, loaded,
                         mark(path, file) + ": include '" + file.Scalar() + "': ");
     }
   }
@@ -629,7 +647,7 @@ void apply_config_file(Config& config, const std::string& path, std::vector<std:
         throw ConfigError(where + ": " + f.path() + " must be a single value");
       }
       const std::string value = item.value.Scalar();
-      f.set(config, is_input_path(f) ? resolved_against(path, value) : value,
+      f.set(config, is_input_path(f) ? resolved_against(f, folder_of(path), value) : value,
             where + ": " + f.path());
       config.origin[f.path()] = where;
     }
@@ -655,7 +673,8 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
     const std::string section = assignment.substr(0, dot);
     const std::string key = assignment.substr(dot + 1, eq - dot - 1);
     const Field& f = find_field(section, key, where);
-    f.set(config, assignment.substr(eq + 1), where);
+    const std::string value = assignment.substr(eq + 1);
+    f.set(config, is_input_path(f) ? resolved_against(f, "", value) : value, where);
     config.origin[f.path()] = "--set";
   }
   return config;
@@ -748,6 +767,61 @@ void config_validate(const Config& c, int world_size) {
   // (global batch = data.batch_size x world x train.accumulation_steps).
 }
 
+Config config_load_validated(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config = config_load(path, overrides);
+  config_validate(config, 1);
+  return config;
+}
+
+std::string config_summary(const Config& c) {
+  std::string out =
+      "model.name " + c.model.name + " on data.name " + name_of(kDatasetKindNames, c.data.name);
+  if (!c.data.path.empty()) out += " (" + c.data.path + ")";
+  return out;
+}
+
+namespace {
+
+// Note [Strings in config.yaml]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// config.yaml is read back by eval, export, generate and resume, so every
+// string must read back as it was. They were written between quotes
+// unescaped: run.name 'exp "best"' trained, and then every command on its
+// checkpoints failed on malformed YAML (a backslash read back as an
+// escape). A value is now a YAML double-quoted scalar: quote, backslash,
+// tab, newline, carriage return and the other control characters escaped,
+// the rest (UTF-8, validated when the config was read) written as it is.
+std::string yaml_quoted(const std::string& raw) {
+  std::string out = "\"";
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const auto c = static_cast<unsigned char>(raw[i]);
+    const auto next = i + 1 < raw.size() ? static_cast<unsigned char>(raw[i + 1]) : 0;
+    char escaped[8];
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7F) {
+      std::snprintf(escaped, sizeof escaped, "\\x%02X", c);
+      out += escaped;
+    } else if (c == 0xC2 && next >= 0x80 && next <= 0x9F) {  // U+0080..U+009F: not printable
+      std::snprintf(escaped, sizeof escaped, "\\u%04X", next);
+      out += escaped;
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
 std::string config_to_yaml(const Config& config) {
   std::string out;
   std::string section;
@@ -757,7 +831,7 @@ std::string config_to_yaml(const Config& config) {
       out += section + ":\n";
     }
     std::string value = f.get(config);
-    if (f.type == Type::kString) value = "\"" + value + "\"";
+    if (f.type == Type::kString) value = yaml_quoted(value);
     out += "  " + f.key + ": " + value + "\n";
   }
   return out;

@@ -88,6 +88,9 @@ CheckpointEval evaluate_checkpoint(Config config, const std::string& folder, con
   }
   resolve_precision(config, device_from_config(config, world, pg.kind()), pg);
   out.precision = name_of(kPrecisionNames, config.train.precision);
+  // The checkpoint holds every weight: model.init_from, the file the run
+  // started from, is not read again (it may have moved since).
+  config.model.init_from.clear();
   std::shared_ptr<Classifier> model;
   within_memory("the model (section model)", [&] { model = model_from_config(config, data); });
   const at::Device device = device_from_config(config, world, pg.kind());

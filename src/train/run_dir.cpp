@@ -1,7 +1,10 @@
 #include "run_dir.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,10 +38,31 @@
 // in place; resuming by name from an older checkpoint moves the later
 // ones, an abandoned line of training, into superseded-<time>/.
 
+// Note [One live job per run directory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The claim above looks and then acts. Two jobs started together with one
+// run.name (a sweep script, two terminals, the default name) both looked
+// at an empty folder, both claimed it and trained into it: each rotated the
+// other's checkpoints away and metrics.jsonl held both. So rank 0 first
+// takes an exclusive flock(2) on <run_dir>/.lockstep-lock, without waiting,
+// and holds it for the job's life; a second job finds it taken and stops
+// with exit 2, naming the holder from the line the holder wrote into the
+// file. The kernel drops the lock when the holder's process ends (a crash,
+// SIGKILL, a lost node's process torn down), so a crashed job never blocks
+// its own restart or resume: no stale lock file is ever trusted, its text
+// is only read for the message. The file is not an output (never moved by
+// run.overwrite) and stays after the job.
+// Several hosts on one shared filesystem: on NFS, Linux turns flock into a
+// whole-file POSIX lock that the server arbitrates, so a job on another
+// host is refused too (while the server's lock service works). A mount
+// without locks (ENOLCK, EOPNOTSUPP: some FUSE and SMB mounts) gets a
+// warning and the look-then-act claim alone.
+
 namespace lockstep {
 namespace {
 
-constexpr const char* kJobFile = ".lockstep-job";  // the job that claimed the folder
+constexpr const char* kLockFile = ".lockstep-lock";  // rank 0's flock, for the job's life
+constexpr const char* kJobFile = ".lockstep-job";    // the job that claimed the folder
 
 std::vector<std::string> entries(const std::string& dir) {
   std::vector<std::string> names;
@@ -122,7 +146,70 @@ std::string read_small(const std::string& path) {
   return std::string(buf, n);
 }
 
+std::string host_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) return "?";
+  return host;
+}
+
 }  // namespace
+
+std::string run_dir_holder(const std::string& job) {
+  return "host " + host_name() + ", pid " + std::to_string(getpid()) +
+         (job.empty() ? "" : ", job " + job) + ", since " + utc_stamp() + " UTC";
+}
+
+RunDirLock RunDirLock::acquire(const std::string& run_dir, const std::string& holder,
+                               std::string* warning) {
+  const std::string path = run_dir + "/" + kLockFile;
+  RunDirLock lock;
+  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (lock.fd_ < 0)
+    throw ConfigError("run directory '" + run_dir + "': cannot open its lock file '" + path +
+                      "': " + std::strerror(errno));
+  if (flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EWOULDBLOCK) {
+      std::string text = read_small(path);
+      text = text.substr(0, text.find('\n'));
+      throw ConfigError("run directory '" + run_dir + "' is in use by a live job (" +
+                        (text.empty() ? std::string("its holder has not said who it is") : text) +
+                        "); two jobs in one run directory would overwrite each other's "
+                        "checkpoints. Wait for it, stop it, or choose another run.name");
+    }
+    if (warning != nullptr)
+      *warning = "run directory '" + run_dir +
+                 "': its filesystem takes no locks (flock: " + std::strerror(error) +
+                 "), so a second job started into it at the same time is not refused";
+    return RunDirLock();  // closes the file: unlocked
+  }
+  const std::string line = holder + "\n";
+  if (ftruncate(lock.fd_, 0) != 0 ||
+      pwrite(lock.fd_, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size())) {
+    // The lock holds regardless; only a second job's message is poorer.
+    if (warning != nullptr)
+      *warning = "run directory '" + run_dir + "': cannot write the holder into '" + path +
+                 "': " + std::strerror(errno);
+  }
+  return lock;
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+RunDirLock::RunDirLock(RunDirLock&& other) noexcept : fd_(other.fd_) {
+  other.fd_ = -1;
+}
+
+RunDirLock& RunDirLock::operator=(RunDirLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
 
 std::string run_dir_claim(const std::string& run_dir, bool overwrite, const std::string& job) {
   std::vector<std::string> found;

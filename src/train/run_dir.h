@@ -26,4 +26,31 @@ std::string run_dir_claim(const std::string& run_dir, bool overwrite, const std:
 // return to them. Returns what it moved, a line ("" if nothing).
 std::string run_dir_set_aside_after(const std::string& run_dir, int64_t step);
 
+// Note [One live job per run directory]: rank 0's hold on <run_dir>, an
+// exclusive flock on <run_dir>/.lockstep-lock that the kernel drops when
+// the process ends however it ends. Taken before anything in the folder is
+// read or changed; held until destroyed.
+class RunDirLock {
+ public:
+  RunDirLock() = default;
+  // ConfigError (exit 2) when a live job holds the folder, naming it (what
+  // it wrote into the lock file: host, pid, job, start time). A filesystem
+  // without locks (some FUSE and SMB mounts) gives an unlocked RunDirLock
+  // and `warning` says so. `holder` is this job's line for the file.
+  static RunDirLock acquire(const std::string& run_dir, const std::string& holder,
+                            std::string* warning);
+  ~RunDirLock();
+  RunDirLock(RunDirLock&& other) noexcept;
+  RunDirLock& operator=(RunDirLock&& other) noexcept;
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// This process's line for the lock file: "host H, pid P, job J, since T".
+std::string run_dir_holder(const std::string& job);
+
 }  // namespace lockstep

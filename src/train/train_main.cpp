@@ -38,21 +38,24 @@ int train_main(int argc, char** argv) {
     }
     std::vector<std::string> overrides;
     if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
-    const Config config = config_load(args["config"].as<std::string>(), overrides);
     if (args.count("print-config") != 0) {
+      const Config config = config_load(args["config"].as<std::string>(), overrides);
       std::fputs(config_to_yaml(config).c_str(), stdout);
       return kExitOk;
     }
     // A bad configuration fails here, before the rendezvous: at once, on
     // every rank alike, waiting for no peer (and leaving none waiting).
-    config_validate(config, 1);
+    const Config config = config_load_validated(args["config"].as<std::string>(), overrides);
     const std::string allocator = tune_allocator();  // Note [Allocator tuning]
     auto dist = init_distributed(init_options_from_config(config));
     spdlog::debug("{}", allocator);
     if (args["config"].as<std::string>().empty() && dist.world.rank == 0) {
+      // What runs, as the config says: --set may have chosen anything.
       spdlog::info(
-          "no --config: training the built-in defaults (an MLP on the embedded 8x8 digits; "
-          "--print-config shows them, configs/ holds examples)");
+          "no --config: training {}: the built-in defaults{} (--print-config shows "
+          "them all, configs/ holds examples)",
+          config_summary(config),
+          overrides.empty() ? "" : " with " + std::to_string(overrides.size()) + " --set");
     }
     Trainer trainer(config, dist.world, dist.pg);
     const auto result = trainer.run();

@@ -83,6 +83,10 @@ void Trainer::Impl::prepare_run_dir() {
     out.close();
     if (!out) throw ConfigError("run directory '" + run_dir + "' is not writable");
     std::remove(probe.c_str());
+    // Note [One live job per run directory]: before anything there is read.
+    std::string warning;
+    run_lock = RunDirLock::acquire(run_dir, run_dir_holder(job_identity()), &warning);
+    if (!warning.empty()) spdlog::warn("{}", warning);
     // Note [Replacing a checkpoint folder]: what a killed writer left,
     // before any checkpoint is looked for.
     for (const auto& line : Checkpointer(run_dir, config.checkpoint.keep).repair())
@@ -164,7 +168,14 @@ void Trainer::Impl::load_data() {
 }
 
 void Trainer::Impl::build_model() {
-  run_build_model(run, config, world, *pg, data);
+  // A resumed run takes every weight from its checkpoint: model.init_from,
+  // the file the run started from, is not read again (it may have moved).
+  Config built = config;
+  const std::string& resume = config.checkpoint.resume;
+  if (!resume.empty() &&
+      (resume != "auto" || Checkpointer(run_dir, config.checkpoint.keep).newest()))
+    built.model.init_from.clear();
+  run_build_model(run, built, world, *pg, data);
   if (data.task == TaskKind::kLanguage) {
     language_tokens = static_cast<double>(data.sample_shape[0]);
     if (auto* gpt = dynamic_cast<Gpt*>(model.get())) language_flops = gpt->flops_per_token();

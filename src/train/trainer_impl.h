@@ -23,6 +23,7 @@
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/trace.h"
 #include "metrics.h"
+#include "run_dir.h"
 #include "run_parts.h"
 #include "sharded_checkpoint.h"
 
@@ -33,6 +34,7 @@ struct Trainer::Impl {
   WorldInfo world;
   std::shared_ptr<ProcessGroup> pg;
   std::string run_dir;
+  RunDirLock run_lock;  // rank 0's, for the job's life (Note [One live job per run directory])
   std::string config_yaml;
 
   TrainData data;       // train and validation, and what the model needs of them
@@ -64,10 +66,11 @@ struct Trainer::Impl {
 
   // ------------------------------------------------------------ lifecycle
   void agree_on_config();
-  // Rank 0 creates the run directory and proves it writable; every rank
-  // learns the outcome, so all stop together before any training. Nothing
-  // is written into it yet: a run refused for its config must not touch
-  // another run's results (open_run_dir does, once the run is assembled).
+  // Rank 0 creates the run directory, proves it writable and takes its lock
+  // (a live job there: exit 2); every rank learns the outcome, so all stop
+  // together before any training. Nothing else is written into it yet: a
+  // run refused for its config must not touch another run's results
+  // (open_run_dir does, once the run is assembled).
   void prepare_run_dir();
   // After the whole run is assembled (every name in the config resolved,
   // the checkpoint read): the run claims its directory (Note [Run

@@ -89,4 +89,11 @@ std::string json_quoted(const std::string& raw) {
   return out + "\"";
 }
 
+bool utf8_valid(const std::string& text) {
+  Utf8Stream utf8([](const std::string&) {});
+  for (const unsigned char c : text) utf8.put(c);
+  utf8.finish();
+  return utf8.replaced() == 0;
+}
+
 }  // namespace lockstep

@@ -66,4 +66,26 @@ check 2 --inject no-buffer-broadcast
 expect_eq "$?" 2 "no-buffer-broadcast on a model without buffers is bad input"
 expect_grep "$WORK/err" "needs a model with buffers" "and says which model to use"
 
+# The check mode validates as train does (config_load_validated): a run
+# train refuses is refused here too, exit 2 before any rank starts
+# (before: exit 4, a PASS, or a hook dropped silently).
+refused() {  # refused WHAT PATTERN ARGS...
+  local what=$1 pattern=$2
+  shift 2
+  "$LOCKSTEP" check --config "$root/configs/digits.yaml" --steps 2 "$@" >"$WORK/out" 2>"$WORK/err"
+  expect_eq "$?" 2 "check --config refuses $what with exit 2"
+  expect_grep "$WORK/err" "$pattern" "saying what train says"
+  "$LOCKSTEP" train --config "$root/configs/digits.yaml" "$@" --set run.dir="$WORK/runs" >"$WORK/tout" 2>&1
+  expect_eq "$?" 2 "train refuses $what too"
+}
+refused "a GPT on the digits" "model.name: gpt is a language model" --set model.name=gpt
+refused "checkpoint.async without the sharded format" "checkpoint.async .* needs checkpoint.format: sharded" --set checkpoint.async=true
+refused "optim.zero 2 with a comm hook" "optim.zero: 2 exchanges the gradients by reduce-scatter" --set optim.zero=2 --set ddp.comm_hook=fp16
+start=$(now)
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
+  --set optim.zero=2 --set ddp.comm_hook=fp16 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 2 "on 2 ranks under lockstep-run too"
+grep -q "rendezvous\|process group" "$WORK/out" "$WORK/err" && fail "a rank reached the rendezvous" ||
+  pass "no rank reached the rendezvous ($(elapsed "$start") s)"
+
 finish

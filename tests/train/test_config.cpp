@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "lockstep/train/config.h"
 #include "lockstep/util/error.h"
@@ -129,8 +131,56 @@ TEST_CASE("input paths in a file resolve against its folder, on the command line
   CHECK(file.model.path == "/abs/m.pt");    // absolute: as written
   CHECK(file.checkpoint.resume == "auto");  // a word, not a path
   CHECK(file.run.dir == "out");             // output: the working directory's
-  const Config cli = config_load(path, {"data.path=here.csv"});
-  CHECK(cli.data.path == "here.csv");
+  // On the command line: the working directory's, and saved absolute too
+  // (eval --checkpoint reads config.yaml from elsewhere).
+  const Config cli = config_load(path, {"data.path=here.csv", "model.init_from=../w.pt"});
+  CHECK(cli.data.path == cwd + "/here.csv");
+  CHECK(cli.model.init_from == std::filesystem::path(cwd).parent_path().string() + "/w.pt");
+  CHECK(config_load(path, {"checkpoint.resume=auto"}).checkpoint.resume == "auto");
+  // data.tokenizer: a file's folder too, but the name gpt2 is no path.
+  const auto tok = write_config("tok", "data:\n  tokenizer: vocab/tok.json\n");
+  CHECK(config_load(tok).data.tokenizer == "/tmp/vocab/tok.json");
+  CHECK(config_load(tok, {"data.tokenizer=gpt2"}).data.tokenizer == "gpt2");
+  CHECK(config_load(tok, {"data.tokenizer=t.json"}).data.tokenizer == cwd + "/t.json");
+}
+
+TEST_CASE("config.yaml reads back every string as it was, or refuses it at start", "[config]") {
+  // Note [Strings in config.yaml]: quotes, backslashes, tabs, newlines,
+  // control characters, non-ASCII and C1 controls.
+  const std::vector<std::string> names{"exp \"best\"",
+                                       "back\\slash \\n not a newline",
+                                       "tab\there",
+                                       "two\nlines\r\n",
+                                       "bell\a del\x7f",
+                                       "\xc3\xa9t\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x99\x82",
+                                       "c1 \xc2\x85 \xc2\x9f",
+                                       "'single' # not a comment: [x] {y} &z *w !t %p @q `r",
+                                       " lead and trail "};
+  for (const auto& name : names) {
+    const Config config = config_load("", {"run.name=" + name, "data.path=/d/" + name});
+    const std::string yaml = config_to_yaml(config);
+    const Config back = config_load(write_config("strings", yaml));
+    CHECK(back.run.name == name);
+    CHECK(back.data.path == config.data.path);
+    CHECK(config_to_yaml(back) == yaml);
+  }
+  CHECK(config_to_yaml(config_load("", {"run.name=a\"b\\c\td"}))
+            .find("  name: \"a\\\"b\\\\c\\td\"\n") != std::string::npos);
+  CHECK_THROWS_WITH(config_load("", {std::string("run.name=bad\xff")}),
+                    Contains("--set run.name: not UTF-8 text"));
+  // A NUL cannot come through argv; YAML's "\0" escape brings one.
+  CHECK_THROWS_WITH(config_load(write_config("nul", "run:\n  name: \"a\\0b\"\n")),
+                    Contains("run.name: not UTF-8 text (a NUL"));
+}
+
+TEST_CASE("check, eval and train validate through one function", "[config]") {
+  CHECK_THROWS_WITH(config_load_validated("", {"model.name=gpt"}),
+                    Contains("model.name: gpt is a language model"));
+  CHECK_THROWS_WITH(config_load_validated("", {"optim.zero=2", "ddp.comm_hook=fp16"}),
+                    Contains("takes no ddp.comm_hook"));
+  CHECK(config_summary(config_load_validated("", {})) == "model.name mlp on data.name digits");
+  CHECK(config_summary(config_load("", {"model.name=gpt", "data.name=text", "data.path=/k.txt"})) ==
+        "model.name gpt on data.name text (/k.txt)");
 }
 
 TEST_CASE("an unknown key far from every valid one lists them instead of a wrong guess",

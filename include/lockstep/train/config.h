@@ -206,6 +206,15 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
 // Derived checks that need the world (e.g. the global batch).
 void config_validate(const Config& config, int world_size);
 
+// What every command that runs a config does first (train, check --config,
+// eval): config_load, then config_validate for one rank, so that a
+// cross-field error exits 2 before any rendezvous, on every rank alike.
+Config config_load_validated(const std::string& path, const std::vector<std::string>& overrides);
+
+// "model.name mlp on data.name digits" (and data.path when one is set): what
+// a config trains, for start-up lines.
+std::string config_summary(const Config& config);
+
 // Every field, resolved, as YAML (saved in the run directory; hashed and
 // compared across ranks).
 std::string config_to_yaml(const Config& config);

@@ -30,4 +30,8 @@ class Utf8Stream {
 // no UTF-8, as a path may hold, become U+FFFD).
 std::string json_quoted(const std::string& raw);
 
+// Whether `text` is valid UTF-8 throughout (what Utf8Stream would pass on
+// unchanged).
+bool utf8_valid(const std::string& text);
+
 }  // namespace lockstep
