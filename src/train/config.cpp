@@ -262,8 +262,9 @@ const std::vector<Field>& fields() {
                  "synthetic: classes", 2, 1 << 20),
       make_field("data", "tokenizer", &C::data, &DataConfig::tokenizer, Type::kString,
                  "tokens: the tokenizer that made the files, recorded for lockstep generate "
-                 "--prompt TEXT: gpt2 (GPT-2's BPE, as lockstep tokenize writes it) or a folder "
-                 "with encoder.json and vocab.bpe; empty: token ids in and out"),
+                 "--prompt TEXT: gpt2 (GPT-2's BPE, as lockstep tokenize writes it), a .tiktoken "
+                 "rank file, a tokenizer.json, or a folder with encoder.json and vocab.bpe (a "
+                 "path: relative to the config file's folder); empty: token ids in and out"),
       make_field("data", "vocab_size", &C::data, &DataConfig::vocab_size, Type::kInt,
                  "tokens: the vocabulary (0: llm.c files' own, 50257 for magic 20240520, "
                  "128256 for 20240801; a nanoGPT .bin needs it set, e.g. to its meta.pkl's "

@@ -12,6 +12,8 @@
 # Usage: run.sh [RUNS] [BUILD_DIR] [READER_RUNS]
 #   RUNS: the state-dict target's (default 200000, about 30 s here);
 #   READER_RUNS: each reader target's (default 30000).
+#   LOCKSTEP_FUZZ_SECONDS=N: each reader target for N seconds instead (a
+#   longer hunt than the suite's; the run count is then open).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 runs=${1:-200000}
@@ -42,7 +44,8 @@ tail -5 "$work/fuzz.log"
 passed=0 failed=0
 verdict() {  # verdict NAME RC LOG
   if [ "$2" -eq 0 ]; then
-    passed=$((passed + 1)); echo "ok: $1: $(grep -E '^Done|^#[0-9]+.*DONE' "$3" | tail -1)"
+    passed=$((passed + 1))
+    echo "ok: $1: $(grep -E '^Done|^#[0-9]+.*DONE' "$3" | tail -1 | cut -c1-120) $(grep -E '^Done' "$3" | tail -1)"
   else
     failed=$((failed + 1)); echo "FAIL: $1"; grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$3" | head -10
   fi
@@ -52,6 +55,8 @@ verdict state_dict $rc "$work/fuzz.log"
 # The reader targets: the readers instrumented, the rest from the build.
 build=${2:-$root/build}
 reader_runs=${3:-30000}
+budget=(-runs="$reader_runs")
+[ -n "${LOCKSTEP_FUZZ_SECONDS:-}" ] && budget=(-max_total_time="$LOCKSTEP_FUZZ_SECONDS")
 if [ ! -f "$build/liblockstep_data.a" ]; then
   echo "FAIL: no $build/liblockstep_data.a: build lockstep first"
   echo "$passed passed, $((failed + 1)) failed"
@@ -74,14 +79,14 @@ libs=("$build"/liblockstep_data.a "$build"/liblockstep_io.a "$build"/liblockstep
 for target in vocab safetensors shard_index token_file progress; do
   if ! "$cxx" "${flags[@]}" -I"$root/tests/fuzz" -DLOCKSTEP_FUZZ_ENTRY=read_$target \
       "$root/tests/fuzz/fuzz_entry.cpp" "${objects[@]}" "${libs[@]}" \
-      -lspdlog -lfmt -lxxhash -lcrypto -lz -ltorch -ltorch_cpu -lc10 -o "$work/fuzz_$target" 2>"$work/build.log"; then
+      -lyaml-cpp -lspdlog -lfmt -lxxhash -lcrypto -lz -ltorch -ltorch_cpu -lc10 -o "$work/fuzz_$target" 2>"$work/build.log"; then
     tail -20 "$work/build.log"; failed=$((failed + 1)); continue
   fi
   mkdir -p "$work/corpus_$target" "$work/seeds_$target"
   # Seeds up to 1 MiB (the large hostile files are the replay's).
   find "$work/reader_seeds/$target" -type f -size -1024k -exec cp {} "$work/seeds_$target/" \;
   ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 TMPDIR=/dev/shm \
-    "$work/fuzz_$target" -seed=1 -runs="$reader_runs" -rss_limit_mb=1024 -malloc_limit_mb=512 \
+    "$work/fuzz_$target" -seed=1 "${budget[@]}" -rss_limit_mb=1024 -malloc_limit_mb=512 \
     -timeout=20 -max_len=65536 "$work/corpus_$target" "$work/seeds_$target" >"$work/fuzz_$target.log" 2>&1
   verdict "$target" $? "$work/fuzz_$target.log"
 done

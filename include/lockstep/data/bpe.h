@@ -1,6 +1,7 @@
 // GPT-2's byte-level BPE tokenizer (Note [GPT-2 BPE], bpe.cpp): its
 // pre-tokenizing pattern, byte-to-unicode map and merge ranks, read from
-// the files GPT-2 ships (encoder.json and vocab.bpe). Any bytes encode
+// the files GPT-2 ships (encoder.json and vocab.bpe), a tokenizer.json or
+// tiktoken's ranks (gpt2.tiktoken). Any bytes encode
 // (invalid UTF-8 included) and decode(encode(x)) == x.
 #pragma once
 
@@ -17,7 +18,9 @@ class Gpt2Bpe {
  public:
   // `where`: a folder with encoder.json and vocab.bpe (GPT-2's files), a
   // Hugging Face tokenizer.json of GPT-2's kind (BPE, ByteLevel without a
-  // prefix space), or a folder holding one; DataError naming the file
+  // prefix space), a tiktoken rank file (.tiktoken: Note [Rank files],
+  // vocab_files.cpp; pre-tokenized with GPT-2's pattern), or a folder
+  // holding one of these; DataError naming the file
   // and entry for anything malformed (hostile-input hardened: sizes capped,
   // every token a string of the byte alphabet, ids dense and unique, every
   // merge's parts and result in the vocabulary).
