@@ -188,6 +188,8 @@ VocabSource read_tokenizer_json(const std::string& path) {
 // merging by the rank of the join. The files name no special tokens:
 // GPT-2's (recognised by its SHA-256, tiktoken's "gpt2"/"r50k_base") gets
 // <|endoftext|> as 50256, as tiktoken adds it.
+constexpr size_t kMaxRankTokenBytes = 1024;
+constexpr double kMaxRecoveryWork = 2e8;
 constexpr const char* kGpt2RanksSha256 =
     "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930";
 
@@ -290,6 +292,22 @@ VocabSource read_tiktoken(const std::string& path) {
     if (!ranks.emplace(by_rank[r], static_cast<int64_t>(r)).second)
       throw DataError(path + ": the token of rank " + std::to_string(r) +
                       " is listed under an earlier rank too");
+  // Recovering a merge costs ~L^2 lookups for a token of L bytes: a file of
+  // long tokens is refused before that work rather than taking hours.
+  double work = 0;
+  for (const auto& token : by_rank) {
+    if (token.size() > kMaxRankTokenBytes)
+      throw DataError(path + ": a token of " + std::to_string(token.size()) + " bytes, over the " +
+                      std::to_string(kMaxRankTokenBytes) + " a rank file's tokens may hold");
+    work += static_cast<double>(token.size()) * static_cast<double>(token.size());
+  }
+  if (work > kMaxRecoveryWork)
+    throw DataError(path +
+                    ": its tokens are too long to recover their merges in reasonable time "
+                    "(the sum of squared token lengths is " +
+                    std::to_string(static_cast<long long>(work)) + ", over " +
+                    std::to_string(static_cast<long long>(kMaxRecoveryWork)) +
+                    "; GPT-2's ranks need 2.5 million)");
   for (size_t r = 0; r < by_rank.size(); ++r) {
     src.tokens.emplace_back(static_cast<int64_t>(r), gpt2_spelling(by_rank[r]));
     if (by_rank[r].size() < 2) continue;

@@ -1,6 +1,7 @@
 // Fuzz targets for the readers of untrusted bytes added after the state-dict
 // reader, libFuzzer style, one entry per reader:
-//   vocab        GPT-2's encoder.json + vocab.bpe (the input split at its
+//   vocab        a tiktoken rank file (after a first line "#tiktoken"),
+//                GPT-2's encoder.json + vocab.bpe (the input split at its
 //                first NUL), or a tokenizer.json (no NUL), through
 //                Gpt2Bpe::load, then a round trip of a short text
 //   safetensors  a safetensors file through safetensors_load
@@ -74,8 +75,11 @@ std::string verdict(Read read) {
 std::string read_vocab(const std::string& bytes) {
   return verdict([&] {
     const size_t nul = bytes.find('\0');
+    const std::string rank_head = "#tiktoken\n";
     std::string where;
-    if (nul == std::string::npos) {
+    if (bytes.rfind(rank_head, 0) == 0) {
+      where = put("input.tiktoken", bytes.substr(rank_head.size()));
+    } else if (nul == std::string::npos) {
       where = put("tokenizer.json", bytes);
     } else {
       const std::string folder = scratch() + "/gpt2";

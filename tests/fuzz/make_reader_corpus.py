@@ -59,7 +59,24 @@ def tokenizer_json(encoder, merge_pairs, **change):
     return json.dumps(doc).encode()
 
 
+def tiktoken_file(token_ranks):
+    import base64
+    return b"#tiktoken\n" + b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in token_ranks)
+
+
 def vocab_corpus():
+    byte_ranks = [(bytes([b]), b) for b in range(256)]
+    joins = [(b"he", 256), (b"ll", 257), (b"hell", 258), (b"hello", 259), (b" w", 260)]
+    yield "valid_ranks.tiktoken", tiktoken_file(byte_ranks + joins)
+    yield "ranks_gap.tiktoken", tiktoken_file(byte_ranks + [(b"he", 300)])
+    yield "ranks_twice.tiktoken", tiktoken_file(byte_ranks + [(b"he", 256), (b"ll", 256)])
+    yield "ranks_no_join.tiktoken", tiktoken_file(byte_ranks + [(b"xyz", 256)])
+    yield "ranks_same_token.tiktoken", tiktoken_file(byte_ranks + [(b"he", 256), (b"he", 257)])
+    yield "ranks_bad_base64.tiktoken", b"#tiktoken\nnot*base64 0\n"
+    yield "ranks_huge_rank.tiktoken", b"#tiktoken\nYQ== 99999999999999999999\n"
+    yield "ranks_sparse_huge.tiktoken", b"#tiktoken\nYQ== 1048575\n"
+    yield "ranks_long_token.tiktoken", tiktoken_file(byte_ranks + [(b"a" * 2000, 256)])
+    yield "ranks_costly.tiktoken", tiktoken_file(byte_ranks + [(bytes([97 + i % 26]) * 1000 + b"%d" % i, 256 + i) for i in range(300)])
     encoder, merges = tiny_vocab()
     lines = [" ".join(m) for m in merges]
     yield "valid_gpt2_files.bin", gpt2_files(encoder, lines)

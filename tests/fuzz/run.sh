@@ -64,7 +64,7 @@ if [ ! -f "$build/liblockstep_data.a" ]; then
 fi
 python3 "$root/tests/fuzz/make_reader_corpus.py" "$work/reader_seeds" || { echo "0 passed, 1 failed"; exit 1; }
 mkdir -p "$work/obj"
-sources=(tests/fuzz/fuzz_readers.cpp src/data/bpe.cpp src/data/tokens.cpp src/io/safetensors.cpp
+sources=(tests/fuzz/fuzz_readers.cpp src/data/bpe.cpp src/data/vocab_files.cpp src/data/tokens.cpp src/io/safetensors.cpp
          src/io/shard_index.cpp src/util/json.cpp src/util/fs.cpp src/util/utf8.cpp src/util/progress.cpp)
 objects=()
 for src in "${sources[@]}"; do
