@@ -129,8 +129,11 @@ std::string with_commas(int64_t n) {
 
 // The ids of a token file as text. The file is read as training reads it
 // (data/tokens.h: nanoGPT's headerless uint16, or either llm.c header, its
-// count checked), in pieces: memory stays flat whatever the file's size.
+// count checked), in pieces: memory stays flat whatever the file's size. An
+// empty file (tokenize's val.bin at --val-fraction 0) is no tokens.
 int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) return kExitOk;
   const auto file = TokenFile::open(path, TokenFormat::kUint16);
   constexpr int64_t kPiece = 65536;
   std::vector<int64_t> piece(kPiece);
@@ -138,16 +141,18 @@ int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
   for (int64_t at = 0; at < file->size(); at += kPiece) {
     const int64_t n = std::min(kPiece, file->size() - at);
     file->read(at, n, piece.data());
-    ids.assign(piece.begin(), piece.begin() + n);
-    for (size_t k = 0; k < ids.size(); ++k)
-      if (ids[k] >= bpe.vocab_size())
+    for (int64_t k = 0; k < n; ++k)  // before narrowing: uint32 files hold any id
+      if (piece[static_cast<size_t>(k)] < 0 || piece[static_cast<size_t>(k)] >= bpe.vocab_size())
         throw DataError(file->described() + ": token " + std::to_string(at + k) + " is id " +
-                        std::to_string(ids[k]) + ", outside the vocabulary's " +
-                        std::to_string(bpe.vocab_size()));
+                        std::to_string(piece[static_cast<size_t>(k)]) +
+                        ", outside the vocabulary's " + std::to_string(bpe.vocab_size()));
+    ids.assign(piece.begin(), piece.begin() + n);
     const std::string out = bpe.decode(ids);
-    std::fwrite(out.data(), 1, out.size(), stdout);
+    if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size()) break;
   }
-  std::fflush(stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw StorageError(std::string("cannot write the decoded text to standard output: ") +
+                       std::strerror(errno));
   return kExitOk;
 }
 

@@ -130,9 +130,19 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenF
                  ")");
     }
     const auto width = static_cast<std::size_t>(file->width_);
-    if (count < 0 || kLlmcHeader + width * static_cast<std::size_t>(count) > size)
-      throw fail("the llm.c header announces " + std::to_string(count) + " tokens but the file " +
-                 "holds " + std::to_string((size - kLlmcHeader) / width) + " (truncated?)");
+    // llm.c writes the header and exactly its count of tokens: fewer is a
+    // truncated file, more (or a stray byte) one whose tail training would
+    // silently leave out.
+    if (count < 0) throw fail("the llm.c header announces a negative token count");
+    if (kLlmcHeader + width * static_cast<std::size_t>(count) != size) {
+      const std::size_t held = (size - kLlmcHeader) / width;
+      const bool stray = (size - kLlmcHeader) % width != 0;
+      throw fail("the llm.c header announces " + std::to_string(count) +
+                 " tokens but the file holds " + std::to_string(held) +
+                 (stray ? " and a stray byte" : "") +
+                 (held < static_cast<std::size_t>(count) ? " (truncated?)"
+                                                         : " (its tail would go unread)"));
+    }
     file->offset_ = static_cast<int64_t>(kLlmcHeader);
     file->count_ = count;
     return file;

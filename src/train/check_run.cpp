@@ -148,6 +148,7 @@ CheckRunResult check_run(const Config& asked, const WorldInfo& world,
   const auto comm_report = comm_check_run(*pg, comm);
   // (b) and (c)
   const auto data = data_from_config(config);
+  validate_data(config, data);  // as the Trainer does, every rank alike (same data)
   const Phase healthy = run_phase(config, world, pg, data, options.steps, true, options);
   const Phase control = run_phase(config, world, pg, data, options.steps, false, options);
 

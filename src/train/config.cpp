@@ -8,6 +8,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <set>
 
 #include <cerrno>
@@ -491,6 +492,25 @@ bool is_input_path(const Field& f) {
          p == "checkpoint.resume";
 }
 
+// `value` made absolute against `folder`: "~/" is the home folder, as a
+// shell would have it; ".." is resolved as the kernel resolves it (through
+// symbolic links), "." and doubled slashes as text.
+std::filesystem::path absolute_in(const std::filesystem::path& folder, const std::string& value) {
+  std::filesystem::path given = value;
+  const char* home = std::getenv("HOME");
+  if (value.rfind("~/", 0) == 0 && home != nullptr && *home != '\0')
+    given = std::filesystem::path(home) / value.substr(2);
+  std::error_code error;
+  auto absolute = std::filesystem::absolute(folder / given, error);
+  if (error) absolute = folder / given;
+  for (const auto& part : absolute)
+    if (part == "..") {
+      const auto canonical = std::filesystem::weakly_canonical(absolute, error);
+      return error ? absolute : canonical;
+    }
+  return absolute.lexically_normal();
+}
+
 // `value` of input path `f` made absolute against `folder` (a config
 // file's, or "" for the working directory).
 std::string resolved_against(const Field& f, const std::filesystem::path& folder,
@@ -498,9 +518,15 @@ std::string resolved_against(const Field& f, const std::filesystem::path& folder
   const bool name = (f.path() == "checkpoint.resume" && value == "auto") ||
                     (f.path() == "data.tokenizer" && value == "gpt2");
   if (value.empty() || name) return value;
+  const std::filesystem::path resolved = absolute_in(folder, value);
+  // Older lockstep kept data.tokenizer as given (relative to the working
+  // directory) in the config.yaml it saved: where the file's folder holds
+  // nothing of that name and the working directory does, that is meant.
   std::error_code error;
-  const auto absolute = std::filesystem::absolute(folder / value, error);
-  return (error ? folder / value : absolute).lexically_normal().string();
+  if (f.path() == "data.tokenizer" && !folder.empty() &&
+      !std::filesystem::exists(resolved, error) && std::filesystem::exists(value, error))
+    return absolute_in("", value).string();
+  return resolved.string();
 }
 
 std::filesystem::path folder_of(const std::string& config_path) {
@@ -530,6 +556,14 @@ YAML::Node config_root(const std::string& path, const std::string& where) {
     text = read_regular_file(path, kMaxConfigBytes);
   } catch (const DataError& e) {
     throw ConfigError(where + "cannot read config '" + path + "': " + e.what());
+  }
+  // yaml-cpp reads a raw NUL as an escape of its own (a path "a\0b" became
+  // "a\x08 "): refused, with its line, before YAML sees it.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    const auto line =
+        std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+    throw ConfigError("config " + path + ":" + std::to_string(line + 1) +
+                      ": a NUL byte (a binary file, not YAML?)");
   }
   std::vector<YAML::Node> documents;
   try {

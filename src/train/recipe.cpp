@@ -17,6 +17,7 @@
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"
+#include "lockstep/util/text.h"
 
 #include <sys/stat.h>
 
@@ -162,6 +163,19 @@ TrainData data_from_config(const Config& config) {
   data.train = std::make_shared<TensorExamples>(std::move(split.train));
   data.validation = std::make_shared<TensorExamples>(std::move(split.validation));
   return data;
+}
+
+void validate_data(const Config& config, const TrainData& data) {
+  const char* watcher = config.checkpoint.keep_best != WatchedMetric::kNone ? "checkpoint.keep_best"
+                        : config.train.early_stop_metric != WatchedMetric::kNone
+                            ? "train.early_stop.metric"
+                            : nullptr;
+  if (data.validation->size() == 0 && watcher != nullptr) {
+    throw ConfigError(std::string(watcher) +
+                      " watches a validation metric, but the validation split is empty "
+                      "(data.validation_fraction=" +
+                      number_text(config.data.validation_fraction) + ")");
+  }
 }
 
 std::shared_ptr<Classifier> model_from_config(const Config& config, const TensorDataset& data) {

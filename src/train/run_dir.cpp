@@ -137,13 +137,17 @@ void move(const std::string& from, const std::string& to) {
     throw StorageError("cannot move '" + from + "' to '" + to + "': " + std::strerror(errno));
 }
 
+// The first 128 bytes of a regular file ("" for anything else: a FIFO or a
+// device planted there must not block or feed the caller).
 std::string read_small(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return "";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return "";
+  struct stat st {};
   char buf[128];
-  const std::size_t n = std::fread(buf, 1, sizeof buf, f);
-  std::fclose(f);
-  return std::string(buf, n);
+  ssize_t n = 0;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) n = pread(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
 }
 
 std::string host_name() {
@@ -163,17 +167,29 @@ RunDirLock RunDirLock::acquire(const std::string& run_dir, const std::string& ho
                                std::string* warning) {
   const std::string path = run_dir + "/" + kLockFile;
   RunDirLock lock;
-  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // No following a link, no blocking on a FIFO planted there: a regular
+  // file or a refusal.
+  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (lock.fd_ < 0 && errno == ELOOP)
+    throw ConfigError("run directory '" + run_dir + "': its lock file '" + path +
+                      "' is a symbolic link; lockstep does not follow it (remove it)");
   if (lock.fd_ < 0)
     throw ConfigError("run directory '" + run_dir + "': cannot open its lock file '" + path +
                       "': " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(lock.fd_, &st) != 0 || !S_ISREG(st.st_mode))
+    throw ConfigError("run directory '" + run_dir + "': its lock file '" + path +
+                      "' is not a regular file (remove it)");
   if (flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     if (error == EWOULDBLOCK) {
-      std::string text = read_small(path);
-      text = text.substr(0, text.find('\n'));
+      // The holder's line, read through this descriptor (never reopened).
+      char text[256] = {};
+      const ssize_t n = pread(lock.fd_, text, sizeof text - 1, 0);
+      std::string line(text, n > 0 ? static_cast<size_t>(n) : 0);
+      line = line.substr(0, line.find('\n'));
       throw ConfigError("run directory '" + run_dir + "' is in use by a live job (" +
-                        (text.empty() ? std::string("its holder has not said who it is") : text) +
+                        (line.empty() ? std::string("its holder has not said who it is") : line) +
                         "); two jobs in one run directory would overwrite each other's "
                         "checkpoints. Wait for it, stop it, or choose another run.name");
     }

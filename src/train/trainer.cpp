@@ -149,16 +149,7 @@ void Trainer::Impl::load_data() {
       name_of(kDatasetKindNames, d.name), data.summary, train_size, val_size,
       d.batch_size * world.world_size * acc, d.batch_size, world.world_size, acc,
       plan.steps_per_epoch);
-  const char* watcher = config.checkpoint.keep_best != WatchedMetric::kNone ? "checkpoint.keep_best"
-                        : config.train.early_stop_metric != WatchedMetric::kNone
-                            ? "train.early_stop.metric"
-                            : nullptr;
-  if (val_size == 0 && watcher != nullptr) {
-    throw ConfigError(std::string(watcher) +
-                      " watches a validation metric, but the validation split is empty "
-                      "(data.validation_fraction=" +
-                      number_text(d.validation_fraction) + ")");
-  }
+  validate_data(config, data);
   if (val_size == 0 && world.rank == 0) {
     spdlog::warn(
         "data: the validation split is empty ({} examples x data.validation_fraction={} "

@@ -36,6 +36,7 @@ class JsonParser {
       : doc_(doc), s_(text), source_(source), max_values_(max_values), max_depth_(max_depth) {}
 
   void parse() {
+    if (s_.substr(0, 3) == "\xEF\xBB\xBF") i_ = 3;  // a byte-order mark
     value(0);
     skip();
     if (i_ != s_.size()) fail("text after the value");
@@ -107,6 +108,8 @@ class JsonParser {
     const size_t start = i_;
     if (peek() == '-') ++i_;
     if (!(peek() >= '0' && peek() <= '9')) fail("not a value");
+    if (peek() == '0' && i_ + 1 < s_.size() && s_[i_ + 1] >= '0' && s_[i_ + 1] <= '9')
+      fail("a number with a leading zero");
     while (peek() >= '0' && peek() <= '9') ++i_;
     bool whole = s_[start] != '-' && i_ - start <= 15;
     if (peek() == '.') {
@@ -215,7 +218,8 @@ class JsonParser {
 };
 
 JsonDocument::JsonDocument(std::string_view text, const std::string& source, size_t max_values,
-                           int max_depth) {
+                           int max_depth)
+    : source_(source) {
   if (text.size() > (size_t{1} << 31))
     throw DataError(source + ": " + std::to_string(text.size()) +
                     " bytes of JSON, over the 2 GiB read here");
@@ -297,11 +301,16 @@ JsonValue JsonValue::at(size_t index) const {
 
 JsonValue JsonValue::get(std::string_view name) const {
   if (!is(JsonKind::kObject)) return JsonValue();
+  JsonValue found;
   for (auto it = begin(); it != end(); ++it) {
     const JsonValue v = *it;
-    if (v.key() == name) return v;
+    if (v.key() != name) continue;
+    if (!found.missing())
+      throw DataError(doc_->source_ + ": the key \"" + std::string(name.substr(0, 80)) +
+                      "\" is given twice in one object");
+    found = v;
   }
-  return JsonValue();
+  return found;
 }
 
 }  // namespace lockstep

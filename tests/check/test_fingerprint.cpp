@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn.h>
 #include "support/catch.h"
+#include "support/python_peer.h"
 
 #include <xxhash.h>
 
@@ -62,7 +63,7 @@ TEST_CASE("sha256 mode equals Python's hashlib over the same tensors", "[fingerp
       "[h.update(p.detach().numpy().tobytes()) for p in "
       "[torch.arange(20, dtype=torch.float32).reshape(4, 5) / 3, "
       "torch.arange(5, dtype=torch.float32) - 2]]; print(h.hexdigest())";
-  FILE* pipe = popen(("/usr/bin/python3 -c \"" + script + "\"").c_str(), "r");
+  FILE* pipe = popen((lockstep::testing::python_peer() + " -c \"" + script + "\"").c_str(), "r");
   REQUIRE(pipe != nullptr);
   char line[128] = {0};
   REQUIRE(fgets(line, sizeof line, pipe) != nullptr);

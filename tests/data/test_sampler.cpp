@@ -8,13 +8,14 @@
 
 #include "lockstep/data/sampler.h"
 #include "lockstep/util/error.h"
+#include "support/python_peer.h"
 
 using lockstep::DistributedSampler;
 using lockstep::SamplerOptions;
 
 TEST_CASE("indices equal torch.utils.data.DistributedSampler's over a grid", "[sampler]") {
   const std::string command =
-      "/usr/bin/python3 " LOCKSTEP_SOURCE_DIR "/scripts/sampler_reference.py";
+      lockstep::testing::python_peer() + " " LOCKSTEP_SOURCE_DIR "/scripts/sampler_reference.py";
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string output;

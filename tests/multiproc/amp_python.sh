@@ -12,7 +12,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 export OMP_NUM_THREADS=1
 LOCKSTEP_AMP_TRACE="$WORK/lockstep.trace" "$TESTS" "[.amp_trace]" >"$WORK/tests.out" 2>&1
 expect_eq "$?" 0 "the scripted run in lockstep" || sed 's/^/    /' "$WORK/tests.out" | tail -20
-/usr/bin/python3 "$root/tests/python/amp_parity.py" >"$WORK/python.trace" 2>"$WORK/py.err"
+$PY "$root/tests/python/amp_parity.py" >"$WORK/python.trace" 2>"$WORK/py.err"
 py=$?
 if grep -q '^unsupported' "$WORK/lockstep.trace" || [ "$py" = 77 ]; then
   echo "skipped: lockstep: $(head -1 "$WORK/lockstep.trace"); python: $(head -1 "$WORK/python.trace")"

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 # bf16 on Gloo needs LibTorch 2.x (both peers are the same release here).
-bf16=$(/usr/bin/python3 -c 'import torch; print("ddp-bf16" if int(torch.__version__.split(".")[0]) >= 2 else "")')
+bf16=$($PY -c 'import torch; print("ddp-bf16" if int(torch.__version__.split(".")[0]) >= 2 else "")')
 modes="local ddp ddp-fp16 $bf16 ddp-bucket1 ddp-accum4 ddp-powersgd1"
 ROUNDS=1 STEPS=3 WARMUP=1 MODELS=small MODES="$(echo $modes | tr ' ' ,),exchange-bucketed,exchange-flat" \
   "$root/scripts/bench_ddp.sh" >"$WORK/out" 2>"$WORK/err"

@@ -81,6 +81,7 @@ refused() {  # refused WHAT PATTERN ARGS...
 refused "a GPT on the digits" "model.name: gpt is a language model" --set model.name=gpt
 refused "checkpoint.async without the sharded format" "checkpoint.async .* needs checkpoint.format: sharded" --set checkpoint.async=true
 refused "optim.zero 2 with a comm hook" "optim.zero: 2 exchanges the gradients by reduce-scatter" --set optim.zero=2 --set ddp.comm_hook=fp16
+refused "a watched validation metric with no validation split" "checkpoint.keep_best watches a validation metric, but the validation split is empty" --set data.validation_fraction=0 --set checkpoint.keep_best=val_loss
 start=$(now)
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$root/configs/digits.yaml" \
   --set optim.zero=2 --set ddp.comm_hook=fp16 >"$WORK/out" 2>"$WORK/err"

@@ -35,7 +35,7 @@ if grep -q "bad data:" "$WORK/out"; then fail "a full disk is reported as 'bad d
 expect_eq "$(ls -a "$disk/full/checkpoints" | grep -c '^\.tmp-')" 0 "no temporary folder is left"
 (cd "$ckpt" && sha256sum -c --quiet MANIFEST) && pass "the previous checkpoint still verifies" ||
   fail "the previous checkpoint is damaged"
-bad=$(/usr/bin/python3 -c "
+bad=$($PY -c "
 import json, sys
 bad = 0
 for line in open('$disk/full/metrics.jsonl'):

@@ -16,7 +16,6 @@
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${3:?usage: examples.sh LOCKSTEP LOCKSTEP_RUN BUILD_DIR}
-PY=/usr/bin/python3
 prefix="$WORK/prefix"
 
 before=$(git -C "$root" status --porcelain 2>/dev/null | sha256sum)

@@ -24,7 +24,7 @@ run="$WORK/runs/gpt-text"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" eval --checkpoint "$run" \
   --output "$WORK/eval.json" >"$WORK/eval.out" 2>&1
 expect_eq "$?" 0 "lockstep eval on the GPT's checkpoint, 2 ranks"
-/usr/bin/python3 - "$WORK/eval.json" "$run/metrics.jsonl" <<'PY' >"$WORK/eval.check" 2>&1
+$PY - "$WORK/eval.json" "$run/metrics.jsonl" <<'PY' >"$WORK/eval.check" 2>&1
 import json, math, sys
 e = json.load(open(sys.argv[1]))
 val = [json.loads(l) for l in open(sys.argv[2]) if '"val_loss"' in l][-1]
@@ -84,7 +84,7 @@ printf 'x' | dd of="$WORK/corrupt/model.pt" bs=1 seek=100 conv=notrunc status=no
 bad "a corrupted checkpoint" "model.pt's SHA-256 does not match its MANIFEST" --checkpoint "$WORK/corrupt"
 
 # nanoGPT's format: uint16 train.bin and val.bin in a folder; ids in, ids out.
-/usr/bin/python3 - "$WORK/tok" <<'PY'
+$PY - "$WORK/tok" <<'PY'
 import os, struct, sys
 os.makedirs(sys.argv[1])
 seq = [i % 37 for i in range(20000)]

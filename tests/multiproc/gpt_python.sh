@@ -7,7 +7,6 @@
 # and Python's greedy continuation from it equals `lockstep generate`'s.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 text="$root/data/kjv.txt"
 [ -f "$text" ] || { fail "$text is missing (scripts/make_text.sh)"; finish; }
 head -c 100000 "$text" >"$WORK/text.txt"

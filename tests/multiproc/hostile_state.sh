@@ -8,7 +8,6 @@
 # code is the point.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 runs="$WORK/runs"
 export OMP_NUM_THREADS=1
 digits=(--config "$root/configs/digits.yaml" --set run.dir="$runs" --set log.progress=plain

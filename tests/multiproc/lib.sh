@@ -8,6 +8,9 @@ LOCKSTEP_RUN=${2:?usage: $0 LOCKSTEP LOCKSTEP_RUN}
 # start). 1.13 ignores the variable. lockstep itself asks for the classic
 # store server (distributed/torch_compat.h).
 export USE_LIBUV=0
+# The Python peer (torch, torchrun, DDP): Debian's python3-torch, or the
+# platform's own (LOCKSTEP_PYTHON: scripts/test.sh sets it for pip's torch).
+PY=${LOCKSTEP_PYTHON:-/usr/bin/python3}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 FAILURES=0
@@ -56,7 +59,7 @@ finish() {
 # this call and rank 0's bind (seconds under load) no other process can be
 # handed it by a bind to port 0 (another test's store or Gloo listener).
 free_port() {
-  /usr/bin/python3 - <<'PY'
+  "$PY" - <<'PY'
 import random, socket
 low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
 for _ in range(1000):

@@ -5,7 +5,6 @@
 # the validation accuracy and loss lockstep printed.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 
 # rebuild NAME KIND 'JSON args' --set ... : train 12 steps, compare.
 rebuild() {

@@ -15,7 +15,6 @@
 source "$(dirname "$0")/lib.sh"
 TESTS=${3:?usage: $0 LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 runs="$WORK/runs"
 export OMP_NUM_THREADS=1
 train() {  # train NAME ARGS... (stdout+stderr to $WORK/NAME.out)

@@ -28,6 +28,18 @@ for round in 1 2 3; do
   expect_eq "${steps:-0}" 1 "round $round: metrics.jsonl holds one run's record of step 10"
 done
 
+# A lock file that is no regular file is refused at once, never followed
+# or waited on (a FIFO would block a reader forever).
+mkdir -p "$WORK/runs/fifo" "$WORK/runs/link"
+mkfifo "$WORK/runs/fifo/.lockstep-lock"
+ln -s /etc/hostname "$WORK/runs/link/.lockstep-lock"
+timeout 60 "$LOCKSTEP" train "${digits[@]}" --set run.name=fifo --set train.max_steps=2 >"$WORK/fifo.out" 2>&1
+expect_eq "$?" 2 "a FIFO as the lock file: exit 2, no hang"
+expect_grep "$WORK/fifo.out" "lock file '.*/fifo/.lockstep-lock' is not a regular file" "saying what it is"
+timeout 60 "$LOCKSTEP" train "${digits[@]}" --set run.name=link --set train.max_steps=2 >"$WORK/link.out" 2>&1
+expect_eq "$?" 2 "a symbolic link as the lock file: exit 2"
+expect_grep "$WORK/link.out" "is a symbolic link; lockstep does not follow it" "saying so"
+
 # 2. A live 2-rank job, long enough to be asked about.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train "${digits[@]}" \
   --set run.name=live --set train.epochs=20000 --set checkpoint.every=50 >"$WORK/live.out" 2>&1 &

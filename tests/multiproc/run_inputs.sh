@@ -52,6 +52,40 @@ expect_grep "$WORK/runs/tok/config.yaml" "tokenizer: \"$WORK/cfg/tok.json\"" "da
 (cd / && "$LOCKSTEP" generate --checkpoint "$WORK/runs/tok" --prompt "hello" --max-new-tokens 5 >"$WORK/gen.out" 2>&1)
 expect_eq "$?" 0 "generate --prompt from / reads the recorded tokenizer"
 
+# --decode reads only what llm.c writes: a header counting fewer tokens than
+# the file holds is refused (its tail would go unread); tokenize's empty
+# val.bin is no tokens; a full output is an error, not exit 0.
+"$PY" - "$WORK/cfg/tokens/train.bin" "$WORK/under.bin" <<'PY'
+import struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+count = struct.unpack_from("<i", data, 8)[0]
+struct.pack_into("<i", data, 8, count - 5)
+open(sys.argv[2], "wb").write(data)
+PY
+"$LOCKSTEP" tokenize --vocab "$WORK/cfg/tok.json" --decode "$WORK/under.bin" >"$WORK/under.out" 2>&1
+expect_eq "$?" 2 "--decode of a header that counts 5 tokens too few: exit 2"
+expect_grep "$WORK/under.out" "its tail would go unread" "saying the tail would go unread"
+"$LOCKSTEP" tokenize "$WORK/job/small.txt" --vocab "$WORK/cfg/tok.json" --val-fraction 0 --out "$WORK/noval" >/dev/null 2>&1
+"$LOCKSTEP" tokenize --vocab "$WORK/cfg/tok.json" --decode "$WORK/noval/val.bin" >"$WORK/empty.out" 2>&1
+expect_eq "$?:$(stat -c %s "$WORK/empty.out")" "0:0" "--decode of tokenize's empty val.bin: no text, exit 0"
+"$LOCKSTEP" tokenize --vocab "$WORK/cfg/tok.json" --decode "$WORK/cfg/tokens/train.bin" >/dev/full 2>"$WORK/full.err"
+expect_eq "$?" 2 "--decode into a full device: exit 2"
+expect_grep "$WORK/full.err" "cannot write the decoded text to standard output" "saying so"
+
+# A NUL byte in a config file is refused with its line (yaml-cpp would read
+# it as an escape); ".." after a symbolic link is resolved as the kernel
+# does; "~/" is the home folder.
+printf 'run:\n  name: ok\ndata:\n  path: /tmp/a\000b\n' >"$WORK/nul.yaml"
+"$LOCKSTEP" train --config "$WORK/nul.yaml" --print-config >"$WORK/nul.out" 2>&1
+expect_eq "$?" 2 "a NUL byte in a config file: exit 2"
+expect_grep "$WORK/nul.out" "nul.yaml:4: a NUL byte" "naming the line"
+mkdir -p "$WORK/real/sub"
+ln -s "$WORK/real/sub" "$WORK/link"
+(cd "$WORK" && "$LOCKSTEP" train --print-config --set model.init_from=link/../init.pt) | grep -q "init_from: \"$WORK/real/init.pt\"" &&
+  pass "link/../init.pt resolves through the link, as ls would" || fail "link/../ resolved as text"
+HOME="$WORK/home" "$LOCKSTEP" train --print-config --set data.path='~/x.csv' | grep -q "path: \"$WORK/home/x.csv\"" &&
+  pass "~/x.csv is the home folder's" || fail "~/ was not expanded"
+
 # 4. init_from moved away after training.
 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" --set run.name=base \
   --set train.max_steps=5 --set checkpoint.every=5 >"$WORK/base.out" 2>&1

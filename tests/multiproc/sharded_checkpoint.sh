@@ -29,7 +29,6 @@
 #   sharded_checkpoint.sh LOCKSTEP LOCKSTEP_RUN
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 runs="$WORK/runs"
 export OMP_NUM_THREADS=1
 text="$root/data/kjv.txt"

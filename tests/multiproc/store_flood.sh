@@ -13,7 +13,7 @@ burning=()
 flooders=()
 trap 'kill "${flooders[@]}" "${burning[@]}" 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq "$burners"); do
-  /usr/bin/python3 -c 'while True: pass' &
+  $PY -c 'while True: pass' &
   burning+=($!)
 done
 # The flood starts before the store listens, so its port must be one no
@@ -22,7 +22,7 @@ done
 # flood would then hit: unit.gloo_forced failed so once on Debian 13).
 flood_port=$(free_port)  # lib.sh: below the ephemeral range
 flood() {  # 4 processes of 75 sockets each: 300 in all
-  exec /usr/bin/python3 - "$flood_port" <<'PY'
+  exec $PY - "$flood_port" <<'PY'
 import select, socket, sys, time
 port, socks, end = int(sys.argv[1]), [], time.time() + 1800
 while time.time() < end:

@@ -29,7 +29,7 @@ rss_before=$(rss_kb "$r0")
 
 # Strays: 20 silent connections, one announcing a 512 MiB value as to c10d's
 # TCPStore and pushing 64 MiB, one with our magic that stalls in its hello.
-/usr/bin/python3 - "$p" >"$WORK/strays" 2>&1 <<'PY' &
+$PY - "$p" >"$WORK/strays" 2>&1 <<'PY' &
 import socket, struct, sys, time
 port = int(sys.argv[1])
 def conn():
@@ -97,7 +97,7 @@ expect_grep "$WORK/strays" "silent still open: 0" "silent connections are cut of
 # proof. The rank refuses it at once (exit 2, naming the address), and the
 # squatter learns a nonce: not the secret.
 sq=$(free_port)
-/usr/bin/python3 - "$sq" "$WORK/heard" >"$WORK/squatter" 2>&1 <<'PY' &
+$PY - "$sq" "$WORK/heard" >"$WORK/squatter" 2>&1 <<'PY' &
 import os, socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8); s.settimeout(30)

@@ -22,7 +22,6 @@ if [ ! -f "$ranks" ] || ! "$TT" -c "import tiktoken" 2>/dev/null; then
   echo "SKIP: GPT-2's ranks ($ranks, scripts/fetch_gpt2_vocab.sh) or tiktoken ($TT, scripts/python_tools.sh) is absent here"
   exit 77
 fi
-PY=/usr/bin/python3
 reference() {  # reference FILE OUT: prints "<bytes> <tokens> <seconds>"
   "$TT" "$root/tests/python/tiktoken_reference.py" "$ranks" "$1" "$2"
 }

@@ -4,7 +4,7 @@
 # and lockstep must join it as a client under /worker/attempt_0.
 source "$(dirname "$0")/lib.sh"
 
-TORCHRUN=${TORCHRUN:-/usr/bin/torchrun}
+TORCHRUN=${TORCHRUN:-$(dirname "$PY")/torchrun}
 if [ ! -x "$TORCHRUN" ]; then
   fail "torchrun not found at $TORCHRUN (scripts/setup.sh installs python3-torch)"
   finish
@@ -14,9 +14,9 @@ port=$(free_port)
 # Debian 13's torch 2.6 lacks libuv but its TCPStore asks for it: the stock
 # torchrun cannot start there. Then the same torchrun runs with the classic
 # store server (torchrun_classic_store.py says why); 1.13 needs nothing.
-if ! /usr/bin/python3 -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True)' 2>/dev/null; then
+if ! $PY -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True)' 2>/dev/null; then
   echo "note: this torch's TCPStore cannot start on its defaults (no libuv); torchrun with use_libuv=False"
-  TORCHRUN="/usr/bin/python3 $(dirname "$0")/torchrun_classic_store.py"
+  TORCHRUN="$PY $(dirname "$0")/torchrun_classic_store.py"
 fi
 # Debian's torchrun on Python 3.11 crashes with its default redirects: -r/-t
 # in their mapping form avoid that path.

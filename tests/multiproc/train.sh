@@ -6,7 +6,6 @@
 # checkpointing).
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 runs="$WORK/runs"
 train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
   local n=$1

@@ -20,7 +20,6 @@
 #   input exits 2.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 runs="$WORK/runs"
 export OMP_NUM_THREADS=1
 train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)

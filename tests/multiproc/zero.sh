@@ -18,7 +18,6 @@
 #   zero.sh LOCKSTEP LOCKSTEP_RUN
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
 runs="$WORK/runs"
 export OMP_NUM_THREADS=1
 train() {  # train NAME NPROC ARGS... (stdout+stderr to $WORK/NAME.out)

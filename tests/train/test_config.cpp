@@ -142,6 +142,15 @@ TEST_CASE("input paths in a file resolve against its folder, on the command line
   CHECK(config_load(tok).data.tokenizer == "/tmp/vocab/tok.json");
   CHECK(config_load(tok, {"data.tokenizer=gpt2"}).data.tokenizer == "gpt2");
   CHECK(config_load(tok, {"data.tokenizer=t.json"}).data.tokenizer == cwd + "/t.json");
+  // A config.yaml of an older lockstep kept data.tokenizer as given,
+  // relative to the working directory: where the file's folder has no such
+  // file and the working directory has, that one is meant.
+  std::filesystem::create_directories("lockstep-old-vocab");
+  std::ofstream("lockstep-old-vocab/tok.json") << "{}";
+  const auto old = write_config("old", "data:\n  tokenizer: lockstep-old-vocab/tok.json\n");
+  CHECK(config_load(old).data.tokenizer == cwd + "/lockstep-old-vocab/tok.json");
+  std::filesystem::remove_all("lockstep-old-vocab");
+  CHECK(config_load(old).data.tokenizer == "/tmp/lockstep-old-vocab/tok.json");
 }
 
 TEST_CASE("config.yaml reads back every string as it was, or refuses it at start", "[config]") {

@@ -216,7 +216,15 @@ TEST_CASE("tokens: nanoGPT's and llm.c's files, and every malformed one named", 
   put(2, 1000);  // a header that claims more than the file holds
   REQUIRE_THROWS_WITH(
       TokenFile::open(dir.write("lies.bin", header + u16({5})), TokenFormat::kUint16),
-      Contains("announces 1000 tokens but the file holds 1"));
+      Contains("announces 1000 tokens but the file holds 1 (truncated?)"));
+  put(2, 2);  // fewer than it holds: the tail would be left out silently
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.write("under.bin", header + u16({5, 6, 7})), TokenFormat::kUint16),
+      Contains("announces 2 tokens but the file holds 3 (its tail would go unread)"));
+  put(2, 3);
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.write("stray.bin", header + u16({5, 6, 7}) + "x"), TokenFormat::kUint16),
+      Contains("announces 3 tokens but the file holds 3 and a stray byte"));
   // llm.c's newer files: magic 20240801, version 7, uint32 tokens (Llama 3's).
   std::string header7(1024, '\0');
   auto put7 = [&](int at, int32_t v) {

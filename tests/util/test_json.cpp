@@ -17,7 +17,8 @@ TEST_CASE("JSON values, members and escapes read as RFC 8259 says", "[json]") {
   const JsonValue root = doc.root();
   REQUIRE(root.is(JsonKind::kObject));
   CHECK(root.size() == 4);
-  const JsonValue a = root.get("a");  // the first member of the name
+  CHECK_THROWS_WITH(root.get("a"), Contains("t.json: the key \"a\" is given twice"));
+  const JsonValue a = root.at(0);
   REQUIRE(a.is(JsonKind::kArray));
   CHECK(a.size() == 8);
   CHECK(a.at(0).number() == 1);
@@ -66,6 +67,9 @@ TEST_CASE("malformed JSON is a DataError naming the source and the byte", "[json
   refused("1 2", "text after the value");
   refused("-", "not a value");
   refused("1.", "a bad number");
+  refused("[007]", "a number with a leading zero");
+  CHECK(JsonDocument("[0, 0.5, 10]", "v.json").root().size() == 3);
+  CHECK(JsonDocument("\xEF\xBB\xBF{\"a\": 1}", "v.json").root().get("a").number() == 1);
   // The top value is depth 0: 65 levels read, 66 refused.
   refused(std::string(66, '[') + std::string(66, ']'), "nested deeper than 64");
   CHECK_NOTHROW(JsonDocument(std::string(65, '[') + std::string(65, ']'), "v.json"));

@@ -60,6 +60,11 @@ struct TrainData {
 // data.validation_fraction of tokens (the train part is the rest).
 TrainData data_from_config(const Config& config);
 
+// The rules that need the data as read (train and check --config alike):
+// a validation metric watched (checkpoint.keep_best, train.early_stop.metric)
+// needs a validation split that holds examples. ConfigError otherwise.
+void validate_data(const Config& config, const TrainData& data);
+
 // The model fitted to `data` (input shape, number of classes), identical on
 // every rank: initialised from run.seed, or loaded from model.init_from.
 std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainData& data);

@@ -43,8 +43,10 @@ class JsonValue {
   std::string_view text() const;  // "" unless kString
   // Arrays: elements; objects: members (key(), value()) in file order.
   size_t size() const;
-  JsonValue at(size_t index) const;           // the index-th element (linear)
-  JsonValue get(std::string_view key) const;  // the first member named key (linear)
+  JsonValue at(size_t index) const;  // the index-th element (linear)
+  // The member named `key` (linear); DataError naming the document when
+  // the object names it twice (which one is meant is anyone's guess).
+  JsonValue get(std::string_view key) const;
   // Iteration over an array's elements or an object's values; key() of an
   // object member's value is its name.
   class Iterator {
@@ -76,12 +78,15 @@ class JsonValue {
 
 class JsonDocument {
  public:
-  // Parses `text`; throws DataError "<source>: not valid JSON at byte N:
-  // why" for malformed text, nesting deeper than `max_depth`, or more than
-  // `max_values` values (Note [Bounded JSON]). Text over 2^31 bytes is
-  // refused unread.
+  // Parses `text` (a leading UTF-8 byte-order mark is skipped); throws
+  // DataError "<source>: not valid JSON at byte N: why" for malformed text
+  // (a number with a leading zero included), nesting deeper than
+  // `max_depth`, or more than `max_values` values (Note [Bounded JSON]).
+  // Text over 2^31 bytes is refused unread.
   JsonDocument(std::string_view text, const std::string& source, size_t max_values = 3000000,
                int max_depth = 64);
+  JsonDocument(const JsonDocument&) = delete;  // its JsonValues point into it
+  JsonDocument& operator=(const JsonDocument&) = delete;
   JsonValue root() const { return JsonValue(this, 0, UINT32_MAX); }
   // Bytes the document reserved (nodes and arena), for tests of the bound.
   size_t reserved_bytes() const;
@@ -99,6 +104,7 @@ class JsonDocument {
   static_assert(sizeof(Node) == 16, "a JSON value costs 16 bytes");
   std::vector<Node> nodes_;
   std::string arena_;
+  std::string source_;
 };
 
 }  // namespace lockstep
