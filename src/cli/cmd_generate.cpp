@@ -14,6 +14,7 @@
 #include "lockstep/data/bpe.h"
 #include "lockstep/train/generate.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 #include "lockstep/util/utf8.h"
 
 namespace lockstep::cli {
@@ -34,6 +35,16 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// The model's logits at every position of `prompt`, as float32 bytes: what
+// another implementation (transformers, a Python twin) is compared with.
+void write_logits(Gpt& model, const std::vector<int64_t>& prompt, const std::string& path) {
+  at::NoGradGuard no_grad;
+  const at::Tensor idx = at::tensor(prompt, at::kLong).unsqueeze(0);
+  const at::Tensor logits = model.forward(idx).squeeze(0).to(at::kFloat).contiguous().cpu();
+  write_file_replacing(path, std::string(static_cast<const char*>(logits.data_ptr()),
+                                         static_cast<size_t>(logits.numel()) * sizeof(float)));
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -49,6 +60,7 @@ int cmd_generate(int argc, char** argv) {
         ("temperature", "divides the logits; 0 (or below 1e-5): greedy", cxxopts::value<double>()->default_value("0.8"))
         ("top-k", "draw among the k likeliest tokens only (0: all)", cxxopts::value<int64_t>()->default_value("0"))
         ("seed", "the same seed, the same text", cxxopts::value<uint64_t>()->default_value("0"))
+        ("logits", "instead of drawing: write the logits at every prompt position to FILE (float32, little-endian, [prompt tokens, vocabulary], row-major) and exit", cxxopts::value<std::string>())
         ("h,help", "this help");
     // clang-format on
     const auto args = options.parse(argc, argv);
@@ -101,6 +113,10 @@ int cmd_generate(int argc, char** argv) {
     sample.seed = args["seed"].as<uint64_t>();
     if (bpe) sample.vocab_limit = bpe->vocab_size();  // never an id of the padding
     gpt_sample_check(*loaded.model, prompt, sample);  // before any output
+    if (args.count("logits") != 0) {
+      write_logits(*loaded.model, prompt, args["logits"].as<std::string>());
+      return kExitOk;
+    }
     Utf8Stream text([](const std::string& s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);

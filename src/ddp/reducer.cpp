@@ -100,25 +100,16 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   // layer's first): the first iteration's buckets follow it.
   build_buckets(reverse_registration_order());
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    if (!accumulator) {
+    auto accumulator_hook = AccumulatorHook::add(params_[i], [this, i] { hook(i); });
+    if (!accumulator_hook) {
       throw ConfigError("parameter '" + names_[i] + "' is not a leaf that requires grad");
     }
-    hook_keys_.push_back(
-        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, i](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list&) {
-              hook(i);
-              return outputs;
-            })));
-    accumulators_.push_back(std::move(accumulator));
+    accumulator_hooks_.push_back(std::move(accumulator_hook));
   }
 }
 
 Reducer::~Reducer() {
-  for (size_t i = 0; i < accumulators_.size(); ++i) {
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
-  }
+  accumulator_hooks_.clear();  // no hook fires into a Reducer being destroyed
   // Collectives still in flight write into our buckets: let them land.
   for (auto& bucket : buckets_) {
     try {

@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <limits>
@@ -100,6 +103,31 @@ std::string autocast_unsupported(at::DeviceType device, at::ScalarType dtype) {
            TORCH_VERSION + ", whose CPU autocast knows bfloat16 only)";
   }
   return "";
+}
+
+struct AccumulatorHook::Held {
+  decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>())) node;
+  uintptr_t key = 0;
+};
+
+AccumulatorHook::AccumulatorHook(std::unique_ptr<Held> held) : held_(std::move(held)) {}
+
+std::unique_ptr<AccumulatorHook> AccumulatorHook::add(const at::Tensor& param,
+                                                      std::function<void()> hook) {
+  auto held = std::make_unique<Held>();
+  held->node = torch::autograd::impl::grad_accumulator(param);
+  if (!held->node) return nullptr;
+  held->key = held->node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [hook = std::move(hook)](const torch::autograd::variable_list& outputs,
+                               const torch::autograd::variable_list&) {
+        hook();
+        return outputs;
+      }));
+  return std::unique_ptr<AccumulatorHook>(new AccumulatorHook(std::move(held)));
+}
+
+AccumulatorHook::~AccumulatorHook() {
+  if (held_ && held_->node) held_->node->del_post_hook(held_->key);
 }
 
 }  // namespace lockstep

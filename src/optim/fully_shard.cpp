@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 
+#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/optim/zero.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/unit_call.h"
@@ -192,22 +193,15 @@ class Sharded : public FullyShardedParameters,
     // (their input metadata is taken from it), and held: a placeholder's
     // parameter never gets a new one.
     for (size_t i = 0; i < named_.size(); ++i) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(named_[i].second);
-      if (!accumulator)
+      auto hook = AccumulatorHook::add(named_[i].second, [this, i] { gradient_ready(i); });
+      if (!hook)
         throw ConfigError("parameter '" + named_[i].first + "' is not a leaf that requires grad");
-      hook_keys_.push_back(
-          accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-              [this, i](const variable_list& outputs, const variable_list&) {
-                gradient_ready(i);
-                return outputs;
-              })));
-      accumulators_.push_back(std::move(accumulator));
+      accumulator_hooks_.push_back(std::move(hook));
     }
   }
 
   ~Sharded() override {
-    for (size_t i = 0; i < accumulators_.size(); ++i)
-      accumulators_[i]->del_post_hook(hook_keys_[i]);
+    accumulator_hooks_.clear();
     for (const auto& u : units_)
       if (unit_wrapper(*u.module).get() == static_cast<const UnitWrapper*>(this))
         set_unit_wrapper(*u.module, nullptr);
@@ -668,8 +662,7 @@ class Sharded : public FullyShardedParameters,
   size_t root_ = 0;
   std::vector<size_t> unit_of_;
   std::vector<at::Tensor> placeholders_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
+  std::vector<std::unique_ptr<AccumulatorHook>> accumulator_hooks_;
   at::Tensor divisor_;
   std::function<bool()> synchronised_;
   std::optional<Reduction> reduction_;

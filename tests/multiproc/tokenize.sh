@@ -17,7 +17,7 @@ source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "$(dirname "$LOCKSTEP")" && pwd)
 ranks="$build/share/lockstep/gpt2/gpt2.tiktoken"
-TT="$build/venv-tools/bin/python"
+TT=${LOCKSTEP_TOOLS_PYTHON:-$build/venv-tools/bin/python}
 if [ ! -f "$ranks" ] || ! "$TT" -c "import tiktoken" 2>/dev/null; then
   echo "SKIP: GPT-2's ranks ($ranks, scripts/fetch_gpt2_vocab.sh) or tiktoken ($TT, scripts/python_tools.sh) is absent here"
   exit 77

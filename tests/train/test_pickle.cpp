@@ -8,7 +8,11 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "io/pickle_machine.h"
 #include "lockstep/io/safetensors.h"
@@ -223,4 +227,47 @@ TEST_CASE("safetensors: the spec's JSON only, empty tensors anywhere", "[io][saf
                     R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": ["0", 4]}})", four));
   CHECK_THROWS_WITH(safetensors_load(quoted),
                     Contains("entry 'w': data_offsets: two whole numbers"));
+}
+
+namespace {
+
+// The interop check's values (tests/python/real_clients.py's `expected`):
+// arange(12) as [3, 4] minus 5, cast; U8 without the minus; BOOL the odd ones.
+at::Tensor interop_expected(const std::string& dtype, at::ScalarType type) {
+  const at::Tensor base = at::arange(12, at::kLong).reshape({3, 4});
+  if (dtype == "BOOL") return base.remainder(2).eq(1);
+  if (dtype == "U8") return base.to(type);
+  return (base - 5).to(type);
+}
+
+}  // namespace
+
+// Run by tests/multiproc/real_clients.sh with LOCKSTEP_INTEROP_DIR set: reads
+// what Hugging Face's safetensors library wrote (py_<dtype>.safetensors)
+// and writes lockstep's own (lockstep_<dtype>.safetensors) for it to read.
+TEST_CASE("safetensors: the library's files read, and ours written for it",
+          "[.interop_safetensors]") {
+  const char* dir = std::getenv("LOCKSTEP_INTEROP_DIR");
+  REQUIRE(dir != nullptr);
+  const std::vector<std::pair<std::string, at::ScalarType>> dtypes{
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+      {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},    {"BOOL", at::kBool}};
+  for (const auto& [name, type] : dtypes) {
+    INFO(name);
+    const at::Tensor want = interop_expected(name, type);
+    std::map<std::string, std::string> metadata;
+    const StateDict read =
+        safetensors_load(std::string(dir) + "/py_" + name + ".safetensors", &metadata);
+    REQUIRE(read.size() == 2);
+    for (const auto& [key, tensor] : read) {
+      CHECK(tensor.scalar_type() == type);
+      if (key == "t") CHECK(at::equal(tensor, want));
+      if (key == "scalar") CHECK(at::equal(tensor, want.reshape({-1})[0]));
+    }
+    CHECK(metadata["writer"] == "safetensors");
+    const StateDict ours{{"t", want}, {"scalar", want.reshape({-1})[0].clone()}};
+    safetensors_save(ours, std::string(dir) + "/lockstep_" + name + ".safetensors",
+                     {{"writer", "lockstep"}});
+  }
 }

@@ -28,11 +28,8 @@
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/distributed/process_group.h"
+#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/trace.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace lockstep {
 
@@ -132,8 +129,7 @@ class Reducer {
   std::vector<std::vector<size_t>> bucket_indices_;
   std::vector<Bucket> buckets_;
   std::vector<Locator> locators_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
+  std::vector<std::unique_ptr<AccumulatorHook>> accumulator_hooks_;  // one per parameter
 
   mutable std::mutex mu_;
   bool expect_hooks_ = false;

@@ -24,9 +24,13 @@
 //   set_autocast_enabled(device type, on) and set_autocast_dtype (the old
 //   names deprecated). CPU autocast to float16 came in 2.4 (1.13's CPU
 //   autocast casts to bfloat16 only): autocast_unsupported() says so.
-// Unchanged, checked by the suite on both: grad-accumulator post hooks
-//   (FunctionPostHook, LambdaPostHook, add/del_post_hook), the engine's
-//   queue_callback, torch::pickle_save/pickle_load.
+// Gradient accumulators. grad_accumulator() hands out a
+//   std::shared_ptr<Node> up to 2.11 and a c10::intrusive_ptr<Node> in
+//   2.15 (autograd's nodes became intrusive): AccumulatorHook holds it, as
+//   decltype spells it, and adds and removes the post hook
+//   (LambdaPostHook, add/del_post_hook read the same in all).
+// Unchanged, checked by the suite on all: the engine's queue_callback,
+//   torch::pickle_save/pickle_load.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +40,8 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -123,5 +129,23 @@ inline c10d::TCPStoreOptions tcp_store_options() {
   compat_detail::use_classic_store_server(options);
   return options;
 }
+
+// A post hook on a parameter's gradient accumulator (autograd's
+// AccumulateGrad): `hook` runs after each backward has accumulated the
+// parameter's .grad. The accumulator is held while this lives (a tensor
+// holds its own weakly, and a new one would have no hook); destroying this
+// removes the hook. nullptr when `param` is not a leaf that requires grad.
+class AccumulatorHook {
+ public:
+  static std::unique_ptr<AccumulatorHook> add(const at::Tensor& param, std::function<void()> hook);
+  ~AccumulatorHook();
+  AccumulatorHook(const AccumulatorHook&) = delete;
+  AccumulatorHook& operator=(const AccumulatorHook&) = delete;
+
+ private:
+  struct Held;
+  explicit AccumulatorHook(std::unique_ptr<Held> held);
+  std::unique_ptr<Held> held_;
+};
 
 }  // namespace lockstep
