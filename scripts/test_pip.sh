@@ -69,6 +69,9 @@ nvidia=$("$python" -c 'import nvidia, os; print(list(nvidia.__path__)[0])')
 mkdir -p "$build/first"
 ln -sfn /usr/include/fmt "$build/first/fmt"
 ln -sfn /usr/include/spdlog "$build/first/spdlog"
+torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+link_flags=""
+for d in "$nvidia"/*/lib; do link_flags="$link_flags -Wl,-rpath-link,$d -L$d"; done
 flags="-I$here/$build/first -isystem $gloo/include"
 case "$build" in /*) flags="-I$build/first -isystem $gloo/include" ;; esac
 for d in "$nvidia"/*/include; do flags="$flags -idirafter $d"; done
@@ -87,6 +90,16 @@ mkdir -p "$build"
 {
   echo "set(CMAKE_PREFIX_PATH \"$cmake_prefix\" CACHE STRING \"\" FORCE)"
   echo "set(CMAKE_CXX_FLAGS \"$flags\" CACHE STRING \"\" FORCE)"
+  # libtorch_cuda.so needs the wheel's newer libnccl.so.2 (and its other
+  # nvidia libraries), not an older one ldconfig may know: the linker is
+  # pointed at theirs (the run time finds them through torch's own RPATH).
+  echo "set(CMAKE_EXE_LINKER_FLAGS \"$link_flags\" CACHE STRING \"\" FORCE)"
+  echo "set(CMAKE_SHARED_LINKER_FLAGS \"$link_flags\" CACHE STRING \"\" FORCE)"
+  # A build folder configured once against another LibTorch keeps that
+  # one's libraries in its cache: each is named again.
+  echo "set(Torch_DIR \"$cmake_prefix/Torch\" CACHE PATH \"\" FORCE)"
+  echo "set(c10_LIBRARY \"$torch_lib/libc10.so\" CACHE FILEPATH \"\" FORCE)"
+  echo "set(TORCH_LIBRARY \"$torch_lib/libtorch.so\" CACHE FILEPATH \"\" FORCE)"
   echo "set(LOCKSTEP_NCCL ON CACHE STRING \"\" FORCE)"
   for a in "${cuda_args[@]}"; do
     a=${a#-D}

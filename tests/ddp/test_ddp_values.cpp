@@ -253,7 +253,9 @@ TEST_CASE("after the DDP is destroyed the bare module trains locally, with no ho
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
     // Held here, the accumulators outlive the DDP: their hook lists must be
     // as they were before it.
-    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+    // (a shared_ptr up to 2.11, an intrusive_ptr in 2.15: decltype names it)
+    std::vector<decltype(torch::autograd::impl::grad_accumulator(model->parameters()[0]))>
+        accumulators;
     for (const auto& p : model->parameters()) {
       accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
     }
