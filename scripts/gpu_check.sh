@@ -269,7 +269,10 @@ configure() {
   # pip keeps nccl.h (and cuBLAS/cuSPARSE headers that ATen's CUDA headers
   # include) in site-packages/nvidia/*/include, outside torch's include.
   nccl_include=$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "include"))' 2>/dev/null)
-  [ -f "$nccl_include/nccl.h" ] && extra="$extra -isystem $nccl_include" && echo "nccl.h: $nccl_include"
+  # -I, not -isystem: before /usr/local/cuda/include, whose nccl.h may be
+  # another NCCL version than the wheel's (ProcessGroupNCCL's layout
+  # follows NCCL's version macros: scripts/test_pip.sh).
+  [ -f "$nccl_include/nccl.h" ] && extra="-I$nccl_include $extra" && echo "nccl.h: $nccl_include"
   local d
   for d in $("$PYTHON" -c 'import glob, os, nvidia; print(" ".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "include"))))' 2>/dev/null); do
     extra="$extra -idirafter $d"

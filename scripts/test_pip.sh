@@ -4,7 +4,7 @@
 #  1. a virtual environment of Debian's python3 with torch 2.15.0 (the CUDA
 #     wheel: LibTorch with CUDA and NCCL, run on the CPU here) and the real
 #     clients the interop tests use (transformers, safetensors, tensorboard,
-#     tiktoken), pinned; made once, cached outside the clone
+#     tiktoken; matplotlib for scripts/plot_metrics.py), pinned; made once, cached outside the clone
 #     (LOCKSTEP_PIP_ROOT, default /var/cache/lockstep): a second run
 #     installs nothing;
 #  2. Gloo's headers, which the wheel does not ship: Debian 13's libgloo-dev
@@ -23,16 +23,18 @@ venv="$cache/torch-$torch_version"
 build=${LOCKSTEP_BUILD_DIR:-build-pip}
 [ "$torch_version" = 2.15.0 ] || build=${LOCKSTEP_BUILD_DIR:-build-pip-$torch_version}
 packages=("torch==$torch_version" transformers==5.25.0 safetensors==0.8.0 tensorboard==2.21.0
-          tiktoken==0.14.0 numpy==2.4.6)
+          tiktoken==0.14.0 numpy==2.4.6 matplotlib==3.11.2)
 die() { echo "test_pip: $*" >&2; exit 2; }
 
 # 1. The environment.
 stamp="$venv/.lockstep-packages"
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${packages[*]}" ]; then
-  echo "test_pip: making $venv (${packages[*]})"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "test_pip: making $venv"
   mkdir -p "$cache"
-  rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv" || die "cannot make $venv (python3-venv installed?)"
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "${packages[*]}" ]; then
+  echo "test_pip: installing ${packages[*]} into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "${packages[@]}" ||
     die "pip could not install ${packages[*]} into $venv"
   echo "${packages[*]}" >"$stamp"
@@ -74,6 +76,10 @@ link_flags=""
 for d in "$nvidia"/*/lib; do link_flags="$link_flags -Wl,-rpath-link,$d -L$d"; done
 flags="-I$here/$build/first -isystem $gloo/include"
 case "$build" in /*) flags="-I$build/first -isystem $gloo/include" ;; esac
+# The wheel's nccl.h before the toolkit's (CUDA 13.0 ships NCCL 2.28, the
+# wheel 2.30): ProcessGroupNCCL's layout follows NCCL's version macros, and
+# compiled against the other one it corrupted the heap of libtorch_cuda.
+flags="-I$nvidia/nccl/include $flags"
 for d in "$nvidia"/*/include; do flags="$flags -idirafter $d"; done
 cuda_args=(-DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_ARCHITECTURES=90)
 command -v nvcc >/dev/null || [ ! -x /usr/local/cuda/bin/nvcc ] || export PATH="/usr/local/cuda/bin:$PATH"

@@ -366,9 +366,13 @@ at::Tensor generator_state() {
 }
 
 void generator_restore(const at::Tensor& state) {
+  // A tensor of its own: 2.15's CPUGeneratorImpl::set_state reads the
+  // state's storage from its start, so a row of the [ranks, bytes] rng.pt
+  // (a view at an offset) crashed every rank but 0.
+  const at::Tensor owned = state.contiguous().clone();
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  gen.set_state(owned);
 }
 
 void within_memory(const std::string& what, const std::function<void()>& body) {

@@ -7,8 +7,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 # bf16 on Gloo needs LibTorch 2.x (both peers are the same release here).
 bf16=$($PY -c 'import torch; print("ddp-bf16" if int(torch.__version__.split(".")[0]) >= 2 else "")')
 modes="local ddp ddp-fp16 $bf16 ddp-bucket1 ddp-accum4 ddp-powersgd1"
+# The platform's own build and Python peer (build/ and Debian's python3 by default).
 ROUNDS=1 STEPS=3 WARMUP=1 MODELS=small MODES="$(echo $modes | tr ' ' ,),exchange-bucketed,exchange-flat" \
-  "$root/scripts/bench_ddp.sh" >"$WORK/out" 2>"$WORK/err"
+  BUILD="$(dirname "$LOCKSTEP")" PYTHON="$PY" "$root/scripts/bench_ddp.sh" >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 0 "bench_ddp.sh exits 0"
 for mode in $modes; do
   expect_grep "$WORK/out" "^small +$mode +2 +32 +[0-9.]+ +[0-9.]+ +[0-9.]+\$" "row with both figures and a ratio: small $mode"

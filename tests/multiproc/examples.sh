@@ -30,11 +30,21 @@ for layer in util distributed data ddp check train; do
   ls "$prefix"/lib*/liblockstep_$layer.a >/dev/null 2>&1 && pass "installed liblockstep_$layer.a" || fail "no liblockstep_$layer.a"
 done
 run="$prefix/bin/lockstep-run"
+# The examples find the LibTorch the build used, as its user would point
+# them at it: Torch_DIR and the build's compiler and linker settings (on the
+# pip platform: the wheel's torch, its CUDA settings, Debian's fmt first).
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+platform=()
+for key in Torch_DIR CMAKE_CXX_FLAGS CMAKE_EXE_LINKER_FLAGS TORCH_CUDA_ARCH_LIST CMAKE_CUDA_ARCHITECTURES \
+  CMAKE_CUDA_COMPILER nvtx3_dir USE_SYSTEM_NVTX CUDNN_INCLUDE_PATH CUDNN_LIBRARY_PATH c10_LIBRARY; do
+  value=$(cache_value "$key")
+  [ -n "$value" ] && platform+=("-D$key=$value")
+done
 
 # Both example projects, configured against the prefix only, built in one go.
 for ex in custom_model torchscript; do
   cmake -S "$root/examples/$ex" -B "$WORK/$ex" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$prefix" >"$WORK/$ex.configure" 2>&1
+    -DCMAKE_PREFIX_PATH="$prefix" "${platform[@]}" >"$WORK/$ex.configure" 2>&1
   expect_eq "$?" 0 "examples/$ex configures with find_package(lockstep)"
   if grep -q "$root/include" "$WORK/$ex/build.ninja"; then
     fail "examples/$ex reads headers from the source tree"
@@ -49,7 +59,7 @@ expect_eq "$?" 0 "the examples build against the installed package"
 # The build tree is a package as well (export(EXPORT)): the same example
 # configured with CMAKE_PREFIX_PATH=<build>, headers from the source tree.
 cmake -S "$root/examples/custom_model" -B "$WORK/from_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$build" >"$WORK/from_build.configure" 2>&1
+  -DCMAKE_PREFIX_PATH="$build" "${platform[@]}" >"$WORK/from_build.configure" 2>&1
 expect_eq "$?" 0 "examples/custom_model configures with CMAKE_PREFIX_PATH=<build tree>"
 expect_grep "$WORK/from_build/CMakeCache.txt" "^lockstep_DIR:PATH=$build\$" "finding the build tree's lockstepConfig.cmake"
 cmake --build "$WORK/from_build" --target custom_model -j 2 >"$WORK/from_build.log" 2>&1
