@@ -275,7 +275,8 @@ configure() {
   [ -f "$nccl_include/nccl.h" ] && extra="-I$nccl_include $extra" && echo "nccl.h: $nccl_include"
   local d
   for d in $("$PYTHON" -c 'import glob, os, nvidia; print(" ".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "include"))))' 2>/dev/null); do
-    extra="$extra -idirafter $d"
+    # not nccl's: GCC drops a -I folder also given with -idirafter
+    [ "$d" = "$nccl_include" ] || extra="$extra -idirafter $d"
   done
   if [ "$has_gpu" = 1 ] && command -v nvcc >/dev/null; then
     local cap

@@ -80,7 +80,9 @@ case "$build" in /*) flags="-I$build/first -isystem $gloo/include" ;; esac
 # wheel 2.30): ProcessGroupNCCL's layout follows NCCL's version macros, and
 # compiled against the other one it corrupted the heap of libtorch_cuda.
 flags="-I$nvidia/nccl/include $flags"
-for d in "$nvidia"/*/include; do flags="$flags -idirafter $d"; done
+# (nccl's own folder not among them: GCC drops a -I folder that is also
+# given with -idirafter, and the toolkit's older nccl.h would win again)
+for d in "$nvidia"/*/include; do [ "$d" = "$nvidia/nccl/include" ] || flags="$flags -idirafter $d"; done
 cuda_args=(-DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_ARCHITECTURES=90)
 command -v nvcc >/dev/null || [ ! -x /usr/local/cuda/bin/nvcc ] || export PATH="/usr/local/cuda/bin:$PATH"
 command -v nvcc >/dev/null && cuda_args+=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
