@@ -48,7 +48,8 @@ fi
 cmd=$(printf '%q ' "$@")
 set +e
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 CI="${CI:-}" /bin/bash -c "cd $src && $cmd"
+  LANG=C.UTF-8 CI="${CI:-}" PIP_CERT=/etc/ssl/certs/host-ca-certificates.crt \
+  PIP_DEFAULT_TIMEOUT="${PIP_DEFAULT_TIMEOUT:-180}" /bin/bash -c "cd $src && $cmd"
 rc=$?
 set -e
 exit $rc

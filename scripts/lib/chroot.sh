@@ -27,6 +27,10 @@ enter_mounts() {  # enter_mounts ROOTDIR
   mkdir -p "$1/dev/shm"
   mount -t tmpfs -o size=4g tmpfs "$1/dev/shm" && mounted+=("$1/dev/shm")
   cp /etc/resolv.conf "$1/etc/resolv.conf" 2>/dev/null || true
+  # The host's certificate bundle, for pip inside (PIP_CERT: a machine whose
+  # registry is reached through a proxy with its own CA trusts it here too).
+  mkdir -p "$1/etc/ssl/certs"
+  cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$1/etc/ssl/certs/host-ca-certificates.crt" 2>/dev/null || true
   # CUDA's headers (build.nccl_syntax compiles the NCCL source against them).
   if [ -d /usr/local/cuda/include ]; then
     bind "$(readlink -f /usr/local/cuda)" "$1/usr/local/cuda"

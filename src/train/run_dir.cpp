@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,7 +51,10 @@
 // file. The kernel drops the lock when the holder's process ends (a crash,
 // SIGKILL, a lost node's process torn down), so a crashed job never blocks
 // its own restart or resume: no stale lock file is ever trusted, its text
-// is only read for the message. The file is not an output (never moved by
+// is only read for the message, and to wait (at most 30 s) while a holder
+// of this host that is gone or exiting still has the lock: the kernel
+// drops it only once the last thread has finished (an fsync in flight
+// can outlast a SIGKILL by seconds). The file is not an output (never moved by
 // run.overwrite) and stays after the job.
 // Several hosts on one shared filesystem: on NFS, Linux turns flock into a
 // whole-file POSIX lock that the server arbitrates, so a job on another
@@ -156,6 +160,40 @@ std::string host_name() {
   return host;
 }
 
+// The holder's line, read through this descriptor (never reopened).
+std::string holder_line(int fd) {
+  char text[256] = {};
+  const ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  std::string line(text, n > 0 ? static_cast<size_t>(n) : 0);
+  return line.substr(0, line.find('\n'));
+}
+
+// Whether the holder named in the lock file is a process of this host that
+// is gone or exiting: its lock then outlives it only while its last
+// threads finish (an fsync in flight can take seconds after a SIGKILL).
+bool holder_exiting(int fd) {
+  const std::string line = holder_line(fd);
+  const auto host_at = line.find("host "), pid_at = line.find(", pid ");
+  if (host_at != 0 || pid_at == std::string::npos) return false;
+  if (line.substr(5, pid_at - 5) != host_name()) return false;
+  const long pid = std::atol(line.c_str() + pid_at + 6);
+  if (pid <= 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  // An exiting process has given up its memory, and with it its command line.
+  return read_small("/proc/" + std::to_string(pid) + "/cmdline").empty();
+}
+
+// flock without waiting; when a dying holder still has it, up to 30 s for
+// the kernel to finish its exit. 0, or flock's errno when it stays taken.
+int lock_or_wait_for_exiting_holder(int fd) {
+  for (int tries = 0;; ++tries) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    const int error = errno;
+    if (error != EWOULDBLOCK || tries >= 300 || !holder_exiting(fd)) return error;
+    usleep(100 * 1000);
+  }
+}
+
 }  // namespace
 
 std::string run_dir_holder(const std::string& job) {
@@ -180,14 +218,9 @@ RunDirLock RunDirLock::acquire(const std::string& run_dir, const std::string& ho
   if (fstat(lock.fd_, &st) != 0 || !S_ISREG(st.st_mode))
     throw ConfigError("run directory '" + run_dir + "': its lock file '" + path +
                       "' is not a regular file (remove it)");
-  if (flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
+  if (const int error = lock_or_wait_for_exiting_holder(lock.fd_); error != 0) {
     if (error == EWOULDBLOCK) {
-      // The holder's line, read through this descriptor (never reopened).
-      char text[256] = {};
-      const ssize_t n = pread(lock.fd_, text, sizeof text - 1, 0);
-      std::string line(text, n > 0 ? static_cast<size_t>(n) : 0);
-      line = line.substr(0, line.find('\n'));
+      const std::string line = holder_line(lock.fd_);
       throw ConfigError("run directory '" + run_dir + "' is in use by a live job (" +
                         (line.empty() ? std::string("its holder has not said who it is") : line) +
                         "); two jobs in one run directory would overwrite each other's "

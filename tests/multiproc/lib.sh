@@ -12,7 +12,8 @@ export USE_LIBUV=0
 # platform's own (LOCKSTEP_PYTHON: scripts/test.sh sets it for pip's torch).
 PY=${LOCKSTEP_PYTHON:-/usr/bin/python3}
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+# KEEP_WORK=1 keeps the work folder for a look after a failure.
+trap "${KEEP_WORK:+:} rm -rf \"$WORK\"" EXIT
 FAILURES=0
 PASSES=0
 
