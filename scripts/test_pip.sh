@@ -106,6 +106,7 @@ mkdir -p "$build"
   # A build folder configured once against another LibTorch keeps that
   # one's libraries in its cache: each is named again.
   echo "set(Torch_DIR \"$cmake_prefix/Torch\" CACHE PATH \"\" FORCE)"
+  echo "set(Caffe2_DIR \"$cmake_prefix/Caffe2\" CACHE PATH \"\" FORCE)"
   echo "set(c10_LIBRARY \"$torch_lib/libc10.so\" CACHE FILEPATH \"\" FORCE)"
   echo "set(TORCH_LIBRARY \"$torch_lib/libtorch.so\" CACHE FILEPATH \"\" FORCE)"
   echo "set(LOCKSTEP_NCCL ON CACHE STRING \"\" FORCE)"

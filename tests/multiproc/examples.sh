@@ -35,8 +35,8 @@ run="$prefix/bin/lockstep-run"
 # pip platform: the wheel's torch, its CUDA settings, Debian's fmt first).
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
 platform=()
-for key in Torch_DIR CMAKE_CXX_FLAGS CMAKE_EXE_LINKER_FLAGS TORCH_CUDA_ARCH_LIST CMAKE_CUDA_ARCHITECTURES \
-  CMAKE_CUDA_COMPILER nvtx3_dir USE_SYSTEM_NVTX CUDNN_INCLUDE_PATH CUDNN_LIBRARY_PATH c10_LIBRARY; do
+for key in Torch_DIR Caffe2_DIR CMAKE_CXX_FLAGS CMAKE_EXE_LINKER_FLAGS TORCH_CUDA_ARCH_LIST CMAKE_CUDA_ARCHITECTURES \
+  CMAKE_CUDA_COMPILER nvtx3_dir USE_SYSTEM_NVTX CUDNN_INCLUDE_PATH CUDNN_LIBRARY_PATH c10_LIBRARY TORCH_LIBRARY; do
   value=$(cache_value "$key")
   [ -n "$value" ] && platform+=("-D$key=$value")
 done
