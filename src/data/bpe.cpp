@@ -11,6 +11,7 @@
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
+#include "lockstep/util/utf8.h"
 #include "vocab_files.h"
 
 // Note [GPT-2 BPE]
@@ -134,24 +135,6 @@ bool unmap_bytes(std::string_view text, const std::unordered_map<uint32_t, char>
     i += c.len;
   }
   return true;
-}
-
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 constexpr size_t kShortPiece = 64;  // symbols: below, the quadratic loop

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -29,6 +30,9 @@ class Utf8Stream {
 // `raw` as a JSON string: quoted, escaped, and valid UTF-8 (bytes that are
 // no UTF-8, as a path may hold, become U+FFFD).
 std::string json_quoted(const std::string& raw);
+
+// Appends code point `cp` (below 0x110000, no surrogate) as UTF-8.
+void append_utf8(uint32_t cp, std::string& out);
 
 // Whether `text` is valid UTF-8 throughout (what Utf8Stream would pass on
 // unchanged).
