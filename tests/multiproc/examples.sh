@@ -137,16 +137,13 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32)
                                      torch.nn.Linear(32, 10))).save('$WORK/digits.ts')
 torch.jit.script(torch.nn.Linear(10, 3)).save('$WORK/wrong.ts')
 " 2>"$WORK/py.err" || fail "could not script the digits model"
-train() {  # train ARGS... -> $WORK/out
-  "$run" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
-    --set run.dir="$WORK/runs" --set model.name=torchscript --set model.path="$WORK/digits.ts" \
-    --set check.every=1 --set checkpoint.every=30 "$@" >"$WORK/out" 2>&1
-}
-weights() { sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/out"; }
-train --set run.name=ts --set train.max_steps=60 --set optim.decay_steps=60
+LAUNCH=$run  # the installed launcher
+TRAIN_ARGS=(--set model.name=torchscript --set model.path="$WORK/digits.ts" --set check.every=1
+            --set checkpoint.every=30)
+train run 2 --set run.name=ts --set train.max_steps=60 --set optim.decay_steps=60
 expect_eq "$?" 0 "lockstep train trains a TorchScript model on 2 ranks"
-expect_grep "$WORK/out" "trained 60 steps: validation accuracy 0\.[6-9]" "it learns the digits (accuracy >= 0.6 after 60 steps)"
-straight=$(weights)
+expect_grep "$WORK/run.out" "trained 60 steps: validation accuracy 0\.[6-9]" "it learns the digits (accuracy >= 0.6 after 60 steps)"
+straight=$(weights run)
 $PY -c "
 import torch
 net = torch.jit.load('$WORK/digits.ts')
@@ -157,10 +154,10 @@ print('keys', ' '.join(sorted(sd)))
 " >"$WORK/py.out" 2>&1
 expect_eq "$?" 0 "the checkpoint's model.pt loads into the Python module (load_state_dict, strict)"
 expect_grep "$WORK/py.out" "keys 1.bias 1.weight 3.bias 3.weight" "under the module's own names"
-train --set run.name=ts2 --set train.max_steps=30 --set optim.decay_steps=60
-train --set run.name=ts2 --set train.max_steps=60 --set checkpoint.resume=auto --set optim.decay_steps=60
-expect_grep "$WORK/out" "resumed from .*step_00000030 at step 30" "a TorchScript run resumes"
-[ -n "$straight" ] && expect_eq "$(weights)" "$straight" "and ends bit-identical to the straight run"
+train run 2 --set run.name=ts2 --set train.max_steps=30 --set optim.decay_steps=60
+train run 2 --set run.name=ts2 --set train.max_steps=60 --set checkpoint.resume=auto --set optim.decay_steps=60
+expect_grep "$WORK/run.out" "resumed from .*step_00000030 at step 30" "a TorchScript run resumes"
+[ -n "$straight" ] && expect_eq "$(weights run)" "$straight" "and ends bit-identical to the straight run"
 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$WORK/runs" \
   --set model.name=torchscript --set model.path="$WORK/missing.ts" >"$WORK/out" 2>&1
 expect_eq "$?" 2 "a missing TorchScript file exits 2"

@@ -12,11 +12,6 @@ runs="$WORK/runs"
 export OMP_NUM_THREADS=1
 digits=(--config "$root/configs/digits.yaml" --set run.dir="$runs" --set log.progress=plain
         --set train.max_steps=20 --set checkpoint.every=10)
-train() {  # train OUT ARGS...: 2 ranks under lockstep-run
-  local out=$1
-  shift
-  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train "$@" >"$WORK/$out" 2>&1
-}
 ranks() {  # ranks OUT ARGS...: 2 ranks started by hand; "$WORK/OUT.codes" gets "c0 c1"
   local out=$1
   shift
@@ -41,7 +36,7 @@ tamper() { copy_tampered "$runs/base/checkpoints/step_00000020" "$@"; }  # tampe
 
 # 1. Checkpoint values: every rank exits 2 naming the file and the entry,
 #    whichever rank owns it under ZeRO (layers.0.weight: rank 1's).
-train base.out "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01
+train base 2 "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01
 expect_eq "$?" 0 "a 20-step Adam run on 2 ranks (the base checkpoint)"
 tamper nan optimizer.pt "s = torch.load(f); s['layers.0.weight.exp_avg'][3, 4] = float('nan'); torch.save(s, f)"
 for z in 0 1 2; do
@@ -58,21 +53,21 @@ ranks negative "${digits[@]}" --set run.name=negative --set optim.name=adam --se
 expect_eq "$(cat "$WORK/negative.codes")" "2 2" "a negative exp_avg_sq: exit 2 on both ranks"
 expect_grep "$WORK/negative.1" "'layers.2.weight.exp_avg_sq' is a second moment and cannot be negative" "naming the rule"
 tamper nanweight model.pt "s = torch.load(f); s['layers.2.bias'][1] = float('inf'); torch.save(s, f)"
-train nanweight.out "${digits[@]}" --set run.name=nanweight --set optim.name=adam --set checkpoint.resume="$WORK/nanweight"
+train nanweight 2 "${digits[@]}" --set run.name=nanweight --set optim.name=adam --set checkpoint.resume="$WORK/nanweight"
 expect_eq "$?" 2 "an inf weight in model.pt: exit 2"
 expect_grep "$WORK/nanweight.out" "model.pt: entry 'layers.2.bias' is not finite" "naming it"
 tamper norng rng.pt "torch.save(torch.zeros(0, 5056, dtype=torch.uint8), f)"
-train norng.out "${digits[@]}" --set run.name=norng --set optim.name=adam --set checkpoint.resume="$WORK/norng"
+train norng 2 "${digits[@]}" --set run.name=norng --set optim.name=adam --set checkpoint.resume="$WORK/norng"
 expect_eq "$?" 2 "an rng.pt of 0 rows: exit 2 (was: silently reseeded)"
 expect_grep "$WORK/norng.out" "rng.pt: holds 0 generator state\(s\)" "naming rng.pt"
 tamper badrng rng.pt "torch.save(torch.zeros(2, 17, dtype=torch.uint8), f)"
-train badrng.out "${digits[@]}" --set run.name=badrng --set optim.name=adam --set checkpoint.resume="$WORK/badrng"
+train badrng 2 "${digits[@]}" --set run.name=badrng --set optim.name=adam --set checkpoint.resume="$WORK/badrng"
 expect_eq "$?" 2 "an rng.pt of the wrong state size: exit 2 (was: exit 4)"
 expect_grep "$WORK/badrng.out" "rng.pt: holds 2 generator state\(s\) of 17 bytes" "naming rng.pt and the sizes"
 
 # 2. PowerSGD's comm_hook.pt: 1e38 in rank 1's error, a NaN Q equal on
 #    every rank (refused for what it is, not as "differs").
-train psgd.out "${digits[@]}" --set run.name=psgd --set ddp.comm_hook=powersgd \
+train psgd 2 "${digits[@]}" --set run.name=psgd --set ddp.comm_hook=powersgd \
   --set ddp.powersgd.start_iter=2 --set checkpoint.every=20
 expect_eq "$?" 0 "a PowerSGD run"
 psgd_tamper() { copy_tampered "$runs/psgd/checkpoints/step_00000020" "$1" comm_hook.pt "$2"; }
@@ -82,7 +77,7 @@ ranks huge "${digits[@]}" --set run.name=huge --set ddp.comm_hook=powersgd --set
 expect_eq "$(cat "$WORK/huge.codes")" "2 2" "1e38 in rank 1's PowerSGD error: exit 2 on both ranks"
 expect_grep "$WORK/huge.0" "comm_hook.pt: entry 'rank1.error.0' is out of range" "rank 0 names rank 1's entry"
 psgd_tamper nanq "s = torch.load(f); k = [k for k in s if '.q.' in k or k.startswith('q.')][0]; s[k].view(-1)[0] = float('nan'); torch.save(s, f)"
-train nanq.out "${digits[@]}" --set run.name=nanq --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=2 \
+train nanq 2 "${digits[@]}" --set run.name=nanq --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=2 \
   --set checkpoint.resume="$WORK/nanq"
 expect_eq "$?" 2 "a NaN Q: exit 2"
 expect_grep "$WORK/nanq.out" "comm_hook.pt: entry '[^']*q[^']*' is not finite" "refused as not finite"
@@ -97,15 +92,15 @@ step=$(sed -n 's/.*training diverged at step \([0-9]*\):.*/\1/p' "$WORK/diverged
 expect_grep "$WORK/diverged.1" "training diverged at step $step: " "rank 1 stops at the same step"
 newest=$(ls "$runs/diverged/checkpoints" | sort | tail -1)
 expect_eq "$newest" "$(printf 'step_%08d' $((step - 1)))" "the newest checkpoint is the step before it"
-train trained_on.out "${digits[@]}" --set run.name=trained_on --set optim.lr=1000000 --set train.stop_on_nonfinite=false
+train trained_on 2 "${digits[@]}" --set run.name=trained_on --set optim.lr=1000000 --set train.stop_on_nonfinite=false
 expect_eq "$?" 0 "with train.stop_on_nonfinite: false it trains on (exit 0)"
 
 # 4. The run directory of another run: refused, unless run.overwrite.
-train again.out "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01
+train again 2 "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01
 expect_eq "$?" 2 "a fresh run into a run directory with another run's results: exit 2"
 expect_grep "$WORK/again.out" "run directory '.*/base' holds another run's results \(checkpoints, metrics.jsonl\).*checkpoint.resume: auto.*run.name.*run.overwrite: true" "naming them and the three ways on"
 before=$(wc -l <"$runs/base/metrics.jsonl")
-train over.out "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01 --set run.overwrite=true
+train over 2 "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01 --set run.overwrite=true
 expect_eq "$?" 0 "with run.overwrite: true it runs"
 moved=$(ls -d "$runs/base"/overwritten-* | head -1)
 expect_eq "$(wc -l <"$moved/metrics.jsonl")" "$before" "the old metrics.jsonl is kept in $(basename "$moved")/"
@@ -113,7 +108,7 @@ expect_eq "$(grep -c '"step": 20, "epoch": 1, "loss"' "$runs/base/metrics.jsonl"
 expect_eq "$(ls "$runs/base/checkpoints")" "$(printf 'step_00000010\nstep_00000020')" "and the new run's own checkpoints"
 
 # 5. A resumed run that had finished reports its validation.
-train finished.out "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01 --set checkpoint.resume=auto
+train finished 2 "${digits[@]}" --set run.name=base --set optim.name=adam --set optim.lr=0.01 --set checkpoint.resume=auto
 expect_eq "$?" 0 "resuming a finished run"
 expect_grep "$WORK/finished.out" "done: 20 steps, validation accuracy 0\.[0-9]+" "reports its validation accuracy"
 if grep -q "no validation (empty split)" "$WORK/finished.out"; then fail "says 'no validation (empty split)'"; else pass "not 'no validation (empty split)'"; fi
@@ -125,7 +120,7 @@ import random
 random.seed(1)
 print('\n'.join(','.join(f'{random.random():.4f}' for _ in range(4)) + ',' + str(random.randrange(3)) for _ in range(203)))
 " >"$WORK/rows.csv"
-train tail.out --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name=tail \
+train tail 2 --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name=tail \
   --set data.name=csv --set data.path="$WORK/rows.csv" --set data.validation_fraction=0 \
   --set data.batch_size=8 --set train.accumulation_steps=2 --set train.epochs=2 --set log.every=1 --set log.progress=plain
 expect_eq "$?" 0 "203 rows, 2 ranks, batch 8, accumulation 2"
@@ -152,13 +147,13 @@ PY
 gpt=(--config "$root/configs/gpt-text.yaml" --set run.dir="$runs" --set model.n_layer=1 --set model.n_head=2
      --set model.n_embd=16 --set model.block_size=32 --set data.name=tokens --set data.vocab_size=1000
      --set log.progress=plain --set check.every=0)
-train v7.out "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7.bin" --set train.max_steps=2
+train v7 2 "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7.bin" --set train.max_steps=2
 expect_eq "$?" 0 "an llm.c version-7 file (uint32 tokens) trains"
 expect_grep "$WORK/v7.out" "data: tokens \(50,000 tokens in" "as 50,000 tokens (was: 100,512 uint16)"
-train unknown.out "${gpt[@]}" --set run.name=unknown --set data.path="$WORK/unknown.bin" --set train.max_steps=2
+train unknown 2 "${gpt[@]}" --set run.name=unknown --set data.path="$WORK/unknown.bin" --set train.max_steps=2
 expect_eq "$?" 2 "an llm.c-style header of unknown magic: exit 2"
 expect_grep "$WORK/unknown.out" "magic 20240999 and version 7, which lockstep does not know \(known: llm.c's magic 20240520" "listing the known formats"
-train shrunk.out "${gpt[@]}" --set run.name=shrunk --set data.path="$WORK/big.bin" \
+train shrunk 2 "${gpt[@]}" --set run.name=shrunk --set data.path="$WORK/big.bin" \
   --set train.max_steps=1000000 --set train.epochs=1000 --set checkpoint.every=0 &
 job=$!
 wait_for 120 "step 25 of the job whose file is cut" grep -q "step 25" "$WORK/shrunk.out"
@@ -170,10 +165,10 @@ expect_eq "$?" 2 "a token file cut under a running job: exit 2 (was: SIGBUS, exi
 expect_grep "$WORK/shrunk.out" "^\[rank[01]\]: .*token file '$WORK/big.bin' changed under the running job: its size changed from 800000 to 1000 bytes" "a rank names the file and the sizes"
 expect_grep "$WORK/shrunk.out" "^    .*token file '$WORK/big.bin' changed under the running job" "and so does the root cause in lockstep-run's summary"
 if grep -q "signal 7" "$WORK/shrunk.out"; then fail "a rank died of SIGBUS"; else pass "no rank died of a signal"; fi
-train recut.out "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7cut.bin" --set train.max_steps=4 --set checkpoint.resume=auto
+train recut 2 "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7cut.bin" --set train.max_steps=4 --set checkpoint.resume=auto
 expect_eq "$?" 2 "resuming against a data set of another size: exit 2"
 expect_grep "$WORK/recut.out" "was trained on 1406 training examples \(data_id [0-9a-f]+\), the training split now has 562" "naming both sizes"
-train recut_ok.out "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7cut.bin" --set train.max_steps=4 \
+train recut_ok 2 "${gpt[@]}" --set run.name=v7 --set data.path="$WORK/v7cut.bin" --set train.max_steps=4 \
   --set checkpoint.resume=auto --set checkpoint.allow_data_change=true
 expect_eq "$?" 0 "with checkpoint.allow_data_change: true it resumes"
 expect_grep "$WORK/recut_ok.out" "\[warning\] checkpoint .* was trained on 1406 .*re-mapped onto the new data" "with a warning"
@@ -183,7 +178,7 @@ expect_grep "$WORK/recut_ok.out" "trained 4 steps" "and trains to step 4"
 #    anything is built; tiny temperatures greedy; options refused before
 #    any output; an overflowing --prompt-tokens refused.
 head -c 20000 "$root/data/kjv.txt" >"$WORK/book.txt"
-train gptrun.out --config "$root/configs/gpt-text.yaml" --set run.dir="$runs" --set run.name=gen \
+train gptrun 2 --config "$root/configs/gpt-text.yaml" --set run.dir="$runs" --set run.name=gen \
   --set model.n_layer=1 --set model.n_head=2 --set model.n_embd=16 --set model.block_size=32 \
   --set data.path="$WORK/book.txt" --set train.max_steps=3 --set check.every=0 --set log.progress=plain
 expect_eq "$?" 0 "a small GPT checkpoint"
@@ -250,12 +245,12 @@ wait "$jobA"
 
 # 10. What a killed writer left is repaired at the next start: best/ put
 #     back from the copy aside, stale temporary folders removed.
-train best.out "${digits[@]}" --set run.name=best --set checkpoint.keep_best=val_loss --set train.eval_every=5
+train best 2 "${digits[@]}" --set run.name=best --set checkpoint.keep_best=val_loss --set train.eval_every=5
 expect_eq "$?" 0 "a run that keeps its best checkpoint"
 ckd="$runs/best/checkpoints"
 mv "$ckd/best" "$ckd/.old-best-99999999"
 mkdir "$ckd/.tmp-best-99999998" "$ckd/.tmp-step_00000030-99999997"
-train best2.out "${digits[@]}" --set run.name=best --set checkpoint.keep_best=val_loss --set train.eval_every=5 \
+train best2 2 "${digits[@]}" --set run.name=best --set checkpoint.keep_best=val_loss --set train.eval_every=5 \
   --set checkpoint.resume=auto --set train.max_steps=25
 expect_eq "$?" 0 "the next start"
 expect_grep "$WORK/best2.out" "checkpoints: restored .*/checkpoints/best from .*\.old-best-99999999" "says it restored best/"
@@ -273,7 +268,7 @@ ls -d "$runs/restarted"/overwritten-* >/dev/null 2>&1 && pass "the first attempt
 
 # 12. From the review. The root cause is the error that ended a worker, not
 #     one a rank reports and goes on from (check.policy warn).
-LOCKSTEP_FAULT=exit:rank=1:step=12 train warnonly.out "${digits[@]}" --set run.name=warnonly --set model.name=cnn \
+LOCKSTEP_FAULT=exit:rank=1:step=12 train warnonly 2 "${digits[@]}" --set run.name=warnonly --set model.name=cnn \
   --set model.batch_norm=true --set ddp.broadcast_buffers=false --set check.buffers=true \
   --set check.policy=warn --set checkpoint.every=0
 expect_eq "$?" 7 "rank 1 leaves with LOCKSTEP_FAULT's exit 7 while rank 0 logs check warnings"
@@ -286,7 +281,7 @@ if ls -d "$runs/diverged"/overwritten-* >/dev/null 2>&1; then fail "the other ru
 # Touching a token file (same bytes) is no change; every rank stops alike
 # on a real one, before reading it (ranks started by hand: each one's code).
 cp "$WORK/v7.bin" "$WORK/touch.bin"
-train touched.out "${gpt[@]}" --set run.name=touched --set data.path="$WORK/touch.bin" --set train.max_steps=200 \
+train touched 2 "${gpt[@]}" --set run.name=touched --set data.path="$WORK/touch.bin" --set train.max_steps=200 \
   --set checkpoint.every=0 &
 job=$!
 wait_for 120 "step 25 before the file is touched" grep -q "step 25" "$WORK/touched.out"
@@ -309,7 +304,7 @@ for r in 0 1; do
   expect_grep "$WORK/shrunk2.$r" "token file '$WORK/big2.bin' changed under the running job" "rank $r names the file"
 done
 # A NaN in a BatchNorm's running_var (a buffer) is refused too.
-train bn.out "${digits[@]}" --set run.name=bn --set model.name=cnn --set model.batch_norm=true
+train bn 2 "${digits[@]}" --set run.name=bn --set model.name=cnn --set model.batch_norm=true
 expect_eq "$?" 0 "a cnn with BatchNorm"
 rm -rf "$WORK/bnck" && cp -r "$runs/bn/checkpoints/step_00000020" "$WORK/bnck"
 f="$WORK/bnck/model.pt" $PY -c "
@@ -319,12 +314,12 @@ k = [k for k in s if k.endswith('running_var')][0]; s[k][0] = float('nan'); torc
 ck = os.path.dirname(f); lines = open(ck + '/MANIFEST').read().splitlines()
 h = hashlib.sha256(open(f, 'rb').read()).hexdigest()
 open(ck + '/MANIFEST', 'w').write(''.join((h + '  model.pt' if l.endswith('  model.pt') else l) + '\n' for l in lines))"
-train bnnan.out "${digits[@]}" --set run.name=bnnan --set model.name=cnn --set model.batch_norm=true \
+train bnnan 2 "${digits[@]}" --set run.name=bnnan --set model.name=cnn --set model.batch_norm=true \
   --set checkpoint.resume="$WORK/bnck"
 expect_eq "$?" 2 "a NaN running_var in model.pt: exit 2"
 expect_grep "$WORK/bnnan.out" "model.pt: buffer '[^']*running_var' holds NaN" "naming the buffer"
 # Weights made non-finite by the optimizer step itself are never saved.
-train eps0.out "${digits[@]}" --set run.name=eps0 --set optim.name=adam --set optim.eps=0 \
+train eps0 2 "${digits[@]}" --set run.name=eps0 --set optim.name=adam --set optim.eps=0 \
   --set optim.lr=0.001 --set checkpoint.every=1
 expect_eq "$?" 1 "Adam with eps 0 (NaN weights after a finite step): exit 1"
 expect_grep "$WORK/eps0.out" "training diverged at step 1: parameter '[^']*' holds NaN or inf after the optimizer step" "naming the parameter"
@@ -337,8 +332,8 @@ expect_grep "$WORK/gnan.err" "model.pt: entry 'transformer.h.0.mlp.c_fc.weight' 
 expect_eq "$(stat -c %s "$WORK/gnan.out")" 0 "and nothing on stdout"
 # Resuming by name from an older checkpoint sets the later ones aside, so
 # that rotation keeps the new line's and auto returns to it.
-train line.out "${digits[@]}" --set run.name=line --set checkpoint.every=5 --set checkpoint.keep=3
-train rollback.out "${digits[@]}" --set run.name=line --set checkpoint.every=1 --set checkpoint.keep=3 \
+train line 2 "${digits[@]}" --set run.name=line --set checkpoint.every=5 --set checkpoint.keep=3
+train rollback 2 "${digits[@]}" --set run.name=line --set checkpoint.every=1 --set checkpoint.keep=3 \
   --set checkpoint.resume="$runs/line/checkpoints/step_00000010" --set train.max_steps=14
 expect_eq "$?" 0 "resuming from step 10 of 20"
 expect_grep "$WORK/rollback.out" "resumed from step 10: the 2 later checkpoint\(s\) of this run \(step_00000015 to step_00000020" "the later checkpoints are set aside"
@@ -346,22 +341,22 @@ expect_eq "$(ls "$runs/line/checkpoints" | tr '\n' ' ')" "step_00000012 step_000
 ls "$runs/line"/superseded-*/step_00000020/MANIFEST >/dev/null 2>&1 && pass "step_00000020 is kept in superseded-*/" || fail "step_00000020 is gone"
 # A run that failed with only TensorBoard's file reruns; overwrite moves
 # only lockstep's outputs (a data file the user keeps there stays).
-train tb.out "${digits[@]}" --set run.name=tb --set log.tensorboard=true --set optim.lr=1000000
-train tb2.out "${digits[@]}" --set run.name=tb --set log.tensorboard=true --set optim.lr=1000000
+train tb 2 "${digits[@]}" --set run.name=tb --set log.tensorboard=true --set optim.lr=1000000
+train tb2 2 "${digits[@]}" --set run.name=tb --set log.tensorboard=true --set optim.lr=1000000
 expect_eq "$?" 1 "a diverged run with TensorBoard reruns (and diverges again: exit 1, not 2)"
 cp "$WORK/rows.csv" "$runs/base/mydata.csv"
-train over2.out "${digits[@]}" --set run.name=base --set run.overwrite=true
+train over2 2 "${digits[@]}" --set run.name=base --set run.overwrite=true
 expect_eq "$?" 0 "run.overwrite again"
 [ -f "$runs/base/mydata.csv" ] && pass "the user's own file stays in the run directory" || fail "run.overwrite moved the user's file"
 # best/ lost between two renames is put back before a resume looks for it.
 mv "$ckd/best" "$ckd/.old-best-99999996"
-train frombest.out "${digits[@]}" --set run.name=best --set checkpoint.resume="$ckd/best" --set train.max_steps=30
+train frombest 2 "${digits[@]}" --set run.name=best --set checkpoint.resume="$ckd/best" --set train.max_steps=30
 expect_eq "$?" 0 "resuming from best/ right after an interrupted replacement"
 # A nanoGPT file whose tokens hold a long run of zeros is no header.
 $PY -c "
 import struct
 t = [17, 4, 2, 9] + [0] * 600 + [5] * 5000
 open('$WORK/zeros.bin', 'wb').write(struct.pack('<%dH' % len(t), *t))"
-train zeros.out "${gpt[@]}" --set run.name=zeros --set data.path="$WORK/zeros.bin" --set train.max_steps=2
+train zeros 2 "${gpt[@]}" --set run.name=zeros --set data.path="$WORK/zeros.bin" --set train.max_steps=2
 expect_eq "$?" 0 "a nanoGPT file with 600 zero tokens near its start trains"
 finish

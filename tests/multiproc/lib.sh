@@ -41,8 +41,26 @@ elapsed() { awk "BEGIN{printf \"%.2f\", $(now) - $1}"; }
 # Processes whose command line contains the marker (ours only).
 leftovers() { pgrep -f -- "$1" | grep -v "^$$\$" || true; }
 
-# The final weights' digest of the run logged in $WORK/NAME.out, and two
-# runs' compared (same NAME REFERENCE WHAT).
+# train NAME NPROC ARGS...: `lockstep train` on NPROC ranks under
+# lockstep-run, its stdout and stderr in $WORK/NAME.out (appended with
+# APPEND=1, as a resumed run's log continues the first). The run is NAME in
+# $RUNS (under LAUNCH, default lockstep-run), with plain progress lines, on configs/digits.yaml unless ARGS give a
+# --config, then the script's own defaults (the array TRAIN_ARGS) and ARGS:
+# a later --set overrides an earlier one. Returns lockstep's exit code.
+RUNS="$WORK/runs"
+TRAIN_ARGS=()
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+train() {
+  local name=$1 n=$2 config=(--config "$ROOT/configs/digits.yaml")
+  shift 2
+  case " $* " in *" --config "*) config=() ;; esac
+  [ "${APPEND:-0}" = 1 ] || : >"$WORK/$name.out"
+  "${LAUNCH:-$LOCKSTEP_RUN}" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train "${config[@]}" \
+    --set run.dir="$RUNS" --set run.name="$name" --set log.progress=plain "${TRAIN_ARGS[@]}" "$@" >>"$WORK/$name.out" 2>&1
+}
+
+# The final weights' digest of the run logged in $WORK/NAME.out (the last
+# one there), and two runs' compared (same NAME REFERENCE WHAT).
 weights() { grep -oE "weights [0-9a-f]{16,}" "$WORK/$1.out" | tail -1 | awk '{print $2}'; }
 same() {  # same NAME REFERENCE WHAT
   local a b

@@ -15,16 +15,9 @@
 source "$(dirname "$0")/lib.sh"
 TESTS=${3:?usage: $0 LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-runs="$WORK/runs"
+runs=$RUNS
+TRAIN_ARGS=(--set log.every=10 --set train.max_steps=200 --set optim.decay_steps=460)
 export OMP_NUM_THREADS=1
-train() {  # train NAME ARGS... (stdout+stderr to $WORK/NAME.out)
-  local name=$1
-  shift
-  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train \
-    --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name="$name" \
-    --set log.progress=plain --set log.every=10 --set train.max_steps=200 --set optim.decay_steps=460 "$@" \
-    >"$WORK/$name.out" 2>&1
-}
 accuracy() { grep -o "validation accuracy [0-9.]*" "$WORK/$1.out" | tail -1 | awk '{print $3}'; }
 # Mean comm_bytes_per_step of the records from step $2 on.
 bytes_from() {
@@ -36,9 +29,9 @@ print(int(sum(rs) / len(rs)) if rs else 0)"
 }
 
 # 1. Accuracy and bytes.
-train plain
+train plain 2
 expect_eq "$?" 0 "the all-reduce run trains"
-train psgd --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10
+train psgd 2 --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10
 expect_eq "$?" 0 "the PowerSGD run trains" || tail -5 "$WORK/psgd.out"
 a=$(accuracy plain) b=$(accuracy psgd)
 # Compression must not cost accuracy: at most 0.01 (4 of 359 examples)
@@ -56,11 +49,11 @@ print([json.loads(l) for l in open('$runs/psgd/metrics.jsonl') if '\"comm_bytes_
 expect_eq "$first" "$pb" "before start_iter it all-reduces plainly (the first 10 steps: $first bytes each)"
 
 # 2. Resume: interrupted at step 100 (a checkpoint every 50), resumed, bit-identical.
-train whole --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
+train whole 2 --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
   --set checkpoint.every=50
 expect_eq "$?" 0 "a PowerSGD run with checkpoints"
 expect_grep "$runs/whole/checkpoints/step_00000100/MANIFEST" "  comm_hook.pt$" "the checkpoint holds comm_hook.pt in its MANIFEST"
-train resumed --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
+train resumed 2 --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
   --set checkpoint.every=50 --set checkpoint.resume="$runs/whole/checkpoints/step_00000100"
 expect_eq "$?" 0 "the resumed run" || tail -5 "$WORK/resumed.out"
 expect_grep "$WORK/resumed.out" "resumed from .*step_00000100 at step 100" "it resumed at step 100"
@@ -90,7 +83,7 @@ lines = open(ck + '/MANIFEST').read().splitlines()
 h = hashlib.sha256(open(ck + '/comm_hook.pt', 'rb').read()).hexdigest()
 open(ck + '/MANIFEST', 'w').write(''.join((h + '  comm_hook.pt' if l.endswith('  comm_hook.pt') else l) + '\n' for l in lines))
 " "$ck"
-  train "$1" --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
+  train "$1" 2 --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=10 --set ddp.powersgd.rank=2 \
     --set checkpoint.resume="$ck"
 }
 hostile bad-iter "s = torch.load(f); s['rank1.iter'] = torch.tensor(5); torch.save(s, f)"
@@ -146,7 +139,7 @@ assert all(torch.equal(a[k], b[k]) for k in a), 'weights differ'
   { fail "the GPT resumed from step 1 differs"; tail -3 "$WORK/py.err"; }
 
 # Resumed with the hook gone: a note, and it trains on.
-train dropped --set checkpoint.resume="$runs/whole/checkpoints/step_00000100"
+train dropped 2 --set checkpoint.resume="$runs/whole/checkpoints/step_00000100"
 expect_eq "$?" 0 "resumed with ddp.comm_hook: allreduce"
 expect_grep "$WORK/dropped.out" "keeps none: ignored" "and says the saved hook state is not used"
 
@@ -165,10 +158,10 @@ for r in r1 r2 r4 r2-batch; do
 done
 
 # 4. Bad settings.
-train bad --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=1
+train bad 2 --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=1
 expect_eq "$?" 2 "start_iter 1 with error feedback exits 2"
 expect_grep "$WORK/bad.out" "ddp.powersgd.start_iter: must be at least 2 with error_feedback" "naming the key"
-train unknown --set ddp.comm_hook=powersgdd
+train unknown 2 --set ddp.comm_hook=powersgdd
 expect_eq "$?" 2 "an unknown hook exits 2"
 expect_grep "$WORK/unknown.out" "ddp.comm_hook: unknown hook 'powersgdd' \(valid: allreduce, fp16, bf16, powersgd;" "listing the valid ones"
 

@@ -29,29 +29,23 @@
 #   sharded_checkpoint.sh LOCKSTEP LOCKSTEP_RUN
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-runs="$WORK/runs"
+runs=$RUNS
 export OMP_NUM_THREADS=1
 text="$root/data/kjv.txt"
 [ -f "$text" ] || { fail "$text is missing (scripts/make_text.sh makes it; scripts/setup.sh runs that)"; finish; }
 head -c 200000 "$text" >"$WORK/kjv-head.txt"
-train() {  # train NAME NPROC CONFIG ARGS... (stdout+stderr appended to $WORK/NAME.out)
-  local name=$1 n=$2 config=$3
-  shift 3
-  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
-    --config "$root/configs/$config.yaml" --set run.dir="$runs" --set run.name="$name" \
-    --set log.progress=plain "$@" >>"$WORK/$name.out" 2>&1
-}
+APPEND=1  # a resumed run's log continues in NAME.out
 ck() { printf '%s/%s/checkpoints/step_%08d' "$runs" "$1" "$2"; }
 
 # 1. Same world size: bit-identical, across stages too.
 d=(--set optim.name=adamw --set optim.lr=0.003 --set data.batch_size=48 --set train.epochs=6)
-train whole 2 digits "${d[@]}" --set train.max_steps=24
+train whole 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set train.max_steps=24
 for pair in "0 3" "1 2" "3 0"; do
   set -- $pair
   name="same-$1-$2"
-  train "$name" 2 digits "${d[@]}" --set optim.zero="$1" --set train.max_steps=11 \
+  train "$name" 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero="$1" --set train.max_steps=11 \
     --set checkpoint.format=sharded
-  train "$name" 2 digits "${d[@]}" --set optim.zero="$2" --set train.max_steps=24 \
+  train "$name" 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero="$2" --set train.max_steps=24 \
     --set checkpoint.format=sharded --set checkpoint.resume=auto
   same "$name" whole "sharded, 2 ranks: optim.zero $1 for 11 steps, resumed with optim.zero $2 to 24 = the uninterrupted run"
 done
@@ -72,13 +66,13 @@ expect_eq "$?" 0 "each of 2 ranks wrote its own shard, no rank under 30% of the 
 # 2. Elastic, across stages: 2 (zero 1) -> 3 (zero 3) -> 1 (zero 0), global batch 96.
 common=(--set optim.schedule=constant --set optim.warmup_steps=0 --set train.epochs=6
   --set checkpoint.format=sharded)
-train ewhole 2 digits "${common[@]}" --set data.batch_size=48 --set train.max_steps=29
-train el 2 digits "${common[@]}" --set optim.zero=1 --set data.batch_size=48 --set train.max_steps=20 \
+train ewhole 2 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set data.batch_size=48 --set train.max_steps=29
+train el 2 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set optim.zero=1 --set data.batch_size=48 --set train.max_steps=20 \
   --set checkpoint.every=20
-train el 3 digits "${common[@]}" --set optim.zero=3 --set data.batch_size=32 --set train.max_steps=25 \
+train el 3 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set optim.zero=3 --set data.batch_size=32 --set train.max_steps=25 \
   --set checkpoint.every=25 --set checkpoint.resume=auto
 expect_grep "$WORK/el.out" "optim.zero 1 -> 3" "a sharded zero-1 checkpoint of 2 ranks resumes with optim.zero 3 on 3 ranks"
-train el 1 digits "${common[@]}" --set data.batch_size=96 --set train.max_steps=29 --set checkpoint.resume=auto
+train el 1 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set data.batch_size=96 --set train.max_steps=29 --set checkpoint.resume=auto
 expect_eq "$?" 0 "its sharded zero-3 checkpoint of 3 ranks resumes with optim.zero 0 on 1 rank"
 expect_grep "$(ck el 25)/metadata.txt" "^world_size 3$" "the step-25 checkpoint was written by 3 ranks"
 expect_eq "$(ls "$(ck el 25)" | grep -c '^shard_')" 3 "as 3 shard files"
@@ -96,8 +90,8 @@ PY
 expect_lt "${diff:-1}" 1e-6 "2 (zero 1) -> 3 (zero 3) -> 1 (zero 0), sharded: the weights within 1e-6 of the uninterrupted run ($diff)"
 
 # 3. Consolidate: the consolidated run's files, byte for byte.
-train cref 2 digits "${d[@]}" --set optim.zero=1 --set train.max_steps=12
-train csh 2 digits "${d[@]}" --set optim.zero=1 --set train.max_steps=12 --set checkpoint.format=sharded
+train cref 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero=1 --set train.max_steps=12
+train csh 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero=1 --set train.max_steps=12 --set checkpoint.format=sharded
 "$LOCKSTEP" checkpoint consolidate "$runs/csh" --out "$WORK/csh-12" >"$WORK/cons.out" 2>&1
 expect_eq "$?" 0 "lockstep checkpoint consolidate (a run folder: its newest checkpoint)"
 for f in model.pt optimizer.pt; do
@@ -112,7 +106,7 @@ for f in ("model.pt", "optimizer.pt"):
 print("equal")
 PY
 expect_eq "$?" 0 "and torch.load gives tensors equal (torch.equal) to the run's own"
-train csh2 2 digits "${d[@]}" --set optim.zero=1 --set train.max_steps=24 \
+train csh2 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero=1 --set train.max_steps=24 \
   --set checkpoint.resume="$WORK/csh-12"
 same csh2 whole "lockstep resumes from the consolidated folder, to the uninterrupted run's weights"
 "$LOCKSTEP" checkpoint info "$(ck same-0-3 24)" >"$WORK/info.out" 2>&1
@@ -127,8 +121,8 @@ expect_grep "$WORK/info.out" "optimizer.pt/layers.0.weight.exp_avg_sq" "info lis
 # 4. Async, the GPT at zero 3 (blocks as units), a checkpoint every 3 steps.
 g=(--set data.path="$WORK/kjv-head.txt" --set model.n_layer=2 --set model.n_embd=64
   --set model.block_size=32 --set data.batch_size=4 --set train.max_steps=16 --set optim.zero=3)
-train gsync 2 gpt-text "${g[@]}"
-train gasync 2 gpt-text "${g[@]}" --set checkpoint.format=sharded --set checkpoint.async=true \
+train gsync 2 --config "$ROOT/configs/gpt-text.yaml" "${g[@]}"
+train gasync 2 --config "$ROOT/configs/gpt-text.yaml" "${g[@]}" --set checkpoint.format=sharded --set checkpoint.async=true \
   --set checkpoint.every=3 --set checkpoint.keep=10
 same gasync gsync "async sharded saves every 3 steps leave the training unchanged (GPT, zero 3)"
 expect_eq "$(grep -c 'written in the background' "$WORK/gasync.out")" 10 \
@@ -153,7 +147,7 @@ assert all(torch.isfinite(t).all() for t in sd.values())
 print("strict")
 PY
 expect_eq "$?" 0 "the consolidated GPT (zero 3, async) loads into PyTorch's GPT with strict=True"
-train gres 2 gpt-text "${g[@]}" --set optim.zero=1 --set checkpoint.format=sharded \
+train gres 2 --config "$ROOT/configs/gpt-text.yaml" "${g[@]}" --set optim.zero=1 --set checkpoint.format=sharded \
   --set checkpoint.resume="$(ck gasync 9)"
 same gres gsync "resumed from an async checkpoint (step 9, zero 3 -> zero 1): the uninterrupted weights"
 "$LOCKSTEP" generate --checkpoint "$(ck gasync 16)" --prompt "In the" --max-new-tokens 12 --seed 1 >"$WORK/gen.out" 2>&1
@@ -271,7 +265,7 @@ for m in man:
         m[0] = hashlib.sha256(open(d + "/metadata.txt", "rb").read()).hexdigest()
 open(d + "/MANIFEST", "w").write("".join("  ".join(m) + "\n" for m in man))
 PY
-  train "h-$1" 2 digits "${d[@]}" --set optim.zero=1 --set train.max_steps=13 --set checkpoint.resume="$dir"
+  train "h-$1" 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero=1 --set train.max_steps=13 --set checkpoint.resume="$dir"
   local rc=$?
   expect_eq "$rc" 2 "$2: resume exits 2"
   expect_grep "$WORK/h-$1.out" "$4" "  and names $4"
@@ -282,12 +276,12 @@ hostile overlap "overlapping ranges" \
 hostile shape "a wrong shape (bytes kept)" 't = [t for t in tensors if t[1] == "model.pt/layers.0.weight"][0]; t[3] = "64,128"' "layers.0.weight"
 hostile bytes "a shape without its bytes" 't = [t for t in tensors if t[1] == "model.pt/layers.0.weight"][0]; t[3] = "128,65"' "layers.0.weight"
 rm -rf "$WORK/hostile-missing" && cp -r "$src" "$WORK/hostile-missing" && rm "$WORK/hostile-missing/shard_00001.bin"
-train h-missing 2 digits "${d[@]}" --set optim.zero=1 --set train.max_steps=13 --set checkpoint.resume="$WORK/hostile-missing"
+train h-missing 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero=1 --set train.max_steps=13 --set checkpoint.resume="$WORK/hostile-missing"
 expect_eq "$?" 2 "a missing shard: resume exits 2"
 expect_grep "$WORK/h-missing.out" "shard_00001.bin is missing" "  and names shard_00001.bin"
 rm -rf "$WORK/hostile-flip" && cp -r "$src" "$WORK/hostile-flip" &&
   printf '\x7f' | dd of="$WORK/hostile-flip/shard_00000.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
-train h-flip 2 digits "${d[@]}" --set optim.zero=1 --set train.max_steps=13 --set checkpoint.resume="$WORK/hostile-flip"
+train h-flip 2 --config "$ROOT/configs/digits.yaml" "${d[@]}" --set optim.zero=1 --set train.max_steps=13 --set checkpoint.resume="$WORK/hostile-flip"
 expect_eq "$?" 2 "a modified shard: resume exits 2"
 expect_grep "$WORK/h-flip.out" "shard_00000.bin's SHA-256 does not match" "  and names shard_00000.bin"
 "$LOCKSTEP" checkpoint consolidate "$WORK/hostile-flip" --out "$WORK/flip-out" >"$WORK/flip-cons.out" 2>&1
@@ -298,7 +292,7 @@ rm -rf "$WORK/hostile-manifest" && cp -r "$src" "$WORK/hostile-manifest" &&
 "$LOCKSTEP" checkpoint info "$WORK/hostile-manifest" >"$WORK/man.out" 2>&1
 expect_eq "$?" 2 "a MANIFEST without one shard: info exits 2"
 expect_grep "$WORK/man.out" "shard_00001.bin is not in the MANIFEST" "  and names shard_00001.bin"
-train h-async 1 digits --set checkpoint.async=true
+train h-async 1 --config "$ROOT/configs/digits.yaml" --set checkpoint.async=true
 expect_eq "$?" 2 "checkpoint.async with the consolidated format: exit 2"
 expect_grep "$WORK/h-async.out" "needs checkpoint.format: sharded" "  and says why"
 finish

@@ -6,18 +6,11 @@
 # checkpointing).
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-runs="$WORK/runs"
-train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
-  local n=$1
-  shift
-  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
-    --config "$root/configs/digits.yaml" --set run.dir="$runs" --set log.every=5 "$@" \
-    >"$WORK/out" 2>&1
-}
-weights() { sed -n 's/.*trained .* weights \([0-9a-f]*\);.*/\1/p' "$WORK/out"; }
+runs=$RUNS
+TRAIN_ARGS=(--set log.every=5)
 
 # 1. A short run: metrics, checkpoint with a valid manifest, Python opens it.
-train 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10 --set log.file=true \
+train run 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10 --set log.file=true \
   --set log.trace=true --set ddp.bucket_cap_mb=0.01 --set ddp.first_bucket_cap_mb=0.001
 expect_eq "$?" 0 "a 30-step 2-rank run exits 0"
 expect_grep "$runs/short/rank_1.log" "\[info\] done: 30 steps" "rank 1's own log file"
@@ -61,12 +54,12 @@ done
 #    schedule's length is set apart from max_steps, as nanoGPT's
 #    lr_decay_iters (Note [Schedule length]), so both halves decay alike.
 common=(--set model.dropout=0.1 --set checkpoint.every=0 --set optim.decay_steps=50)
-train 2 "${common[@]}" --set run.name=straight --set train.max_steps=50
-straight=$(weights)
-train 2 "${common[@]}" --set run.name=resumed --set train.max_steps=25
-train 2 "${common[@]}" --set run.name=resumed --set train.max_steps=50 --set checkpoint.resume=auto
-expect_grep "$WORK/out" "resumed from .*step_00000025 at step 25" "the second half resumed at step 25"
-resumed=$(weights)
+train run 2 "${common[@]}" --set run.name=straight --set train.max_steps=50
+straight=$(weights run)
+train run 2 "${common[@]}" --set run.name=resumed --set train.max_steps=25
+train run 2 "${common[@]}" --set run.name=resumed --set train.max_steps=50 --set checkpoint.resume=auto
+expect_grep "$WORK/run.out" "resumed from .*step_00000025 at step 25" "the second half resumed at step 25"
+resumed=$(weights run)
 [ -n "$straight" ] && expect_eq "$resumed" "$straight" "resumed run ends bit-identical to the uninterrupted one"
 
 # 2b. Schedules by steps (Note [Schedule length]): a run stopped by
@@ -79,41 +72,41 @@ lr_of() {  # RUN STEP: the lr of that step's training record
 }
 same_lr() { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a != "" && a == b)}'; }
 sched=(--set optim.min_lr=0.001 --set log.every=1 --set checkpoint.every=10 --set log.progress=plain)
-train 2 "${sched[@]}" --set run.name=sched --set train.max_steps=30
+train run 2 "${sched[@]}" --set run.name=sched --set train.max_steps=30
 same_lr "$(lr_of sched 30)" 0.001 && pass "the cosine reaches min_lr on the last of max_steps (step 30)" ||
   fail "the lr of step 30 is '$(lr_of sched 30)', not min_lr 0.001"
 awk -v a="$(lr_of sched 29)" 'BEGIN{exit !(a > 0.0011)}' && pass "and is above it the step before" ||
   fail "step 29's lr '$(lr_of sched 29)' is already min_lr"
-train 2 "${sched[@]}" --set run.name=toend --set train.epochs=2 \
+train run 2 "${sched[@]}" --set run.name=toend --set train.epochs=2 \
   --set checkpoint.resume="$runs/sched/checkpoints/step_00000010"
-expect_grep "$WORK/out" "done: 46 steps" "resumed without max_steps, it trains to the epochs' end"
-expect_grep "$WORK/out" "schedule length 30 -> 46 steps \(from the epochs\)" "and its schedule with it, said in the log"
+expect_grep "$WORK/run.out" "done: 46 steps" "resumed without max_steps, it trains to the epochs' end"
+expect_grep "$WORK/run.out" "schedule length 30 -> 46 steps \(from the epochs\)" "and its schedule with it, said in the log"
 same_lr "$(lr_of toend 46)" 0.001 && pass "ending at min_lr on step 46" || fail "step 46's lr is '$(lr_of toend 46)'"
-train 2 "${sched[@]}" --set run.name=decay --set train.max_steps=20 --set optim.decay_steps=30
-train 2 "${sched[@]}" --set run.name=decay --set train.max_steps=40 --set checkpoint.resume=auto
-grep -q "schedule length" "$WORK/out" && fail "the resume changed a length decay_steps set: $(grep -o 'schedule length[^;]*' "$WORK/out")" ||
+train run 2 "${sched[@]}" --set run.name=decay --set train.max_steps=20 --set optim.decay_steps=30
+train run 2 "${sched[@]}" --set run.name=decay --set train.max_steps=40 --set checkpoint.resume=auto
+grep -q "schedule length" "$WORK/run.out" && fail "the resume changed a length decay_steps set: $(grep -o 'schedule length[^;]*' "$WORK/run.out")" ||
   pass "a resume without optim.decay_steps keeps the length it set (30)"
-expect_grep "$WORK/out" "the run trains to step 40 but the schedule's length is 30 steps: steps 31..40 run at optim.min_lr=0.001" "and warns of the steps past it"
+expect_grep "$WORK/run.out" "the run trains to step 40 but the schedule's length is 30 steps: steps 31..40 run at optim.min_lr=0.001" "and warns of the steps past it"
 same_lr "$(lr_of decay 30)" 0.001 && same_lr "$(lr_of decay 40)" 0.001 &&
   awk -v a="$(lr_of decay 25)" 'BEGIN{exit !(a > 0.0011)}' && pass "its lr reaches min_lr at step 30 and stays" ||
   fail "lr at steps 25/30/40: $(lr_of decay 25) $(lr_of decay 30) $(lr_of decay 40)"
-train 2 "${sched[@]}" --set run.name=longer --set train.max_steps=40 \
+train run 2 "${sched[@]}" --set run.name=longer --set train.max_steps=40 \
   --set checkpoint.resume="$runs/sched/checkpoints/step_00000010"
-expect_grep "$WORK/out" "schedule length 30 -> 40 steps \(from train.max_steps\)" "a new max_steps is a new length, said in the log"
+expect_grep "$WORK/run.out" "schedule length 30 -> 40 steps \(from train.max_steps\)" "a new max_steps is a new length, said in the log"
 same_lr "$(lr_of longer 40)" 0.001 && pass "that run ends at min_lr on its step 40" ||
   fail "step 40's lr is '$(lr_of longer 40)'"
 
 # 2b. The shm backend (auto's choice on one host) and Gloo train the same
 #     bits: two ranks' sums do not depend on the order.
-train 2 "${common[@]}" --set run.name=on-gloo --set train.max_steps=40 --set dist.backend=gloo
-on_gloo=$(weights)
-train 2 "${common[@]}" --set run.name=on-shm --set train.max_steps=40 --set dist.backend=shm
-on_shm=$(weights)
+train run 2 "${common[@]}" --set run.name=on-gloo --set train.max_steps=40 --set dist.backend=gloo
+on_gloo=$(weights run)
+train run 2 "${common[@]}" --set run.name=on-shm --set train.max_steps=40 --set dist.backend=shm
+on_shm=$(weights run)
 [ -n "$on_gloo" ] && expect_eq "$on_shm" "$on_gloo" "40 steps on shm end bit-identical to 40 on gloo"
 
 # 3. Accumulation: 2 x 16 with no_sync equals one batch of 32.
-train 2 --set run.name=acc1 --set train.max_steps=20 --set data.batch_size=32 --set optim.schedule=constant
-train 2 --set run.name=acc2 --set train.max_steps=20 --set data.batch_size=16 \
+train run 2 --set run.name=acc1 --set train.max_steps=20 --set data.batch_size=32 --set optim.schedule=constant
+train run 2 --set run.name=acc2 --set train.max_steps=20 --set data.batch_size=16 \
   --set train.accumulation_steps=2 --set optim.schedule=constant
 $PY -c "
 import torch
@@ -135,7 +128,7 @@ torch.manual_seed(5)
 torch.save(Net(128).state_dict(), '$WORK/python.pt')
 torch.save(Net(64).state_dict(), '$WORK/wrong.pt')
 "
-train 2 --set run.name=init --set train.max_steps=3 --set model.init_from="$WORK/python.pt" \
+train run 2 --set run.name=init --set train.max_steps=3 --set model.init_from="$WORK/python.pt" \
   --set optim.lr=0 --set optim.warmup_steps=0
 expect_eq "$?" 0 "init_from a Python state dict"
 $PY -c "
@@ -143,30 +136,30 @@ import torch
 a = torch.load('$WORK/python.pt'); b = torch.load('$runs/init/checkpoints/step_00000003/model.pt')
 assert all(torch.equal(a[k], b[k]) for k in a), 'differs'
 " && pass "the Python weights arrived bit for bit" || fail "init_from weights differ"
-train 2 --set run.name=wrong --set model.init_from="$WORK/wrong.pt"
+train run 2 --set run.name=wrong --set model.init_from="$WORK/wrong.pt"
 expect_eq "$?" 2 "a mis-shaped state dict exits 2"
-expect_grep "$WORK/out" "tensor 'layers.0.weight' has shape \[64, 64\] but the model's is \[128, 64\]" "and names the tensor and shapes"
+expect_grep "$WORK/run.out" "tensor 'layers.0.weight' has shape \[64, 64\] but the model's is \[128, 64\]" "and names the tensor and shapes"
 
 # 5. A corrupted checkpoint is refused and nothing is overwritten.
 truncate -s 100 "$ckpt/model.pt"
 before=$(find "$runs/short/checkpoints" -exec stat -c '%n %s %Y' {} + | sort | md5sum)
-train 2 --set run.name=short --set train.max_steps=40 --set checkpoint.resume=auto
+train run 2 --set run.name=short --set train.max_steps=40 --set checkpoint.resume=auto
 expect_eq "$?" 2 "resuming from a truncated checkpoint exits 2"
-expect_grep "$WORK/out" "step_00000030': model.pt's SHA-256 does not match its MANIFEST" "and names the file"
+expect_grep "$WORK/run.out" "step_00000030': model.pt's SHA-256 does not match its MANIFEST" "and names the file"
 expect_eq "$(find "$runs/short/checkpoints" -exec stat -c '%n %s %Y' {} + | sort | md5sum)" "$before" "no checkpoint was touched"
 
 # 6. Bad input before any training.
-train 1 --set run.dir=/proc/lockstep-no
+train run 1 --set run.dir=/proc/lockstep-no
 expect_eq "$?" 2 "an unwritable run directory exits 2"
-expect_grep "$WORK/out" "cannot create '/proc/lockstep-no'" "and names it"
+expect_grep "$WORK/run.out" "cannot create '/proc/lockstep-no'" "and names it"
 printf 'optim:\n  lr: [0.1\n' >"$WORK/bad.yaml"
-"$LOCKSTEP" train --config "$WORK/bad.yaml" >"$WORK/out" 2>&1
+"$LOCKSTEP" train --config "$WORK/bad.yaml" >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "malformed YAML exits 2"
-expect_grep "$WORK/out" "bad.yaml:[0-9]+:[0-9]+: malformed YAML" "with line and column"
+expect_grep "$WORK/run.out" "bad.yaml:[0-9]+:[0-9]+: malformed YAML" "with line and column"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 sh -c \
   "exec '$LOCKSTEP' train --config '$root/configs/digits.yaml' --set run.dir='$runs' --set optim.lr=0.0\$((RANK + 1))" \
-  >"$WORK/out" 2>&1
-expect_grep "$WORK/out" "configuration of rank\(s\) 1 differs from rank 0's" "ranks with different configs are named"
+  >"$WORK/run.out" 2>&1
+expect_grep "$WORK/run.out" "configuration of rank\(s\) 1 differs from rank 0's" "ranks with different configs are named"
 
 # 7. kill -9 while checkpointing every step: the newest complete checkpoint
 #    still verifies and resume continues from it.
@@ -174,7 +167,7 @@ marker="lockstep-kill-test-$$"
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/digits.yaml" \
   --set run.dir="$runs" --set run.name="$marker" --set model.hidden=512 --set optim.name=adam \
   --set optim.lr=0.001 --set checkpoint.every=1 --set checkpoint.keep=2 --set train.epochs=100 \
-  >"$WORK/out" 2>&1 &
+  >"$WORK/run.out" 2>&1 &
 two_checkpoints() { [ "$(ls "$runs/$marker/checkpoints" 2>/dev/null | grep -c step_)" -ge 2 ]; }
 wait_for 120 "the kill test's second checkpoint" two_checkpoints
 sleep 0.3
@@ -183,34 +176,34 @@ wait 2>/dev/null
 newest=$(ls -d "$runs/$marker"/checkpoints/step_* | tail -1)
 (cd "$newest" && sha256sum -c --quiet MANIFEST) && pass "after kill -9 the newest checkpoint verifies" || fail "newest checkpoint broken after kill -9"
 step=$((10#${newest##*step_}))
-train 2 --set run.name="$marker" --set model.hidden=512 --set optim.name=adam --set optim.lr=0.001 \
+train run 2 --set run.name="$marker" --set model.hidden=512 --set optim.name=adam --set optim.lr=0.001 \
   --set train.epochs=100 --set checkpoint.resume=auto --set train.max_steps=$((step + 2))
 expect_eq "$?" 0 "resume after kill -9 succeeds"
-expect_grep "$WORK/out" "resumed from .*at step $step " "from the newest checkpoint"
+expect_grep "$WORK/run.out" "resumed from .*at step $step " "from the newest checkpoint"
 sleep 0.3
 expect_eq "$(leftovers "$marker")" "" "no process left after the kill"
 
 # A dataset larger than memory is bad input (exit 2), not an internal error.
 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" --set data.name=synthetic \
-  --set data.synthetic_size=1000000000 --set data.synthetic_features=1048576 >"$WORK/out" 2>&1
+  --set data.synthetic_size=1000000000 --set data.synthetic_features=1048576 >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "synthetic_size=1e9 x 2^20 features exits 2"
-expect_grep "$WORK/out" "the dataset \(section data\) does not fit in this machine's memory" "and says why"
+expect_grep "$WORK/run.out" "the dataset \(section data\) does not fit in this machine's memory" "and says why"
 
 # An empty validation split is said, not reported as "accuracy 0.0000".
 printf 'a,b,label\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n' >"$WORK/four.csv"
 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" --set data.name=csv \
   --set data.path="$WORK/four.csv" --set data.validation_fraction=0.1 --set data.batch_size=2 \
-  --set train.max_steps=2 >"$WORK/out" 2>&1
+  --set train.max_steps=2 >"$WORK/run.out" 2>&1
 expect_eq "$?" 0 "a run whose validation split is empty trains"
-expect_grep "$WORK/out" "the validation split is empty \(4 examples x data.validation_fraction=0.1 holds none\)" "and warns that it is empty"
-expect_grep "$WORK/out" "trained 2 steps: no validation \(empty split\)" "and reports no validation"
-if grep -q "accuracy 0.0000" "$WORK/out"; then fail "an empty split still reports accuracy 0.0000"; else pass "no accuracy is made up"; fi
+expect_grep "$WORK/run.out" "the validation split is empty \(4 examples x data.validation_fraction=0.1 holds none\)" "and warns that it is empty"
+expect_grep "$WORK/run.out" "trained 2 steps: no validation \(empty split\)" "and reports no validation"
+if grep -q "accuracy 0.0000" "$WORK/run.out"; then fail "an empty split still reports accuracy 0.0000"; else pass "no accuracy is made up"; fi
 
 # Rotation removes only our own checkpoints: a user's step_best_keep_me/ and
 # a step_-named folder without our MANIFEST survive keep=1.
 mkdir -p "$runs/rot/checkpoints/step_best_keep_me" "$runs/rot/checkpoints/step_00000001"
 echo mine >"$runs/rot/checkpoints/step_best_keep_me/notes.txt"
-train 2 --set run.name=rot --set train.max_steps=30 --set checkpoint.every=10 --set checkpoint.keep=1
+train run 2 --set run.name=rot --set train.max_steps=30 --set checkpoint.every=10 --set checkpoint.keep=1
 expect_eq "$?" 0 "a keep=1 run next to the user's folders exits 0"
 expect_eq "$(ls "$runs/rot/checkpoints" | tr '\n' ' ')" "step_00000001 step_00000030 step_best_keep_me " \
   "rotation kept the newest checkpoint and every folder that is not ours"

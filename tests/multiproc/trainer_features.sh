@@ -20,18 +20,11 @@
 #   input exits 2.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-runs="$WORK/runs"
+runs=$RUNS
 export OMP_NUM_THREADS=1
-train() {  # train NPROC ARGS... (stdout+stderr to $WORK/out)
-  local n=$1
-  shift
-  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
-    --config "$root/configs/digits.yaml" --set run.dir="$runs" --set log.progress=plain "$@" \
-    >"$WORK/out" 2>&1
-}
 
 # 1. The issue's run: eval every 50 steps, the best kept, TensorBoard.
-train 2 --set run.name=features --set train.eval_every=50 --set checkpoint.keep_best=val_loss \
+train run 2 --set run.name=features --set train.eval_every=50 --set checkpoint.keep_best=val_loss \
   --set log.tensorboard=true
 expect_eq "$?" 0 "eval_every=50, keep_best=val_loss, tensorboard=true on 2 ranks"
 run="$runs/features"
@@ -91,7 +84,7 @@ expect_eq "$?" 0 "tags, steps and values equal metrics.jsonl's: $(tail -1 "$WORK
 # 2. The 2-rank evaluation is one process's over the whole split: the
 #    weights of step 400 evaluated by 1 rank (lr 0 for one step: the
 #    weights do not move) give step 400's val_loss and val_accuracy.
-train 1 --set run.name=single --set model.init_from="$run/checkpoints/step_00000400/model.pt" \
+train run 1 --set run.name=single --set model.init_from="$run/checkpoints/step_00000400/model.pt" \
   --set optim.lr=0 --set optim.momentum=0 --set train.max_steps=1 --set checkpoint.every=0
 expect_eq "$?" 0 "one rank evaluates step 400's weights"
 $PY - "$run/metrics.jsonl" "$runs/single/metrics.jsonl" <<'PY' >"$WORK/single.check" 2>&1
@@ -106,37 +99,37 @@ expect_eq "$?" 0 "2 ranks' evaluation equals 1 process's: $(tail -1 "$WORK/singl
 
 # 3. train.eval_batches: 1 batch of 256 rows per rank of the synthetic
 #    data's 819 validation examples: 512 evaluated.
-train 2 --set run.name=bounded --set data.name=synthetic --set train.max_steps=20 \
+train run 2 --set run.name=bounded --set data.name=synthetic --set train.max_steps=20 \
   --set train.eval_every=10 --set train.eval_batches=1 --set checkpoint.every=0
-expect_grep "$WORK/out" "\[rank0\]: .*validation: loss [0-9.]+ accuracy [0-9.]+ \(512 examples, step 10\)" "eval_batches=1 evaluates 2 x 256 examples"
+expect_grep "$WORK/run.out" "\[rank0\]: .*validation: loss [0-9.]+ accuracy [0-9.]+ \(512 examples, step 10\)" "eval_batches=1 evaluates 2 x 256 examples"
 
 # 4. Early stopping: val_loss must improve by 100 (it cannot): evaluations
 #    at 10 (the first, the best), 20, 23 (the epoch's end), 30: stop at 30.
 stop=(--set train.eval_every=10 --set train.early_stop.metric=val_loss
       --set train.early_stop.patience=3 --set train.early_stop.min_delta=100 --set checkpoint.every=0)
-train 2 --set run.name=early "${stop[@]}"
+train run 2 --set run.name=early "${stop[@]}"
 expect_eq "$?" 0 "an early-stopped run exits 0"
-expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "rank 0 stops at step 30"
-expect_grep "$WORK/out" "\[rank1\]: .*done: 30 steps" "rank 1 stops at step 30"
-expect_grep "$WORK/out" "early stop at step 30: val_loss has not improved by more than 100 for 3 evaluations \(best [0-9.]+ at step 10\)" "and says why"
+expect_grep "$WORK/run.out" "\[rank0\]: .*done: 30 steps" "rank 0 stops at step 30"
+expect_grep "$WORK/run.out" "\[rank1\]: .*done: 30 steps" "rank 1 stops at step 30"
+expect_grep "$WORK/run.out" "early stop at step 30: val_loss has not improved by more than 100 for 3 evaluations \(best [0-9.]+ at step 10\)" "and says why"
 expect_grep "$runs/early/metrics.jsonl" '"early_stop": "early stop at step 30' "metrics.jsonl records it"
 [ -d "$runs/early/checkpoints/step_00000030" ] && pass "a final checkpoint at step 30" || fail "no checkpoint at step 30"
 
 # 5. ... and survives a resume: stopped at 25 (after 10, 20, 23), resumed,
 #    it stops at 30 again (a fresh watch would stop at 50).
-train 2 --set run.name=early2 "${stop[@]}" --set train.max_steps=25
+train run 2 --set run.name=early2 "${stop[@]}" --set train.max_steps=25
 expect_grep "$runs/early2/checkpoints/step_00000025/state.yaml" "^early_stop:" "state.yaml holds the early-stop watch"
-train 2 --set run.name=early2 "${stop[@]}" --set checkpoint.resume=auto
-expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "the resumed run stops at step 30 too"
+train run 2 --set run.name=early2 "${stop[@]}" --set checkpoint.resume=auto
+expect_grep "$WORK/run.out" "\[rank0\]: .*done: 30 steps" "the resumed run stops at step 30 too"
 
 # ... also from a checkpoint taken at an epoch's last step (23) by
 #    checkpoint.every: the epoch's evaluation comes before that checkpoint,
 #    so resuming from it stops at 30 as well (it once held the watch from
 #    before the evaluation, and stopped at 40).
-train 2 --set run.name=early3 "${stop[@]}" --set train.max_steps=24 --set checkpoint.every=23
+train run 2 --set run.name=early3 "${stop[@]}" --set train.max_steps=24 --set checkpoint.every=23
 expect_grep "$runs/early3/checkpoints/step_00000023/state.yaml" "^  bad: 2\$" "step 23's checkpoint counts its own evaluation"
-train 2 --set run.name=early3b "${stop[@]}" --set checkpoint.resume="$runs/early3/checkpoints/step_00000023"
-expect_grep "$WORK/out" "\[rank0\]: .*done: 30 steps" "resumed from step 23, it stops at step 30"
+train run 2 --set run.name=early3b "${stop[@]}" --set checkpoint.resume="$runs/early3/checkpoints/step_00000023"
+expect_grep "$WORK/run.out" "\[rank0\]: .*done: 30 steps" "resumed from step 23, it stops at step 30"
 
 # 6. A nested YAML mapping, and bad input.
 cat >"$WORK/nested.yaml" <<'YAML'
@@ -150,26 +143,26 @@ data:
   name: digits
 YAML
 "$LOCKSTEP" train --config "$WORK/nested.yaml" --set run.dir="$runs" --set run.name=nested \
-  --set log.progress=plain >"$WORK/out" 2>&1
+  --set log.progress=plain >"$WORK/run.out" 2>&1
 expect_eq "$?" 0 "train: {early_stop: {metric, patience}} in YAML"
 expect_grep "$runs/nested/config.yaml" '^  early_stop.metric: "val_accuracy"$' "is read as train.early_stop.metric"
-train 1 --set run.name=bad --set checkpoint.keep_best=val_loss --set data.validation_fraction=0
+train run 1 --set run.name=bad --set checkpoint.keep_best=val_loss --set data.validation_fraction=0
 expect_eq "$?" 2 "keep_best without a validation split exits 2"
-expect_grep "$WORK/out" "checkpoint.keep_best watches a validation metric, but the validation split is empty" "saying why"
+expect_grep "$WORK/run.out" "checkpoint.keep_best watches a validation metric, but the validation split is empty" "saying why"
 # A MANIFEST that lists a file twice, or is a FIFO, is refused unread.
 cp -r "$runs/early/checkpoints/step_00000030" "$WORK/twice"
 line=$(grep ' model.pt$' "$WORK/twice/MANIFEST") && echo "$line" >>"$WORK/twice/MANIFEST"
-train 2 --set run.name=twice --set checkpoint.resume="$WORK/twice"
+train run 2 --set run.name=twice --set checkpoint.resume="$WORK/twice"
 expect_eq "$?" 2 "a MANIFEST listing a file twice exits 2"
-expect_grep "$WORK/out" "MANIFEST lists 'model.pt' twice" "naming the file"
+expect_grep "$WORK/run.out" "MANIFEST lists 'model.pt' twice" "naming the file"
 cp -r "$runs/early/checkpoints/step_00000030" "$WORK/fifo"
 rm "$WORK/fifo/MANIFEST" && mkfifo "$WORK/fifo/MANIFEST"
 timeout 60 "$LOCKSTEP" train --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name=fifo \
-  --set checkpoint.resume="$WORK/fifo" >"$WORK/out" 2>&1
+  --set checkpoint.resume="$WORK/fifo" >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "a MANIFEST that is a FIFO exits 2 (no hang)"
-train 1 --set run.name=bad --set train.early_stop.metric=loss
+train run 1 --set run.name=bad --set train.early_stop.metric=loss
 expect_eq "$?" 2 "an unknown metric exits 2"
-expect_grep "$WORK/out" "none, val_loss, val_accuracy, val_perplexity" "listing the valid ones"
+expect_grep "$WORK/run.out" "none, val_loss, val_accuracy, val_perplexity" "listing the valid ones"
 # The live progress line. `script` gives lockstep-run a pseudo-terminal;
 # tests/python/terminal.py replays what the terminal shows.
 gpt=(--config "$root/configs/gpt-text.yaml" --set model.n_layer=2 --set model.n_embd=64
@@ -189,27 +182,27 @@ expect_grep "$WORK/screen" "^\[rank1\]: .*done: 40 steps" "the other rank's line
 expect_grep "$WORK/screen" "^\[rank0\]: .*step 20/40 epoch 1 loss" "and the plain step lines every log.every"
 # Without a terminal, as before: plain lines, no escape sequences.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train "${gpt[@]}" --set run.dir="$runs" \
-  --set run.name=piped >"$WORK/out" 2>&1
+  --set run.name=piped >"$WORK/run.out" 2>&1
 expect_eq "$?" 0 "the same run into a pipe"
-grep -q $'\033' "$WORK/out" && fail "escape sequences in piped output" || pass "no escape sequences without a terminal"
-expect_grep "$WORK/out" "step 40/40 epoch 1 loss" "the plain step lines"
+grep -q $'\033' "$WORK/run.out" && fail "escape sequences in piped output" || pass "no escape sequences without a terminal"
+expect_grep "$WORK/run.out" "step 40/40 epoch 1 loss" "the plain step lines"
 # A stray LOCKSTEP_PROGRESS_FD (not lockstep-run's pipe) is ignored, said once.
 LOCKSTEP_PROGRESS_FD=1 "$LOCKSTEP" train "${gpt[@]}" --set run.dir="$runs" --set run.name=stray \
-  --set train.max_steps=2 >"$WORK/out" 2>"$WORK/err"
+  --set train.max_steps=2 >"$WORK/run.out" 2>"$WORK/err"
 expect_eq "$?" 0 "a stray LOCKSTEP_PROGRESS_FD does not stop a run"
 expect_grep "$WORK/err" "LOCKSTEP_PROGRESS_FD=1: not a pipe of lockstep-run's" "and is named"
-grep -q "^progress step=" "$WORK/out" && fail "records written to stdout" || pass "no record reaches stdout"
+grep -q "^progress step=" "$WORK/run.out" && fail "records written to stdout" || pass "no record reaches stdout"
 
 # lockstep eval (docs/training.md, "Evaluating a checkpoint"): the JSON
 # equals the trainer's final evaluation of the same weights (metrics.jsonl,
 # written by 2 ranks), on any number of ranks.
-train 2 --set run.name=evals --set train.max_steps=40 --set checkpoint.every=20
+train run 2 --set run.name=evals --set train.max_steps=40 --set checkpoint.every=20
 val=$(grep '"val_loss"' "$runs/evals/metrics.jsonl" | tail -1)
 "$LOCKSTEP" eval --checkpoint "$runs/evals" >"$WORK/eval1.json" 2>"$WORK/eval1.err"
 expect_eq "$?" 0 "lockstep eval on one process"
 for n in 2 3; do
   "$LOCKSTEP_RUN" --nproc-per-node $n --master-port 0 "$LOCKSTEP" eval --checkpoint "$runs/evals" \
-    --output "$WORK/eval$n.json" >"$WORK/out" 2>&1
+    --output "$WORK/eval$n.json" >"$WORK/run.out" 2>&1
   expect_eq "$?" 0 "lockstep eval on $n ranks"
 done
 $PY - "$WORK" "$val" <<'PY' >"$WORK/eval.check" 2>&1
@@ -232,18 +225,18 @@ import json, sys
 a, b = json.load(open('$WORK/eval20.json')), json.load(open('$WORK/eval1.json'))
 assert a['step'] == 20 and a['loss'] > b['loss'] + 0.01, (a, b)
 " && pass "an older checkpoint gives its own step and a higher loss" || fail "step 20's figures: $(cat "$WORK/eval20.json")"
-"$LOCKSTEP" eval --checkpoint "$WORK/nowhere" >"$WORK/out" 2>&1
+"$LOCKSTEP" eval --checkpoint "$WORK/nowhere" >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "eval of a missing checkpoint exits 2"
-expect_grep "$WORK/out" "nowhere': neither a checkpoint folder .*does not exist" "naming it"
-"$LOCKSTEP" eval --checkpoint "$runs/evals" --set model.hidden=64 >"$WORK/out" 2>&1
+expect_grep "$WORK/run.out" "nowhere': neither a checkpoint folder .*does not exist" "naming it"
+"$LOCKSTEP" eval --checkpoint "$runs/evals" --set model.hidden=64 >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "eval with a model that is not the checkpoint's exits 2"
-expect_grep "$WORK/out" "model.pt" "naming model.pt"
-"$LOCKSTEP" eval --checkpoint "$runs/evals" --set data.validation_fraction=0 >"$WORK/out" 2>&1
+expect_grep "$WORK/run.out" "model.pt" "naming model.pt"
+"$LOCKSTEP" eval --checkpoint "$runs/evals" --set data.validation_fraction=0 >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "eval without a validation split exits 2"
-expect_grep "$WORK/out" "the validation split is empty" "saying so"
+expect_grep "$WORK/run.out" "the validation split is empty" "saying so"
 cp -r "$runs/evals/checkpoints/step_00000040" "$WORK/tampered"
 printf 'x' | dd of="$WORK/tampered/model.pt" bs=1 seek=100 conv=notrunc 2>/dev/null
-"$LOCKSTEP" eval --checkpoint "$WORK/tampered" >"$WORK/out" 2>&1
+"$LOCKSTEP" eval --checkpoint "$WORK/tampered" >"$WORK/run.out" 2>&1
 expect_eq "$?" 2 "eval of a checkpoint whose model.pt changed exits 2"
-expect_grep "$WORK/out" "model.pt" "naming the file"
+expect_grep "$WORK/run.out" "model.pt" "naming the file"
 finish

@@ -18,16 +18,8 @@
 #   zero.sh LOCKSTEP LOCKSTEP_RUN
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-runs="$WORK/runs"
+runs=$RUNS
 export OMP_NUM_THREADS=1
-train() {  # train NAME NPROC ARGS... (stdout+stderr to $WORK/NAME.out)
-  local name=$1 n=$2
-  shift 2
-  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
-    --config "$root/configs/digits.yaml" --set run.dir="$runs" --set run.name="$name" \
-    --set log.progress=plain "$@" >"$WORK/$name.out" 2>&1
-}
-weights() { grep -o "final weights [0-9a-f]*" "$WORK/$1.out" | tail -1 | awk '{print $3}'; }
 
 # 1. Bit-identity with optim.zero 0.
 for n in 2 3; do

@@ -18,18 +18,11 @@
 #   zero3.sh LOCKSTEP LOCKSTEP_RUN
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-runs="$WORK/runs"
+runs=$RUNS
 export OMP_NUM_THREADS=1
 text="$root/data/kjv.txt"
 [ -f "$text" ] || { fail "$text is missing (scripts/make_text.sh makes it; scripts/setup.sh runs that)"; finish; }
 head -c 100000 "$text" >"$WORK/kjv-head.txt"
-train() {  # train NAME NPROC CONFIG ARGS... (stdout+stderr to $WORK/NAME.out)
-  local name=$1 n=$2 config=$3
-  shift 3
-  "$LOCKSTEP_RUN" --nproc-per-node "$n" --master-port 0 "$LOCKSTEP" train \
-    --config "$root/configs/$config.yaml" --set run.dir="$runs" --set run.name="$name" \
-    --set log.progress=plain "$@" >"$WORK/$name.out" 2>&1
-}
 
 # 1. The digits (one unit: the whole MLP).
 for n in 2 3; do
@@ -37,7 +30,7 @@ for n in 2 3; do
     name=${opt%% *}
     for z in 0 3; do
       # shellcheck disable=SC2086
-      train "$name-$n-$z" "$n" digits --set optim.name=$opt --set optim.zero=$z \
+      train "$name-$n-$z" "$n" --config "$ROOT/configs/digits.yaml" --set optim.name=$opt --set optim.zero=$z \
         --set train.clip_grad_norm=0.5 --set train.max_steps=30 --set checkpoint.every=30
       [ "$?" = 0 ] || { fail "$name on $n ranks, optim.zero $z, did not train"; tail -5 "$WORK/$name-$n-$z.out"; }
     done
@@ -59,7 +52,7 @@ gpt=(--set data.path="$WORK/kjv-head.txt" --set model.n_layer=3 --set model.n_he
 for case in "2 fp32 false 1" "2 fp32 true 1" "2 bf16 true 1" "3 fp32 false 1" "3 bf16 false 2" "3 fp32 true 2"; do
   read -r n prec ac acc <<<"$case"
   for z in 0 3; do
-    train "gpt-$n-$prec-$ac-$acc-$z" "$n" gpt-text "${gpt[@]}" --set optim.zero=$z --set train.precision="$prec" \
+    train "gpt-$n-$prec-$ac-$acc-$z" "$n" --config "$ROOT/configs/gpt-text.yaml" "${gpt[@]}" --set optim.zero=$z --set train.precision="$prec" \
       --set model.activation_checkpointing="$ac" --set train.accumulation_steps="$acc"
     [ "$?" = 0 ] || { fail "GPT $case zero $z did not train"; tail -5 "$WORK/gpt-$n-$prec-$ac-$acc-$z.out"; }
   done
@@ -79,13 +72,13 @@ awk -v h="${held:-0}" -v t="${total:-0}" 'BEGIN{exit !(t > 0 && h > 0.2 * t && h
 
 # 3. Resume across stages and world sizes (the digits, global batch 96).
 common=(--set optim.schedule=constant --set optim.warmup_steps=0 --set train.epochs=6)
-train whole 2 digits "${common[@]}" --set data.batch_size=48 --set train.max_steps=29
-train el 2 digits "${common[@]}" --set data.batch_size=48 --set train.max_steps=20 --set checkpoint.every=20
-train el 3 digits "${common[@]}" --set data.batch_size=32 --set train.max_steps=25 --set checkpoint.every=25 \
+train whole 2 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set data.batch_size=48 --set train.max_steps=29
+train el 2 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set data.batch_size=48 --set train.max_steps=20 --set checkpoint.every=20
+train el 3 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set data.batch_size=32 --set train.max_steps=25 --set checkpoint.every=25 \
   --set checkpoint.resume=auto --set optim.zero=3
 expect_eq "$?" 0 "a zero-0 checkpoint of 2 ranks resumes with optim.zero 3 on 3 ranks"
 expect_grep "$WORK/el.out" "optim.zero 0 -> 3" "the resume message names the stage change"
-train el 1 digits "${common[@]}" --set data.batch_size=96 --set train.max_steps=29 --set checkpoint.resume=auto
+train el 1 --config "$ROOT/configs/digits.yaml" "${common[@]}" --set data.batch_size=96 --set train.max_steps=29 --set checkpoint.resume=auto
 expect_eq "$?" 0 "the zero-3 checkpoint of 3 ranks resumes with optim.zero 0 on 1 rank"
 diff=$($PY - "$runs/whole/checkpoints/step_00000029/model.pt" "$runs/el/checkpoints/step_00000029/model.pt" \
   "$runs/el/checkpoints/step_00000025/model.pt" <<'PY'
@@ -117,20 +110,20 @@ PY
 expect_eq "$?" 0 "and its loss is the zero-3 trainer's own evaluation on 3 ranks ($(tail -1 "$WORK/eval.check"))"
 
 # 4. A flipped bit in a shard.
-LOCKSTEP_FAULT=flip:rank=1:step=4 train flip 2 gpt-text "${gpt[@]}" --set optim.zero=3
+LOCKSTEP_FAULT=flip:rank=1:step=4 train flip 2 --config "$ROOT/configs/gpt-text.yaml" "${gpt[@]}" --set optim.zero=3
 expect_eq "$?" 1 "a flipped bit in rank 1's shard stops the run"
 flipped=$(grep -o "flipped a bit of '[^']*' on rank 1" "$WORK/flip.out" | head -1 | cut -d"'" -f2)
 expect_grep "$WORK/flip.out" "step 5: weight '${flipped:-none}' \(optim.zero 3: held by rank 1 only\) changed after its optimizer step" \
   "the shard seal names the weight (${flipped:-none}) and its rank at the next step"
 # The seal is taken after every step, whatever check.every: a flip between
 # two checks is caught too, and never saved.
-LOCKSTEP_FAULT=flip:rank=1:step=5 train flip2 2 gpt-text "${gpt[@]}" --set optim.zero=3 --set check.every=2
+LOCKSTEP_FAULT=flip:rank=1:step=5 train flip2 2 --config "$ROOT/configs/gpt-text.yaml" "${gpt[@]}" --set optim.zero=3 --set check.every=2
 expect_eq "$?" 1 "check.every 2, a flip after step 5: the run stops"
 expect_grep "$WORK/flip2.out" "step 6: weight '.*' \(optim.zero 3: held by rank 1 only\) changed after its optimizer step" \
   "caught at step 6, the next step"
 [ -d "$runs/flip2/checkpoints/step_00000010" ] && fail "a checkpoint of the flipped weights was written" ||
   pass "no checkpoint of the flipped weights"
-LOCKSTEP_FAULT=flip:rank=1:step=4 train flip0 2 gpt-text "${gpt[@]}" --set optim.zero=0
+LOCKSTEP_FAULT=flip:rank=1:step=4 train flip0 2 --config "$ROOT/configs/gpt-text.yaml" "${gpt[@]}" --set optim.zero=0
 expect_eq "$?" 1 "without sharding the same flip stops the run too"
 expect_grep "$WORK/flip0.out" "weights differ across ranks after step [45]: first differing tensor .transformer.wte.weight." "and the cross-rank check names the weight"
 
@@ -138,7 +131,7 @@ expect_grep "$WORK/flip0.out" "weights differ across ranks after step [45]: firs
 bad() {  # bad WHAT PATTERN ARGS...
   local what=$1 pattern=$2
   shift 2
-  train bad 2 digits --set train.max_steps=2 "$@"
+  train bad 2 --config "$ROOT/configs/digits.yaml" --set train.max_steps=2 "$@"
   expect_eq "$?" 2 "$what: exit 2"
   expect_grep "$WORK/bad.out" "$pattern" "$what: the error names it"
 }
