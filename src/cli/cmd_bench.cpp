@@ -377,16 +377,13 @@ int cmd_bench(int argc, char** argv) {
         ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
         ("interleave", "ddp: 0 (each mode in one stretch, one after another) or B: every mode's model built at once and timed in turn, B steps each, the order reversed each round, until each has run --steps (the same host phases for every mode)", cxxopts::value<int>()->default_value("0"))
         ("sizes", "matmul: n of the n x n x n products, comma-separated", cxxopts::value<std::string>()->default_value("512,1024,2048"))
-        ("dtypes", "matmul: fp32, bf16 (comma-separated)", cxxopts::value<std::string>()->default_value("fp32,bf16"))
-        ("h,help", "this help");
+        ("dtypes", "matmul: fp32, bf16 (comma-separated)", cxxopts::value<std::string>()->default_value("fp32,bf16"));
     // clang-format on
     options.parse_positional({"what"});
     add_dist_options(options);
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     const std::string what = args.count("what") != 0 ? args["what"].as<std::string>() : "";
     if (what == "allreduce") return bench_allreduce(args);
     if (what == "matmul") return bench_matmul(args);

@@ -33,10 +33,8 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
 }
 
 int check_config_mode(const cxxopts::ParseResult& args) {
-  std::vector<std::string> overrides;
-  if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
   // As lockstep train validates it: a run train refuses is not checked.
-  const Config config = config_load_validated(args["config"].as<std::string>(), overrides);
+  const Config config = config_from_args(args, args["config"].as<std::string>());
   CheckRunOptions options;
   options.steps = args["steps"].as<int64_t>();
   options.fault = parse_named(kCheckFaultNames, args["inject"].as<std::string>(), "--inject");
@@ -57,25 +55,26 @@ int check_config_mode(const cxxopts::ParseResult& args) {
 int cmd_check(int argc, char** argv) {
   return run_guarded("check", [&] {
     cxxopts::Options options("lockstep check", "Consistency checks across the ranks of a job.");
+    options.add_options()("comm",
+                          "communication self-check: every collective, op and dtype against its "
+                          "closed-form answer");
+    add_config_options(options,
+                       "consistency-check mode: self-check, K DDP steps of this config with "
+                       "per-step digests, a negative control",
+                       "with --config: override section.key=value (repeatable)");
     // clang-format off
     options.add_options()
-        ("comm", "communication self-check: every collective, op and dtype against its closed-form answer")
-        ("config", "consistency-check mode: self-check, K DDP steps of this config with per-step digests, a negative control", cxxopts::value<std::string>())
-        ("set", "with --config: override section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())
         ("steps", "with --config: training steps to check", cxxopts::value<int64_t>()->default_value(std::to_string(CheckRunOptions{}.steps)))
         ("inject", "with --config: fault to inject: none | lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value("none"))
         ("fault-rank", "with --config: the rank that misbehaves (-1: the last)", cxxopts::value<int>()->default_value("-1"))
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
         ("device", "--comm: where the tensors live: auto (the backend's: cuda for nccl) | cpu | cuda (GPU LOCAL_RANK; gloo reduces CUDA tensors too)", cxxopts::value<std::string>()->default_value("auto"))
-        ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"))
-        ("h,help", "this help");
+        ("corrupt-rank", "fault injection: this rank contributes wrong values (shows the check failing)", cxxopts::value<int>()->default_value("-1"));
     // clang-format on
     add_dist_options(options);
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     if (args.count("config") != 0) return check_config_mode(args);
     if (args.count("comm") == 0)
       throw ConfigError("nothing to check: pass --comm or --config FILE");

@@ -34,24 +34,20 @@ int cmd_eval(int argc, char** argv) {
     // clang-format off
     options.add_options()
         ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
-        ("config", "the run's configuration (default: the checkpoint's own config.yaml); its model must be the checkpoint's", cxxopts::value<std::string>()->default_value(""))
-        ("output", "also write the JSON to this file (rank 0; under a launcher, whose stdout tags each line)", cxxopts::value<std::string>()->default_value(""))
-        ("set", "override one field: section.key=value (repeatable; e.g. data.path, train.eval_batches, train.precision)", cxxopts::value<std::vector<std::string>>())
-        ("h,help", "this help");
+        ("output", "also write the JSON to this file (rank 0; under a launcher, whose stdout tags each line)", cxxopts::value<std::string>()->default_value(""));
     // clang-format on
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    add_config_options(options,
+                       "the run's configuration (default: the checkpoint's own config.yaml); its "
+                       "model must be the checkpoint's",
+                       "override one field: section.key=value (repeatable; e.g. data.path, "
+                       "train.eval_batches, train.precision)");
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
     const std::string folder = checkpoint_folder(args["checkpoint"].as<std::string>());
-    std::vector<std::string> overrides;
-    if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
     const std::string given = args["config"].as<std::string>();
-    // Before the rendezvous: at once, on every rank alike.
-    const Config config =
-        config_load_validated(given.empty() ? folder + "/config.yaml" : given, overrides);
+    const Config config = config_from_args(args, given.empty() ? folder + "/config.yaml" : given);
     auto dist = init_distributed(init_options_from_config(config));
     const CheckpointEval eval = evaluate_checkpoint(config, folder, dist.world, *dist.pg);
     if (dist.world.rank == 0) {

@@ -25,14 +25,11 @@ int cmd_export(int argc, char** argv) {
         ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
         ("format", "safetensors", cxxopts::value<std::string>()->default_value("safetensors"))
         ("layout", "hf: GPT2LMHeadModel's names, Conv1D weights, config.json (model.name: gpt); lockstep: lockstep's own names", cxxopts::value<std::string>()->default_value("hf"))
-        ("out", "the folder to write model.safetensors and config.json (or config.yaml) into", cxxopts::value<std::string>())
-        ("h,help", "this help");
+        ("out", "the folder to write model.safetensors and config.json (or config.yaml) into", cxxopts::value<std::string>());
     // clang-format on
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
     if (args.count("out") == 0) throw ConfigError("--out FOLDER is required");
     if (args["format"].as<std::string>() != "safetensors")

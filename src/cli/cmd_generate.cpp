@@ -60,14 +60,11 @@ int cmd_generate(int argc, char** argv) {
         ("temperature", "divides the logits; 0 (or below 1e-5): greedy", cxxopts::value<double>()->default_value("0.8"))
         ("top-k", "draw among the k likeliest tokens only (0: all)", cxxopts::value<int64_t>()->default_value("0"))
         ("seed", "the same seed, the same text", cxxopts::value<uint64_t>()->default_value("0"))
-        ("logits", "instead of drawing: write the logits at every prompt position to FILE (float32, little-endian, [prompt tokens, vocabulary], row-major) and exit", cxxopts::value<std::string>())
-        ("h,help", "this help");
+        ("logits", "instead of drawing: write the logits at every prompt position to FILE (float32, little-endian, [prompt tokens, vocabulary], row-major) and exit", cxxopts::value<std::string>());
     // clang-format on
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
     const auto loaded =
         gpt_load_checkpoint(checkpoint_folder(args["checkpoint"].as<std::string>()));

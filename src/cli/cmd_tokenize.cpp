@@ -173,16 +173,13 @@ int cmd_tokenize(int argc, char** argv) {
         ("format", "nanogpt: raw uint16; llmc: llm.c's 1 KiB header (magic 20240520, version 1), then uint16", cxxopts::value<std::string>()->default_value("nanogpt"))
         ("eot", "append <|endoftext|> after each file's tokens")
         ("threads", "encoding threads (default: every core)", cxxopts::value<int>())
-        ("decode", "print the text of a .bin file of token ids instead", cxxopts::value<std::string>())
-        ("h,help", "this help");
+        ("decode", "print the text of a .bin file of token ids instead", cxxopts::value<std::string>());
     // clang-format on
     options.parse_positional({"inputs"});
     options.positional_help("INPUT...");
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     const std::string vocab =
         bpe_vocab_folder(args.count("vocab") != 0 ? args["vocab"].as<std::string>() : "gpt2");
     const Gpt2Bpe bpe = Gpt2Bpe::load(vocab);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "command_line.h"  // src/train: -h/--help, --config, --set
 #include "lockstep/distributed/init.h"
 #include "lockstep/train/train_main.h"
 #include "lockstep/util/exit_codes.h"

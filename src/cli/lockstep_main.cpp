@@ -1,4 +1,5 @@
 // `lockstep`: the program. Dispatches to one subcommand per file (cmd_*.cpp).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -11,24 +12,51 @@
 namespace lockstep::cli {
 
 namespace {
-constexpr const char* kUsage =
-    "usage: lockstep <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  check    consistency checks (--comm: the communication self-check)\n"
-    "  train    a training run from a YAML config (--config FILE [--set section.key=value ...])\n"
-    "  bench    benchmarks (ddp: ms/step with and without DistributedDataParallel)\n"
-    "  eval     a checkpoint's validation loss/accuracy/perplexity as JSON (--checkpoint PATH)\n"
-    "  export   a checkpoint's weights as safetensors (--checkpoint PATH --out DIR [--layout "
-    "hf|lockstep])\n"
-    "  generate sample from a GPT checkpoint (--checkpoint PATH --prompt TEXT)\n"
-    "  tokenize text files to GPT-2 BPE token files (INPUT... --out DIR)\n"
-    "  checkpoint  consolidate DIR --out OUT (a sharded checkpoint as model.pt/optimizer.pt), "
-    "info DIR\n"
-    "\n"
-    "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
-    "-r 0:1 -t 0:1), srun or mpirun for several ranks;\n"
-    "with no launcher it runs as a single process. 'lockstep <command> --help' for options.\n";
+
+// The subcommands, once: the usage text, the dispatch and the message for
+// an unknown one are all made from this table.
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);
+};
+const Command kCommands[] = {
+    {"check", "consistency checks (--comm: the communication self-check)", cmd_check},
+    {"train", "a training run from a YAML config (--config FILE [--set section.key=value ...])",
+     lockstep::train_main},
+    {"bench", "benchmarks (ddp: ms/step with and without DistributedDataParallel)", cmd_bench},
+    {"eval", "a checkpoint's validation loss/accuracy/perplexity as JSON (--checkpoint PATH)",
+     cmd_eval},
+    {"export",
+     "a checkpoint's weights as safetensors (--checkpoint PATH --out DIR [--layout hf|lockstep])",
+     cmd_export},
+    {"generate", "sample from a GPT checkpoint (--checkpoint PATH --prompt TEXT)", cmd_generate},
+    {"tokenize", "text files to GPT-2 BPE token files (INPUT... --out DIR)", cmd_tokenize},
+    {"checkpoint",
+     "consolidate DIR --out OUT (a sharded checkpoint as model.pt/optimizer.pt), info DIR",
+     cmd_checkpoint},
+};
+
+std::string usage() {
+  std::string text = "usage: lockstep <command> [options]\n\ncommands:\n";
+  for (const Command& c : kCommands) {
+    std::string name = c.name;
+    name.resize(std::max<size_t>(name.size() + 1, 9), ' ');
+    text += "  " + name + c.summary + "\n";
+  }
+  return text +
+         "\n"
+         "Run under lockstep-run, torchrun --no-python (Debian 12's torchrun also needs\n"
+         "-r 0:1 -t 0:1), srun or mpirun for several ranks;\n"
+         "with no launcher it runs as a single process. 'lockstep <command> --help' for options.\n";
+}
+
+std::string command_names() {
+  std::string names;
+  for (const Command& c : kCommands) names += (names.empty() ? "" : ", ") + std::string(c.name);
+  return names;
+}
+
 }  // namespace
 
 void add_dist_options(cxxopts::Options& options) {
@@ -57,22 +85,14 @@ int main(int argc, char** argv) {
   using namespace lockstep;
   using namespace lockstep::cli;
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    std::fputs(usage().c_str(), argc < 2 ? stderr : stdout);
     return argc < 2 ? kExitBadInput : kExitOk;
   }
   const std::string command = argv[1];
   tune_allocator();  // Note [Allocator tuning]: before any tensor exists
-  if (command == "check") return cmd_check(argc - 1, argv + 1);
-  if (command == "bench") return cmd_bench(argc - 1, argv + 1);
-  if (command == "train") return lockstep::train_main(argc - 1, argv + 1);
-  if (command == "generate") return cmd_generate(argc - 1, argv + 1);
-  if (command == "eval") return cmd_eval(argc - 1, argv + 1);
-  if (command == "export") return cmd_export(argc - 1, argv + 1);
-  if (command == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
-  if (command == "checkpoint") return cmd_checkpoint(argc - 1, argv + 1);
-  std::fprintf(stderr,
-               "lockstep: unknown command '%s' (valid: train, check, bench, eval, export, "
-               "generate, tokenize, checkpoint)\n%s",
-               command.c_str(), kUsage);
+  for (const Command& c : kCommands)
+    if (command == c.name) return c.run(argc - 1, argv + 1);
+  std::fprintf(stderr, "lockstep: unknown command '%s' (valid: %s)\n%s", command.c_str(),
+               command_names().c_str(), usage().c_str());
   return kExitBadInput;
 }

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "command_line.h"
 #include "lockstep/distributed/init.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/recipe.h"
@@ -19,43 +20,43 @@ namespace lockstep {
 int train_main(int argc, char** argv) {
   return run_guarded("train", [&] {
     cxxopts::Options options("lockstep train", "A DDP training run from a YAML configuration.");
+    add_config_options(options,
+                       "YAML configuration (sections: run, dist, model, data, train, optim, ddp, "
+                       "check, checkpoint, log); without it, the built-in defaults: an MLP on "
+                       "the embedded 8x8 digits",
+                       "override one field: section.key=value (repeatable; wins over the file)");
     // clang-format off
     options.add_options()
-        ("config", "YAML configuration (sections: run, dist, model, data, train, optim, ddp, check, checkpoint, log); without it, the built-in defaults: an MLP on the embedded 8x8 digits", cxxopts::value<std::string>()->default_value(""))
-        ("set", "override one field: section.key=value (repeatable; wins over the file)", cxxopts::value<std::vector<std::string>>())
         ("print-config", "print the resolved configuration and exit")
-        ("config-reference", "print the configuration reference (markdown) and exit")
-        ("h,help", "this help");
+        ("config-reference", "print the configuration reference (markdown) and exit");
     // clang-format on
-    const auto args = options.parse(argc, argv);
-    if (args.count("help") != 0) {
-      std::fputs(options.help().c_str(), stdout);
-      return kExitOk;
-    }
+    const auto parsed = parse_command_line(options, argc, argv);
+    if (!parsed) return kExitOk;
+    const cxxopts::ParseResult& args = *parsed;
     if (args.count("config-reference") != 0) {
       std::fputs(config_reference_markdown().c_str(), stdout);
       return kExitOk;
     }
-    std::vector<std::string> overrides;
-    if (args.count("set") != 0) overrides = args["set"].as<std::vector<std::string>>();
+    const std::string path = args["config"].as<std::string>();
     if (args.count("print-config") != 0) {
-      const Config config = config_load(args["config"].as<std::string>(), overrides);
-      std::fputs(config_to_yaml(config).c_str(), stdout);
+      std::fputs(config_to_yaml(config_load(path, config_overrides(args))).c_str(), stdout);
       return kExitOk;
     }
     // A bad configuration fails here, before the rendezvous: at once, on
     // every rank alike, waiting for no peer (and leaving none waiting).
-    const Config config = config_load_validated(args["config"].as<std::string>(), overrides);
+    const Config config = config_from_args(args, path);
     const std::string allocator = tune_allocator();  // Note [Allocator tuning]
     auto dist = init_distributed(init_options_from_config(config));
     spdlog::debug("{}", allocator);
-    if (args["config"].as<std::string>().empty() && dist.world.rank == 0) {
+    if (path.empty() && dist.world.rank == 0) {
       // What runs, as the config says: --set may have chosen anything.
       spdlog::info(
           "no --config: training {}: the built-in defaults{} (--print-config shows "
           "them all, configs/ holds examples)",
           config_summary(config),
-          overrides.empty() ? "" : " with " + std::to_string(overrides.size()) + " --set");
+          config_overrides(args).empty()
+              ? ""
+              : " with " + std::to_string(config_overrides(args).size()) + " --set");
     }
     Trainer trainer(config, dist.world, dist.pg);
     const auto result = trainer.run();

@@ -36,6 +36,22 @@ expect_grep "$WORK/err" "backend 'nccl' (is not available|needs a CUDA GPU, and 
 expect_grep "$WORK/err" "nothing to check: pass --comm" "check with no mode"
 "$LOCKSTEP" frobnicate 2>"$WORK/err"
 expect_eq "$?" 2 "an unknown command exits 2"
+expect_grep "$WORK/err" "unknown command 'frobnicate' \(valid: check, train, bench, eval, export, generate, tokenize, checkpoint\)" \
+  "and lists every command"
+"$LOCKSTEP" --help >"$WORK/out"
+for command in check train bench eval export generate tokenize checkpoint; do
+  expect_grep "$WORK/out" "^  $command +[a-z]" "--help lists $command with its summary"
+done
+# A word no option takes is refused, never ignored: a config file without
+# --config would otherwise train the built-in defaults.
+"$LOCKSTEP" train "$(dirname "$0")/../../configs/gpt-text.yaml" --set train.max_steps=1 >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 2 "lockstep train FILE (no --config) exits 2"
+expect_grep "$WORK/err" "lockstep train: unexpected argument '.*gpt-text.yaml' \(options are --name value; a configuration is --config FILE" \
+  "and names the word"
+[ -s "$WORK/out" ] && fail "and trains nothing (stdout: $(head -c 200 "$WORK/out"))" || pass "and trains nothing"
+"$LOCKSTEP" eval --checkpoint "$WORK/none" stray 2>"$WORK/err"
+expect_eq "$?" 2 "a stray word after eval's options exits 2"
+expect_grep "$WORK/err" "lockstep eval: unexpected argument 'stray'" "naming it"
 LOCKSTEP_LOG_LEVEL=loud "$LOCKSTEP" check --comm 2>"$WORK/err"
 expect_grep "$WORK/err" "LOCKSTEP_LOG_LEVEL: unknown log level 'loud'" "bad log level named"
 
