@@ -6,18 +6,29 @@
 # at 1 and 2 ranks (lockstep's shm row beside PyTorch's, SWEEP_ROUNDS each,
 # with MFU), shm's all-reduce against this machine's memory copy (and Open
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
-# and the DDP overhead of the small MLP rung (ddp against local, and local
-# with a barrier per step).
+# the DDP overhead of the small MLP rung (ddp against local, and local
+# with a barrier per step), and ZeRO 0-3 and sharded checkpoints beside
+# PyTorch's DDP, ZeroRedundancyOptimizer, FSDP2 and DCP (scripts/bench_peers.sh,
+# where PYTHON's torch has FSDP2).
+# The peer is today's PyTorch where the pip platform exists
+# (scripts/test_pip.sh): PYTHON defaults to its torch 2.15 and BUILD to
+# build-pip (lockstep on the same LibTorch); else Debian's python3 and build.
 #   scripts/bench_all.sh                    (env: ROUNDS=3 SWEEP_ROUNDS=3 ALLREDUCE_ROUNDS=3 DDP_ROUNDS=3
 #                                            BF16_STEPS=4 BF16_WARMUP=2 (cores without bf16 arithmetic);
 #                                            25 min on 1.13, 41 on 2.6, 2 cores with AVX-512 BF16)
 #   scripts/debian13.sh scripts/bench_all.sh   the same on LibTorch 2.6
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 SWEEP_ROUNDS=${SWEEP_ROUNDS:-3}
+pip_python=${LOCKSTEP_PIP_ROOT:-/var/cache/lockstep}/torch-2.15.0/bin/python
+if [ -z "${PYTHON:-}" ] && [ -x "$pip_python" ] && [ -x build-pip/lockstep ]; then
+  PYTHON=$pip_python BUILD=${BUILD:-build-pip}
+fi
 PYTHON=${PYTHON:-/usr/bin/python3}
-[ -x build/lockstep ] || scripts/setup.sh
+export BUILD=${BUILD:-build}
+[ -x "$BUILD/lockstep" ] || scripts/setup.sh
 [ -f data/kjv.txt ] || scripts/make_text.sh
 export OMP_NUM_THREADS=1 USE_LIBUV=0
 out=$(mktemp -d)
@@ -28,7 +39,7 @@ torch=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || ech
 echo "bench_all: $cpu, $cores cores, PyTorch $torch" >&2
 
 echo "== matmul peak" >&2
-build/lockstep bench matmul --sizes 1024 >"$out/matmul"
+"$BUILD/lockstep" bench matmul --sizes 1024 >"$out/matmul"
 # A core without bf16 arithmetic (AVX2 only: no AVX-512 BF16, no AMX) runs
 # bf16 products in scalar code, ~18x slower than fp32 (2.0 against 36.1
 # GFLOP/s on an AMD EPYC with AVX2), in PyTorch as in lockstep: there the
@@ -47,10 +58,10 @@ precisions="fp32 bf16"
 for p in fp32 bf16; do
   echo "== GPT demo, $p" >&2
   if [ "$p" = bf16 ] && [ "$slow_bf16" = 1 ]; then
-    PRECISION=$p ROUNDS=$ROUNDS MFU=1 ONLY=shm STEPS=${BF16_STEPS:-4} WARMUP=${BF16_WARMUP:-2} \
+    PYTHON=$PYTHON PRECISION=$p ROUNDS=$ROUNDS MFU=1 ONLY=shm STEPS=${BF16_STEPS:-4} WARMUP=${BF16_WARMUP:-2} \
       scripts/bench_gpt.sh >"$out/demo_$p"
   else
-    PRECISION=$p ROUNDS=$ROUNDS MFU=1 scripts/bench_gpt.sh >"$out/demo_$p"
+    PYTHON=$PYTHON PRECISION=$p ROUNDS=$ROUNDS MFU=1 scripts/bench_gpt.sh >"$out/demo_$p"
   fi
 done
 
@@ -60,7 +71,7 @@ for nproc in 1 2; do
   for p in $precisions; do
     for s in "${shapes[@]}"; do
       echo "== sweep: $s, $p, $nproc rank(s)" >&2
-      SHAPE="$s" PRECISION=$p NPROC=$nproc ONLY=shm MFU=1 ROUNDS=$SWEEP_ROUNDS STEPS=20 WARMUP=5 \
+      PYTHON=$PYTHON SHAPE="$s" PRECISION=$p NPROC=$nproc ONLY=shm MFU=1 ROUNDS=$SWEEP_ROUNDS STEPS=20 WARMUP=5 \
         scripts/bench_gpt.sh >"$out/sweep_${nproc}_${p}_${s// /_}"
     done
   done
@@ -71,7 +82,7 @@ echo "== all-reduce" >&2
 # report takes per-size medians of the ratios (and of Open MPI's against
 # shm's times) over the runs.
 for r in $(seq "${ALLREDUCE_ROUNDS:-3}"); do
-  build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench allreduce --backends shm \
+  "$BUILD/lockstep-run" --nproc-per-node 2 --master-port 0 "$BUILD/lockstep" bench allreduce --backends shm \
     --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | sed -n 's/^\[rank0\]: //p' >"$out/allreduce_$r"
   # Each rank on its own core, as mpirun binds by default (the shm
   # contender included: both run in the same processes). Unbound, the two
@@ -82,7 +93,7 @@ for r in $(seq "${ALLREDUCE_ROUNDS:-3}"); do
   port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   mpi_run() {
     mpirun --allow-run-as-root "$@" -np 2 -x OMP_NUM_THREADS \
-      -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" build/lockstep bench allreduce --backends shm,mpi \
+      -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" "$BUILD/lockstep" bench allreduce --backends shm,mpi \
       --min-bytes 4096 --max-bytes 67108864 --iters 100 2>/dev/null | grep -v '\[info\]' >"$out/mpi_$r"
   }
   if command -v mpirun >/dev/null && { mpi_run --bind-to core || mpi_run --oversubscribe; }; then
@@ -102,13 +113,19 @@ echo "== DDP small rung" >&2
 for r in $(seq "${DDP_ROUNDS:-3}"); do
   modes="local,local+barrier,ddp"
   [ $((r % 2)) -eq 0 ] && modes="ddp,local+barrier,local"
-  build/lockstep-run --nproc-per-node 2 --master-port 0 build/lockstep bench ddp --models small \
+  "$BUILD/lockstep-run" --nproc-per-node 2 --master-port 0 "$BUILD/lockstep" bench ddp --models small \
     --modes "$modes" --steps 3000 --warmup 100 --interleave 50 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' | grep '"bench"' | sed "s/^{/{\"job\": $r, /" >>"$out/ddp"
 done
 
+if "$PYTHON" -c 'from torch.distributed.fsdp import fully_shard' 2>/dev/null; then
+  echo "== ZeRO and checkpoints beside PyTorch" >&2
+  PYTHON=$PYTHON ROUNDS=${PEER_ROUNDS:-2} scripts/bench_peers.sh >"$out/peers"
+fi
+
 "$PYTHON" - "$out" "$cpu" "$torch" "$slow_bf16" "${BF16_STEPS:-4}" "${BF16_WARMUP:-2}" <<'PY'
-import glob, json, os, re, statistics, sys
+import glob, json, os, re, sys
+from bench_stats import median
 out, cpu, torch, slow_bf16, bf16_steps, bf16_warmup = sys.argv[1:7]
 print(f"## bench_all: {cpu}, PyTorch {torch}")
 print("\n### Matrix-product peak (one core, 1024^3)")
@@ -171,7 +188,7 @@ for path, name in (("shm", "private tensors"), ("shm-bkt", "DDP's bucket memory"
             small.append(rows[4096][path][0])
         if not ratios:
             continue
-        med = {size: statistics.median(v) for size, v in ratios.items()}
+        med = {size: median(v) for size, v in ratios.items()}
         worst = min(med, key=med.get)
         print(f"shm, {name}: busbw / {ref} at >= 1 MiB, per-size medians of {len(each)} runs: "
               f"worst {med[worst]:.2f} (at {worst >> 20} MiB; each run's worst: "
@@ -202,11 +219,16 @@ over = [ms[(k, "ddp")] / ms[(k, "local")] for k in jobs]
 kept = [ms[(k, "local+barrier")] / ms[(k, "local")] for k in jobs]
 print(f"\n### DDP overhead, small rung (784-128-128-10, batch 32, 2 ranks), "
       f"modes interleaved in blocks of {block} steps, {len(jobs)} jobs")
-print(f"ddp / local, median of the jobs' ratios: x{statistics.median(over):.3f} "
+print(f"ddp / local, median of the jobs' ratios: x{median(over):.3f} "
       f"(jobs: {', '.join(f'{v:.3f}' for v in over)}); "
-      f"local+barrier / local (keeping in step, nothing exchanged): x{statistics.median(kept):.3f} "
+      f"local+barrier / local (keeping in step, nothing exchanged): x{median(kept):.3f} "
       f"(jobs: {', '.join(f'{v:.3f}' for v in kept)}); medians of the ms per step: "
-      f"local {statistics.median(ms[(k, 'local')] for k in jobs):.4f}, "
-      f"local+barrier {statistics.median(ms[(k, 'local+barrier')] for k in jobs):.4f}, "
-      f"ddp {statistics.median(ms[(k, 'ddp')] for k in jobs):.4f}")
+      f"local {median(ms[(k, 'local')] for k in jobs):.4f}, "
+      f"local+barrier {median(ms[(k, 'local+barrier')] for k in jobs):.4f}, "
+      f"ddp {median(ms[(k, 'ddp')] for k in jobs):.4f}")
+print("\n### ZeRO and sharded checkpoints beside PyTorch (scripts/bench_peers.sh)")
+if os.path.exists(f"{out}/peers"):
+    print("".join("    " + l for l in open(f"{out}/peers")))
+else:
+    print("(no peer: this Python's torch has no FSDP2; scripts/test_pip.sh makes one)")
 PY

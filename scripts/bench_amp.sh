@@ -10,6 +10,7 @@
 # contender's bf16 speed-up over its own fp32, and the ratio of the two.
 #   scripts/bench_amp.sh     (env: ROUNDS=3 STEPS=30 WARMUP=10 MODELS=small,large GPT=1 NPROC=2)
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-30}
@@ -58,13 +59,14 @@ for round in $(seq "$ROUNDS"); do
   fi
 done
 "$PYTHON" - "$raw" "$ROUNDS" <<'PY'
-import json, statistics, sys
+import json, sys
+from bench_stats import median
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def precision(r):
     return r.get("precision") or ("bf16" if r.get("mode", "").endswith("-amp-bf16") else "fp32")
 def med(model, impl, prec, key):
     vals = [r[key] for r in rows if r["model"] == model and r["impl"] == impl and precision(r) == prec]
-    return statistics.median(vals) if vals else float("nan")
+    return median(vals)
 print(f"fp32 vs bf16 autocast, 2 ranks x 1 thread, median of {sys.argv[2]} alternating rounds")
 print("(MLPs: ms per DDP step; gpt: tokens/s of the whole job; peak: resident MiB, rank 0)")
 print(f"{'model':6} {'impl':9} {'fp32':>10} {'bf16':>10} {'bf16 speed-up':>14} {'peak fp32':>10} {'peak bf16':>10}")

@@ -8,6 +8,7 @@
 # mode REPEAT times in turn.
 #   ROUNDS=5 scripts/bench_check.sh     (env: BACKEND=auto|gloo|shm REPEAT=3)
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 NPROC=${NPROC:-2}
@@ -23,16 +24,17 @@ for round in $(seq "$ROUNDS"); do
     sed -n 's/^\[rank0\]: //p' >>"$raw"
 done
 /usr/bin/python3 - "$raw" "$ROUNDS" <<'PY'
-import json, statistics, sys
+import json, sys
+from bench_stats import median
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print(f"every-step consistency check, median of {sys.argv[2]} runs (ms/step, slowest rank)")
 print(f"{'model':6} {'mode':17} {'step ms':>8} {'check ms':>9} {'share':>7} {'idle':>5}")
 for model in dict.fromkeys(r["model"] for r in rows):
     for mode in dict.fromkeys(r["mode"] for r in rows):
         sel = [r for r in rows if r["model"] == model and r["mode"] == mode]
-        step = statistics.median(r["ms_per_step"] for r in sel)
-        check = statistics.median(r["check_ms"] for r in sel)
-        share = statistics.median(r["check_share"] for r in sel)
-        idle = statistics.median(r.get("check_idle_share", 0) for r in sel)
+        step = median(r["ms_per_step"] for r in sel)
+        check = median(r["check_ms"] for r in sel)
+        share = median(r["check_share"] for r in sel)
+        idle = median(r.get("check_idle_share", 0) for r in sel)
         print(f"{model:6} {mode:17} {step:8.3f} {check:9.3f} {share*100:6.2f}% {idle:5.2f}")
 PY

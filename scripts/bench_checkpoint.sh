@@ -17,6 +17,7 @@
 # The cost runs are on COST_WORLD ranks only (each is STEPS MLP steps).
 #   env: ROUNDS (3), STEPS (110), WORLDS ("2 3"), COST_WORLD (2), ZERO (1), MODELS ("mlp gpt")
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-110} WORLDS=${WORLDS:-"2 3"} ZERO=${ZERO:-1}
@@ -77,7 +78,8 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 /usr/bin/python3 - "$work" "$ROUNDS" "$WORLDS" "$MODELS" "$ZERO" "$STEPS" "$COST_WORLD" <<'PY'
-import datetime, re, statistics, subprocess, sys
+import datetime, re, subprocess, sys
+from bench_stats import median
 work, rounds, worlds, models, zero, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5], int(sys.argv[6])
 cost_world = sys.argv[7]
 cpu = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines() if l.startswith("Model name")), "?")
@@ -86,7 +88,7 @@ paused = re.compile(r"\[rank0\].*checkpoint of step (\d+): training paused ([0-9
 done = re.compile(r"\[rank0\].*checkpoint of step (\d+): written in the background, ([0-9.]+) s after")
 params = re.compile(r"with ([0-9]+) parameters")
 stamp = re.compile(r"\[rank0\]: \[([0-9-]+ [0-9:.]+)\] \[info\] step (\d+)/")
-med = statistics.median
+med = median
 print(f"CPU: {cpu}; optim.zero {zero}; medians of {rounds} rounds")
 print()
 print("a periodic save (step 2; async: the first, which also allocates the host buffers)")

@@ -20,6 +20,7 @@
 #   ERRLOG=FILE scripts/bench_ddp.sh      # keep the contenders' stderr (default: dropped)
 #   ERRLOG=FILE                           # keep the contenders' stderr (default: dropped)
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
 ROUNDS=${ROUNDS:-5}
@@ -48,7 +49,8 @@ for round in $(seq "$ROUNDS"); do
 done
 [ -n "${JSON:-}" ] && cp "$raw" "$JSON"
 "$PYTHON" - "$raw" "$ROUNDS" <<'PY'
-import json, statistics, sys
+import json, sys
+from bench_stats import median, ratio
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 keys = []
 for r in rows:
@@ -61,12 +63,12 @@ for k in keys:
     med = {}
     for impl in ("lockstep", "pytorch"):
         v = [r["ms_per_step"] for r in rows if r["impl"] == impl and (r["model"], r["mode"], r["world"], r["batch"]) == k]
-        med[impl] = statistics.median(v) if v else float("nan")
-    ratio = med['lockstep'] / med['pytorch'] if med['pytorch'] == med['pytorch'] else float("nan")
-    print(f"{k[0]:8} {k[1]:17} {k[2]:>5} {k[3]:>5} {med['lockstep']:9.3f} {med['pytorch']:9.3f} {ratio:6.3f}")
+        med[impl] = median(v)
+    quotient = ratio(med['lockstep'], med['pytorch'])
+    print(f"{k[0]:8} {k[1]:17} {k[2]:>5} {k[3]:>5} {med['lockstep']:9.3f} {med['pytorch']:9.3f} {quotient:6.3f}")
 for model in dict.fromkeys(k[0] for k in keys):
     flat = [r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] == "exchange-flat"]
     buck = [r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] == "exchange-bucketed"]
     if flat and buck:
-        print(f"{model}: bucketed exchange / one flat all-reduce = {statistics.median(buck) / statistics.median(flat):.3f}")
+        print(f"{model}: bucketed exchange / one flat all-reduce = {median(buck) / median(flat):.3f}")
 PY

@@ -15,6 +15,7 @@
 #                              NCCL (one row each), both on GPU LOCAL_RANK; BUILD=build-gpu
 #                              PYTHON=python3 for another build folder and Python (docs/gpu.md)
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-40}
@@ -78,25 +79,26 @@ for round in $(seq "$ROUNDS"); do
   lockstep checked "lockstep (shm, check every step)" --set check.every=1
 done
 "$PYTHON" - "$raw" "$ROUNDS" "$PRECISION" "$n_layer $n_head $n_embd $block $batch" "$DEVICE" "$NPROC" <<'PY'
-import json, statistics, sys
+import json, sys
+from bench_stats import median, ratio
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 # On a GPU: each contender's TFLOP/s per GPU (the same model's FLOP per
 # token times its tokens/s, over the ranks), and in bf16 that against the
 # datasheet's dense bf16 peak (H100/H200 SXM: 989 TFLOP/s, docs/gpu.md).
 DATASHEET_BF16 = 989e12
 names = list(dict.fromkeys(r["impl"] for r in rows))
-med = {n: statistics.median(r["tokens_per_s"] for r in rows if r["impl"] == n) for n in names}
+med = {n: median(r["tokens_per_s"] for r in rows if r["impl"] == n) for n in names}
 torch = next(v for n, v in med.items() if n.startswith("pytorch"))
 print(f"GPT (configs/gpt-text.yaml; n_layer n_head n_embd block batch: {sys.argv[4]}; {sys.argv[3]}), "
       f"median of {sys.argv[2]} alternating rounds, tokens/s in all")
 for n in names:
     mfu = [r["mfu"] for r in rows if r["impl"] == n and "mfu" in r]
-    extra = f"   MFU {100 * statistics.median(mfu):.1f}%" if mfu else ""
+    extra = f"   MFU {100 * median(mfu):.1f}%" if mfu else ""
     fpt = [r["flops_per_token"] for r in rows if "flops_per_token" in r]
     if sys.argv[5] == "cuda" and fpt:
         per_gpu = med[n] * fpt[0] / int(sys.argv[6])
         extra += f"   {per_gpu / 1e12:.1f} TFLOP/s per GPU"
         if sys.argv[3] == "bf16":
             extra += f", {100 * per_gpu / DATASHEET_BF16:.2f}% of 989"
-    print(f"{n:36} {med[n]:10.0f}   x{med[n] / torch:.3f} of PyTorch's{extra}")
+    print(f"{n:36} {med[n]:10.0f}   x{ratio(med[n], torch):.3f} of PyTorch's{extra}")
 PY

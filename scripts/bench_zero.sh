@@ -10,6 +10,7 @@
 #   scripts/bench_zero.sh [BUILD_DIR]
 #   env: ROUNDS (2), STEPS (10), NPROC (2), HIDDEN (4096), LAYERS (4), BACKEND (auto)
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-10} NPROC=${NPROC:-2} HIDDEN=${HIDDEN:-4096}
@@ -37,7 +38,8 @@ for round in $(seq 1 "$ROUNDS"); do
   for z in $stages; do run "$z" "$round"; done
 done
 /usr/bin/python3 - "$work" "$ROUNDS" "$NPROC" <<'PY'
-import glob, json, re, statistics, sys
+import glob, json, re, sys
+from bench_stats import median
 work, rounds, nproc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mem = re.compile(r"\[rank(\d+)\].*memory: optimizer state ([0-9.]+) MiB .*peak resident ([0-9.]+) MiB while training")
 params = re.compile(r"model: mlp with (\d+) parameters")
@@ -55,7 +57,7 @@ for z in (0, 1, 2):
             rec = json.loads(line)
             if "ms" in rec and rec.get("step", 0) > 2:
                 steps.append(sum(rec["ms"][k] for k in ("forward", "backward", "comm_wait", "optimizer")))
-    ms = statistics.median(steps)
+    ms = median(steps)
     base = base or ms
     fmt = lambda d: " / ".join(f"{max(d[k]):.1f}" for k in sorted(d))
     print(f"{z:>10} | {fmt(state):>22} | {fmt(rss):>22} | {ms:8.1f} | {ms / base:8.2f}x")

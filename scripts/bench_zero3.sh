@@ -13,6 +13,7 @@
 #   env: NPROC (2), STEPS (4), LAYERS (8), EMBD (768), CAP_MIB (3200; 0 skips the capped
 #   run, which trains at batch 8 per rank), TABLE (1; 0 skips the table)
 set -euo pipefail
+source "$(dirname "$0")/lib/bench.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 NPROC=${NPROC:-2} STEPS=${STEPS:-4} LAYERS=${LAYERS:-8} EMBD=${EMBD:-768} CAP_MIB=${CAP_MIB:-3200}
@@ -41,7 +42,8 @@ for ac in false true; do
   done
 done
 [ "$TABLE" = 1 ] && /usr/bin/python3 - "$work" <<'PY'
-import json, re, statistics, sys
+import json, re, sys
+from bench_stats import median
 work = sys.argv[1]
 held = re.compile(r"\[rank(\d+)\].*memory: weights ([0-9.]+) MiB held")
 mem = re.compile(r"\[rank(\d+)\].*memory: optimizer state ([0-9.]+) MiB .*peak resident ([0-9.]+) MiB while training")
@@ -60,10 +62,10 @@ for ac in ("false", "true"):
         steps = [sum(r["ms"][k] for k in ("forward", "backward", "comm_wait", "optimizer")) / 1000
                  for r in map(json.loads, open(f"{work}/z{z}-{ac}/metrics.jsonl")) if "ms" in r and r.get("step", 0) > 1]
         if z == 1: peak1[ac] = max(rss)
-        rows.append((z, ac, max(w), max(st), max(rss), statistics.median(steps)))
+        rows.append((z, ac, max(w), max(st), max(rss), median(steps)))
 for z, ac, w, st, rss, s in rows:
-    ratio = f"{rss / peak1[ac] - 1:+.0%}" if ac in peak1 else ""
-    print(f"| {z} | {ac} | {w:.1f} | {st:.1f} | {rss:.1f} | {ratio} | {s:.2f} |")
+    growth = f"{rss / peak1[ac] - 1:+.0%}" if ac in peak1 else ""
+    print(f"| {z} | {ac} | {w:.1f} | {st:.1f} | {rss:.1f} | {growth} | {s:.2f} |")
 print(f"({n / 1e6:.1f}M parameters, AdamW, batch 4 x 256 tokens per rank)")
 PY
 if [ "$CAP_MIB" -gt 0 ]; then

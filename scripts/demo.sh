@@ -7,6 +7,7 @@
 # (run.overwrite) rather than mix the two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# Only the two programs the job runs (the test suite is scripts/test.sh's).
+LOCKSTEP_TARGETS="lockstep lockstep-run" scripts/setup.sh
 exec build/lockstep-run --nproc-per-node "${NPROC:-2}" --master-port 0 \
   build/lockstep train --config configs/digits.yaml --set run.overwrite=true "$@"

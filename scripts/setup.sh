@@ -10,6 +10,8 @@
 #   LOCKSTEP_SKIP_INSTALL=1       build only
 #   LOCKSTEP_BUILD_DIR=DIR        build there (default build/; scripts/test_pip.sh: build-pip/)
 #   LOCKSTEP_CMAKE_ARGS="..."     more CMake arguments
+#   LOCKSTEP_TARGETS="a b"        build only these targets (scripts/demo.sh: lockstep
+#                                 lockstep-run), without the tests' vocabulary and tools
 #   LOCKSTEP_DEBIAN_RELEASE=13    print/install another release's list
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +76,12 @@ scripts/make_text.sh
 jobs=$(nproc)
 build=${LOCKSTEP_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${LOCKSTEP_CMAKE_ARGS:-}
+if [ -n "${LOCKSTEP_TARGETS:-}" ]; then
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j "$jobs" --target ${LOCKSTEP_TARGETS}
+  echo "setup: built ${LOCKSTEP_TARGETS} in $build"
+  exit 0
+fi
 cmake --build "$build" -j "$jobs"
 # GPT-2's BPE ranks for lockstep tokenize, from PyPI (never at run time),
 # and the tests' Python judges (tiktoken).
