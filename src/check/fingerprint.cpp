@@ -20,8 +20,9 @@ namespace {
 
 constexpr int64_t kDigestBytes = 32;  // room for SHA-256; XXH3-128 uses 16
 // Below this, hashing in place (~30 us per MiB) costs less than handing the
-// work to the idle thread and waking it (measured on the small benchmark MLP,
-// 0.47 MB: 0.05 ms per step in place, 0.06-0.3 ms with the idle thread).
+// work to the idle thread and waking it (`scripts/bench_check.sh`, on the
+// small benchmark MLP's 0.47 MB: 0.05 ms per step in place, 0.06-0.3 ms
+// with the idle thread).
 constexpr int64_t kIdleHashingMinBytes = 1 << 20;
 
 DigestMode resolve(DigestMode mode, const std::vector<NamedTensor>& tensors) {

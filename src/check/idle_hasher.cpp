@@ -11,9 +11,10 @@
 // Note [Idle-priority hashing]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The every-step consistency check hashes every weight after the optimizer
-// step (XXH3-128: ~0.5 ms for the large benchmark MLP's 7.6 MB here, with
-// both ranks hashing). Done in place, that is added to every step on a
-// machine whose cores the ranks keep busy. But a data-parallel step is not
+// step (XXH3-128; `scripts/bench_check.sh` times it; a figure:
+// docs/lab/ddp-bench.md, "Note [Idle-priority hashing]"). Done in place,
+// that is added to every step on a machine whose cores the ranks keep
+// busy. But a data-parallel step is not
 // all compute: a rank waits for its peers in collectives and at the end of
 // backward, and a core idles then. The hash of step s's weights is not
 // needed before step s + 1's optimizer step (nothing writes the parameters

@@ -1,9 +1,9 @@
 // XXH3-128 over a list of byte ranges, at once or streamed, with the widest
 // build of the kernel the CPU runs: AVX-512, AVX2 or baseline x86-64. The
-// digest is the same bits from every build; the speed is not (hashing 8 MB
-// that sit in cache, measured here: baseline 8.9, AVX2 19.4, AVX-512
-// 22.0 GB/s; 1 MB: 10.3, 25.1, 33.6 GB/s). Debian's libxxhash is built for
-// the baseline.
+// digest is the same bits from every build; the speed is not: on data in
+// cache the AVX2 and AVX-512 builds are far faster than the baseline (the
+// measurements: docs/lab/ddp-bench.md, "XXH3's builds (src/check/xxh3.h)").
+// Debian's libxxhash is built for the baseline.
 #pragma once
 
 #include <cstddef>

@@ -83,7 +83,7 @@ double copy_gbps(int64_t bytes, F&& copy) {
 
 // The machine's copy as its users meet it (a tensor copy), and the same copy
 // with streaming stores, which do not read the destination first: the
-// larger is the copy limit the all-reduce is held to (docs/performance.md,
+// larger is the copy limit the all-reduce is held to (docs/lab/shm-allreduce.md,
 // "Which copy is the limit"). The second line is left out where this build
 // has no streaming stores. Both copies are one thread's where
 // OMP_NUM_THREADS=1, as the launcher sets for more than one rank per host;

@@ -1,7 +1,7 @@
-// Size (~450 lines): the DDP bench's two drivers (one mode at a time, modes
+// The DDP bench's two drivers (one mode at a time, modes
 // interleaved) share one Contender and one option table; moving them to a
-// file of their own would add a LibTorch translation unit (~30 s of every
-// clean build) for no separation of concepts.
+// file of their own would add a LibTorch translation unit (a slow compile
+// in every clean build) for no separation of concepts.
 // `lockstep bench ddp`: ms per training step (forward, backward, SGD step) of
 // MLPs with and without DistributedDataParallel, one JSON line per row on
 // rank 0. scripts/bench_ddp.sh runs it beside PyTorch's own DDP
@@ -229,13 +229,14 @@ Timing time_steps(ProcessGroup& pg, const ModelSpec& spec, const BenchMode& mode
 // Note [Interleaved modes]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // On a shared host a core's speed changes by phases: the small rung's step
-// alone in one process sat at ~340 us for a stretch, then ~500 us for the
-// next (AMD EPYC under KVM), so two modes timed one after the other, even
-// alternated over rounds of a few seconds each, meet different phases, and
-// a ratio of two such medians moved from x1.05 to x1.21 between two series
-// of the same build. --interleave B builds every mode's model at once and
-// times them in turn, B steps each, the order reversed every round, until
-// each has run --steps: every mode meets the same phases. Each block starts
+// alone in one process runs markedly slower for one stretch than for the
+// next, so two modes timed one after the other, even alternated over
+// rounds of a few seconds each, meet different phases, and a ratio of two
+// such medians can differ widely between two series of the same build (the
+// measurements: docs/lab/ddp-overhead.md, "The modes interleaved").
+// --interleave B builds every mode's model at once and times them in turn,
+// B steps each, the order reversed every round, until each has run
+// --steps: every mode meets the same phases. Each block starts
 // with a barrier (untimed), so the ranks start it together as one stretch
 // of --steps does, and ends with the check's verdict (check modes) and the
 // device's work done, timed. A mode's ms per step is its blocks' total over

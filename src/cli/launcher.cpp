@@ -1,4 +1,4 @@
-// Size (over ~400 lines): one attempt's state machine (start, relay, reap, stop, summary)
+// One attempt's state machine (start, relay, reap, stop, summary)
 // over one worker table; the process tree and output queue are apart.
 // lockstep-run's engine. One attempt:
 //   1. start one worker per local rank (worker_process.h), each in its own
@@ -19,7 +19,7 @@
 // reaping and timers are handled between polls that last at most 100 ms, and
 // nothing in the loop blocks for longer: a worker's pipe is read only when
 // poll says it has data, our output only queued.
-// Size (over ~500 lines): one engine, the workers' lifecycle, the relay and the
+// One engine, the workers' lifecycle, the relay and the
 // failure summary acting on one worker table; the process tree, the output
 // queue and process creation have their own files.
 #include "launcher.h"

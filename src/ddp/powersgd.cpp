@@ -1,4 +1,4 @@
-// Size (over ~400 lines): PyTorch's powerSGD_hook step for step, with its state and the
+// PyTorch's powerSGD_hook step for step, with its state and the
 // two-stage exchange, kept whole so it can be read against the original.
 // PowerSGD as a comm hook: the algorithm is PyTorch's powerSGD_hook, step
 // for step (ddp/powersgd.h), so that the same state and gradients give the

@@ -1,4 +1,4 @@
-// Size (~560 lines): the Reducer is one state machine over its buckets
+// The Reducer is one state machine over its buckets
 // (c10d's own reducer.cpp is several times larger).
 // Note [Pre-divided buckets]
 // Each gradient is multiplied by 1/world_size while it is copied into its
@@ -24,10 +24,11 @@
 // left to overlap it with: it is launched under ProcessGroup::WaitNext, so
 // the shm backend does not wake its worker thread for it and the waiting
 // thread runs it (Note [Waiting runs the queue]). With one rank per core the
-// worker's wake-ups (two per launch) took the core from a peer that was
-// still in its backward: the small MLP's DDP step cost x1.50 its step
-// without DDP, x1.28 with this (AMD EPYC under KVM, medians of 7 rounds;
-// docs/performance.md).
+// worker's wake-ups (two per launch) take the core from a peer that is
+// still in its backward, which shows in the small MLP's DDP step against
+// its step without DDP (`scripts/bench_ddp.sh`; the measurements:
+// docs/lab/ddp-overhead.md, "Note [The last bucket runs on the waiting
+// thread]").
 #include "lockstep/ddp/reducer.h"
 
 #include <ATen/ATen.h>

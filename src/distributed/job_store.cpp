@@ -1,4 +1,4 @@
-// Size (over ~400 lines): the store client's handshake, retry and every c10d::Store
+// The store client's handshake, retry and every c10d::Store
 // operation over one request helper.
 #include "lockstep/distributed/job_store.h"
 

@@ -12,10 +12,11 @@ namespace lockstep {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A collective handed to the worker thread and waited for at once costs two
 // thread wake-ups per rank (the worker's, then the waiter's), each tens of
-// microseconds on a loaded host: a 4 KiB all-reduce on the shm backend took
-// ~145 us, almost all of it waking threads. So the thread that waits for a
-// work runs the queue itself: while the work is not done and no thread is
-// running a collective, it takes the front job and runs it. Jobs still run
+// microseconds on a loaded host: a small all-reduce on the shm backend
+// spent almost all its time waking threads (docs/lab/gpt-demo.md, "What
+// went past PyTorch"). So the thread that waits for a work runs the queue
+// itself: while the work is not done and no thread is running a
+// collective, it takes the front job and runs it. Jobs still run
 // one at a time and in issue order (one `running` flag under the queue's
 // mutex), so every rank runs the same sequence whichever thread runs it;
 // what the DDP Reducer launches during backward still runs on the worker,

@@ -1,4 +1,4 @@
-// Size (~680 lines): the shm backend's collectives, its shared buffers (which
+// The shm backend's collectives, its shared buffers (which
 // run as its collectives, on its slots and barriers) and its set-up protocol
 // share the segment and the backend's state; a split would pass both around.
 // The POSIX parts live apart: shm_segment, shm_buffers, shm_reduce.
@@ -100,14 +100,13 @@
 //
 // Note [How long to spin]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// A rank that reaches a barrier first spins for 100 us (by the clock: a
-// pause instruction lasts ~25 ns on one CPU and ~140 cycles on another),
-// then sleeps on the futex; for a peer on its own CPU it sleeps at once
-// (Note [A peer on the same core], shm_segment.cpp). Spinning up to 1 ms
-// in the thread that waits at once, where ranks do not outnumber cores,
-// was tried against 100 us on the small MLP's DDP step (AMD EPYC under
-// KVM, 2 ranks, 11 rounds alternated): 0.519 against 0.516 ms, no
-// difference, so it was left out.
+// A rank that reaches a barrier first spins for 100 us (by the clock: how
+// long a pause instruction lasts differs between CPUs), then sleeps on the
+// futex; for a peer on its own CPU it sleeps at once (Note [A peer on the
+// same core], shm_segment.cpp). A spin much shorter than that pays a futex
+// wake-up at most barriers; a longer one made no difference to the small
+// MLP's DDP step (`scripts/bench_ddp.sh`). (The experiments behind this
+// choice: docs/lab/shm-allreduce.md, "Note [How long to spin]".)
 //
 // Note [The chunk's size]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -118,18 +117,16 @@
 // read once and written once, if the slot and result lines a step writes
 // are still in the caches when the peer reads them, one barrier later. At
 // 1 MiB a step's lines (two ranks' slots, results and tensor pieces) are
-// more than a 1 MiB L2 holds, and (inferred from timings: the guest below
-// has no cache counters) the tensors streaming past pushed them out of an
-// 8 MiB L3 first: `lockstep bench allreduce --shm-chunk-mb`, AMD
-// EPYC (AVX2, 1 MiB L2 per core, 8 MiB L3) under KVM, 2 ranks, 6 rounds
-// alternated, per-size medians, busbw as a fraction of the same run's
-// memory copy at 1-64 MiB: 1 MiB chunks 0.32-0.83 (0.32-0.45 from 4 MiB),
-// 512 KiB 0.36-0.95, 256 KiB 0.76-1.24 (above 1 at 1-2 MiB, where the
-// tensors fit in the caches and the copy's 64 MiB does not); two more
-// series 0.46-1.20; 128 KiB no better than 256 KiB (more barriers).
-// Collectives on bucket memory do not use chunks; reduce-scatter and
-// all-gather, 3 rounds alternated, showed no difference between 256 KiB and
-// 1 MiB chunks. docs/performance.md has the tables.
+// more than a 1 MiB L2 holds, and (inferred from timings) the tensors
+// streaming past push them out of the L3 first. Hence 256 KiB chunks
+// (ShmOptions::chunk_bytes): on 2 ranks of a guest with a 1 MiB L2 per core
+// and an 8 MiB L3, `lockstep bench allreduce --shm-chunk-mb` gave the
+// private path 0.76-1.24 of the same run's memory copy at 1-64 MiB with
+// 256 KiB chunks against 0.32-0.83 with 1 MiB; 128 KiB was no better (more
+// barriers). Collectives on bucket memory do not use chunks; reduce-scatter
+// and all-gather showed no difference between 256 KiB and 1 MiB chunks.
+// (The experiments behind this choice: docs/lab/shm-allreduce.md, "Note
+// [The chunk's size]".)
 
 namespace lockstep {
 namespace {

@@ -59,35 +59,34 @@ void reduce_typed(void* out, const void* const* inputs, int n, std::size_t count
 // reduces each line of a rank's share over every rank's copy and writes the
 // result into every copy at once, one 64-byte line at a time: each line
 // comes from the core that wrote it and goes back while this core still
-// holds it. The segment path's reduction writes the shared result and the
-// rank's own tensor the same way. Before, a 32 KiB block of the share was
-// reduced into a scratch block and then copied into each output: on AMD
-// EPYC under KVM, 2 ranks, `lockstep bench allreduce`, the bucket column at
-// 512 KiB took 33-37 us against 18-21 now, 1 MiB 62-70 against 32-39, and
-// the private column at 1 MiB ~99 against ~60 (docs/performance.md). The
-// arithmetic per element is combine()'s (with a scale, each product
-// rounded before the sum: -ffp-contract=off for this file): the same bits.
-// Tried and left out: a copy of the kernel per vector width (target_clones
-// avx512f/avx2, whole lines as 64-byte vectors): no different in medians of
-// 6 alternated rounds (512 KiB 20.4 against 21.2 us): what the kernel waits
-// for is lines crossing between cores, not arithmetic.
+// holds it, not in a later pass (as when a block is reduced into scratch
+// and then copied into each output). The segment path's reduction writes
+// the shared result and the rank's own tensor the same way. The arithmetic
+// per element is combine()'s (with a scale, each product rounded before
+// the sum: -ffp-contract=off for this file): the same bits. One build of
+// the kernel serves every vector width: what it waits for is lines
+// crossing between cores, not arithmetic. (The experiments behind this
+// choice: docs/lab/shm-allreduce.md, "Note [Reducing a line into every
+// copy]".)
 //
 // Note [Streaming into the slots]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The segment's slots and result areas are written by one core and read by
 // another, and the next time round written again by the first: each store
 // into a line the other core read last must first take that line from the
-// other core's cache. On AMD EPYC under KVM (AVX2, 16 MiB L3) a core moved
-// 5.5-6.6 GB/s into such lines with memcpy, an AVX2 loop or rep movsb, and
-// 19-21 GB/s with streaming stores, which write the line to memory without
-// reading it first; the other core then read those lines at 13-15 GB/s
-// against 9-11 from the writer's cache (scripts/bench_cross_core.sh,
-// docs/performance.md). So a collective through the segment may write its
-// slot and the result area with streaming stores (where they are faster:
-// Note [Choosing the stores], shm_store_choice.cpp), and its own tensor
-// (read next by this core) always with plain ones. The stores are weakly
-// ordered: an sfence before the barrier's release makes them visible
-// first. Values are untouched: the same bits either way.
+// other core's cache. Streaming stores write the line to memory without
+// reading it first: where the two cores share no cache, they move several
+// times the bytes per second into such lines that memcpy, an AVX2 loop or
+// rep movsb do, and the other core reads the streamed lines faster from
+// memory than it reads plain ones from the writer's cache
+// (scripts/bench_cross_core.sh measures both; the figures:
+// docs/lab/shm-allreduce.md, "Note [Streaming into the slots]"). So a
+// collective through the segment may write its slot and the result area
+// with streaming stores (where they are faster: Note [Choosing the
+// stores], shm_store_choice.cpp), and its own tensor (read next by this
+// core) always with plain ones. The stores are weakly ordered: an sfence
+// before the barrier's release makes them visible first. Values are
+// untouched: the same bits either way.
 #if defined(__SSE2__)
 inline bool stream_line(void* to, const void* line) {
   if (reinterpret_cast<std::uintptr_t>(to) % 16 != 0) return false;

@@ -1,4 +1,4 @@
-// Size (~420 lines): one shared-memory layout and everything that touches
+// One shared-memory layout and everything that touches
 // it - the segment's creation, mapping and name (orphans included), the
 // per-rank flags with their futex barriers, and the peers' liveness - which
 // a split would have to share through the private Header and Flag types.
@@ -331,10 +331,10 @@ void ShmSegment::depart(int rank) {
 // Spinning for a peer only pays while the peer runs on another CPU. Where
 // two ranks share one (more ranks than cores; ranks started on one core
 // and not yet spread by the scheduler; an affinity mask), the spinner holds
-// the CPU the peer needs to arrive: each barrier cost the whole spin, and a
-// 4 KiB all-reduce of 2 ranks pinned to one CPU took ~217 us against ~4
-// (docs/performance.md). Each rank publishes the CPU of its arrival; a
-// waiter on that CPU sleeps on the futex at once, which hands the CPU over.
+// the CPU the peer needs to arrive: each barrier costs the whole spin (the
+// measurements: docs/lab/shm-allreduce.md, "Ranks sharing a core"). Each
+// rank publishes the CPU of its arrival; a waiter on that CPU sleeps on the
+// futex at once, which hands the CPU over.
 // The CPU read may be stale (the peer has moved since): then one barrier
 // spins for nothing or sleeps when it need not, and the next arrival
 // corrects it. Where the kernel cannot say (sched_getcpu fails), spin.

@@ -12,15 +12,16 @@
 // store must first take each line from the other core, a streaming one
 // writes it to memory. When they share one, the other core's reads come
 // from that cache with plain stores and from memory with streaming ones,
-// and plain stores win. Measured on one AMD EPYC guest whose two vCPUs
-// moved between both states over time (docs/performance.md), 1-8 MiB:
-// plain 9-12.5 GB/s in the first state, 2.9-3.4 in the second; streaming
-// 6.7-7.3 in the first, 8.4-9.6 in the second. Which state a rank is in is
-// not visible from inside a guest, and changes within seconds, so the
-// backend measures. Per size class (a power of two of bytes) it keeps each
-// kind's last kKept times per byte, counted from the operation's start to
-// its end less its barrier waits (this rank's own work: a late peer is not
-// counted against the stores), and takes their minimum as the estimate:
+// and plain stores win. On a guest whose two vCPUs moved between both
+// states over time, each kind was well ahead in one state and well behind
+// in the other (`lockstep bench allreduce` with LOCKSTEP_SHM_STREAMING
+// on/off; the figures: docs/lab/shm-allreduce.md, "Note [Choosing the
+// stores]"). Which state a rank is in is not visible from inside a guest,
+// and changes within seconds, so the backend measures. Per size class (a
+// power of two of bytes) it keeps each kind's last kKept times per byte,
+// counted from the operation's start to its end less its barrier waits
+// (this rank's own work: a late peer is not counted against the stores),
+// and takes their minimum as the estimate:
 // interference only ever makes a time longer, so a minimum ignores it,
 // and the kKept-th new time after a change of state replaces the last old
 // one. The first four operations of a class alternate (streamed, plain,

@@ -1,4 +1,4 @@
-// Size (over ~400 lines): the server's Notes (handshake, admission, bounds) sit with the
+// The server's Notes (handshake, admission, bounds) sit with the
 // one poll loop they describe.
 // The job store's transport: one poll loop that moves bytes between
 // connections and StoreCore (store_core.h: the key-value semantics, without

@@ -18,8 +18,8 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 #if TORCH_VERSION_MAJOR >= 2
   if (q.device().is_cpu() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
     // Autocast hands SDPA bf16/fp16 on the CPU, where 2.6's flash kernel in
-    // those dtypes runs ~8x slower than in float32 (measured: 40 vs 5 ms
-    // forward, 49 vs 5 backward, the GPT demo's shape; docs/performance.md).
+    // those dtypes runs several times slower than in float32 at the GPT
+    // demo's shape (the measurements: docs/lab/amp.md, "Mixed precision").
     // In float32 and back: faster, and no less exact. Autocast would cast
     // the float32 inputs down again (SDPA is on its lower-precision list):
     // its key is excluded for this one call, as its own wrappers do.
@@ -35,7 +35,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // [t, t] bias of 0 (kept) and -inf (masked) to scale x q k^T, the same
   // values as the written-out matmul, scale and masked_fill that PyTorch's
   // 1.13 GPT runs, without their two passes over the [b, h, t, t] scores
-  // forward and backward (docs/performance.md).
+  // forward and backward (docs/lab/gpt-demo.md).
   const int64_t t = q.size(-2), hs = q.size(-1);
   const auto lead = q.sizes().slice(0, q.dim() - 2);
   const auto rows = [&](const at::Tensor& z) { return z.reshape({-1, z.size(-2), z.size(-1)}); };

@@ -39,10 +39,10 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 // under bf16 autocast the matmul comes out in bf16 while the bias stays
 // float32, so the in-place add takes ATen's mixed-dtype loop. PyTorch's
 // F.linear is at::linear, which autocast runs wholly in bf16 (bias cast
-// once, folded into the product). On AMD EPYC (1.13, one core, input 8 x
-// 128 x 256, weight 768 x 256, bf16 autocast) at::linear took 3.6 ms and
-// matmul + add 7.6 ms; in float32 both give the same bits. The GPT's
-// layers therefore call at::linear, as Python's GPT does.
+// once, folded into the product), and so runs such a layer markedly faster
+// under bf16 autocast (docs/lab/gpt-demo.md has the measurement); in
+// float32 both give the same bits. The GPT's layers therefore call
+// at::linear, as Python's GPT does.
 at::Tensor run_linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias);
 }

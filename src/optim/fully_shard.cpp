@@ -1,4 +1,4 @@
-// Size (~760 lines): one state machine over the units (gather, free,
+// One state machine over the units (gather, free,
 // pre-backward, ordered reduction, end of backward, recovery from a failed
 // backward), as the Reducer is for DDP; its parts share all of its state.
 #include "lockstep/optim/fully_shard.h"

@@ -1,4 +1,4 @@
-// Size (over ~400 lines): the checkpoint folder's whole life in one place, in both
+// The checkpoint folder's whole life in one place, in both
 // forms (consolidated and sharded): writing it crash-safe, its MANIFEST, rotation,
 // repair after a killed writer, and reading it back.
 #include "lockstep/train/checkpoint.h"

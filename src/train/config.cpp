@@ -1,4 +1,4 @@
-// Size (over ~400 lines): most of it is the field table, one entry per
+// Most of it is the field table, one entry per
 // configuration field, kept in one place on purpose.
 // The field table: every configuration field, once, with its type, limits,
 // choices and meaning. Parsing, overrides, the YAML dump and the reference
@@ -820,10 +820,10 @@ namespace {
 // Note [Strings in config.yaml]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // config.yaml is read back by eval, export, generate and resume, so every
-// string must read back as it was. They were written between quotes
-// unescaped: run.name 'exp "best"' trained, and then every command on its
-// checkpoints failed on malformed YAML (a backslash read back as an
-// escape). A value is now a YAML double-quoted scalar: quote, backslash,
+// string must read back as it was. Written between quotes unescaped, a
+// run.name 'exp "best"' would train, and then every command on its
+// checkpoints would fail on malformed YAML (a backslash would read back as
+// an escape). A value is a YAML double-quoted scalar: quote, backslash,
 // tab, newline, carriage return and the other control characters escaped,
 // the rest (UTF-8, validated when the config was read) written as it is.
 std::string yaml_quoted(const std::string& raw) {

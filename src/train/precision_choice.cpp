@@ -20,11 +20,12 @@ namespace lockstep {
 // Note [Precision that knows the CPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // bf16 pays on a CPU whose products have native bf16 kernels (AVX512_BF16,
-// AMX): 4-6x fp32's here. Without them oneDNN emulates or falls back, and a
-// bf16 run can be ten times slower than fp32 (4 against 58 GFLOP/s on an
-// AVX2-only EPYC), silently. So a CPU run asked for bf16 or fp16 first
-// times both precisions (rank 0, ~0.1 s: alternating n^3 products, the best
-// of each) and warns, with the ratio and the flag to set, where the lower
+// AMX): several times fp32's. Without them oneDNN emulates or falls back,
+// and a bf16 run can be an order of magnitude slower than fp32, silently
+// (the measurements: docs/lab/amp.md, "Note [Precision that knows the
+// CPU]"). So a CPU run asked for bf16 or fp16 first times both
+// precisions (rank 0, ~0.1 s: alternating n^3 products, the best of each)
+// and warns, with the ratio and the flag to set, where the lower
 // precision is slower; `train.precision: auto` takes bf16 where its
 // products are at least kAutoBf16Speedup x fp32's and fp32 otherwise, and
 // says which. Rank 0 measures and broadcasts, so every rank runs the same

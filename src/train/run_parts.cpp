@@ -9,12 +9,13 @@
 // Note [One run assembly]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // `lockstep check --config` promises to check the run `lockstep train`
-// would run. It used to assemble its own: a plain optimizer over
-// model->parameters() and the configured comm hook, so with optim.zero it
-// checked a run that never happens (no ZeroOptimizer, no reduce-scatter).
-// Both now build their parts here, in the order the trainer needs (the
-// resume reads the optimizer's state before DDP exists, and the comm
-// hook's after), and the check mode's injected faults act on the parts.
+// would run. An assembly of its own (a plain optimizer over
+// model->parameters() and the configured comm hook) would, with
+// optim.zero, check a run that never happens (no ZeroOptimizer, no
+// reduce-scatter). Both build their parts here, in the order the trainer
+// needs (the resume reads the optimizer's state before DDP exists, and the
+// comm hook's after), and the check mode's injected faults act on the
+// parts.
 
 namespace lockstep {
 

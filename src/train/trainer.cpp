@@ -1,4 +1,4 @@
-// Size (~410 lines): the lifecycle (assembly in order, run directory, data, model, optimizer)
+// The lifecycle (assembly in order, run directory, data, model, optimizer)
 // and the loop (epochs, after_step, finish) of one run; resume, save and evaluation live in
 // trainer_resume.cpp, trainer_save.cpp and trainer_eval.cpp.
 // The lifecycle and the loop of one run, around the one step (step.cpp):

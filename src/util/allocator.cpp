@@ -25,9 +25,10 @@ namespace lockstep {
 // zeroed by the kernel anew. The GPT demo (1 rank, 2,048 tokens a step)
 // took ~8,000 page faults a step, 381,681 in a 40-step run; with the
 // thresholds below, 57,083 (the first steps' and the data's), 8% more
-// tokens/s and 8 MiB more peak memory (docs/performance.md). A threshold
-// set explicitly stops glibc's dynamic adjustment, so both are set:
-// blocks up to 256 MiB come from the heap, and up to 512 MiB free at its
+// tokens/s and 8 MiB more peak memory (tokens/s: `scripts/bench_gpt.sh`;
+// docs/lab/gpt-demo.md, "Where the gap was"). A threshold set explicitly
+// stops glibc's dynamic adjustment, so both are set: blocks up to 256 MiB
+// come from the heap, and up to 512 MiB free at its
 // top stay there for the next step. Larger blocks (a huge embedding, a
 // checkpoint's buffers) are still mapped and unmapped whole, and after a
 // one-off peak (a checkpoint's gathered state) release_free_memory() hands

@@ -11,12 +11,12 @@ namespace lockstep {
 // Note [Every layout of the product]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Which kernel ATen picks depends on the operands' layout, and on a core
-// without bf16 instructions the difference is large: on an AMD EPYC with
-// AVX2 only, PyTorch 2.6 multiplies 1024 x 1024 bf16 matrices at 0.7
-// GFLOP/s as a @ b, 2.2 as a @ b^T and 7.2 as a^T @ b (float32: 34.7-36.1
-// in all three). A linear layer's forward is x @ w^T, its backward the
-// other two, so timing one layout made the GPT's bf16 MFU read 517%. The
-// peak is the best of the three.
+// without bf16 instructions the difference is large: there a bf16 a @ b
+// can run several times slower than a @ b^T or a^T @ b, where float32
+// runs all three alike. A linear layer's forward is x @ w^T, its backward
+// the other two, so a peak timed on one layout can put the GPT's bf16 MFU
+// far above 100%. The peak is the best of the three. (The measurements:
+// docs/lab/gpt-demo.md, "Note [Every layout of the product]".)
 //
 // Note [Timing on a GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -24,8 +24,9 @@ namespace lockstep {
 // products is timed from the host up to a synchronisation (copying one
 // element to the host waits for the stream), and the group's time per
 // product counted. The copy's few microseconds are under 1% of a group of
-// 8192-sized products (~1.4 ms each in bf16 on an H200: the first device
-// run measured ~784 TFLOP/s there, 79% of the datasheet's 989).
+// 8192-sized products (~1.4 ms each in bf16 on an H200: ~784 TFLOP/s, the
+// peak log.mfu measured in scripts/gpu_check.sh's first device run,
+// docs/lab/gpu-runs.md).
 double matmul_peak_gflops(at::ScalarType dtype, int64_t n, double seconds, c10::Device device) {
   const auto options = at::TensorOptions().dtype(dtype).device(device);
   const bool host = device.is_cpu();

@@ -1,11 +1,11 @@
 // Is the BLAS running kernels far older than the CPU?
 //
 // OpenBLAS picks its kernels from the CPU model at load time. A model it does
-// not know (Debian 12's 0.3.21 on Sapphire Rapids, as on the machine these
-// figures come from) falls back to its Prescott (SSE3) kernels: the large
-// benchmark MLP's forward and backward took 24.2 ms per step instead of
-// 7.3 ms. PyTorch's own DDP from the same Debian is slowed alike, so nothing
-// compares badly, and nothing says so. OPENBLAS_CORETYPE chooses the kernels.
+// not know (Debian 12's 0.3.21 on Sapphire Rapids) falls back to its
+// Prescott (SSE3) kernels: the large benchmark MLP's forward and backward
+// took several times as long (docs/lab/blas.md). PyTorch's own DDP from
+// the same Debian is slowed alike, so nothing compares badly, and nothing
+// says so. OPENBLAS_CORETYPE chooses the kernels.
 #pragma once
 
 #include <string>

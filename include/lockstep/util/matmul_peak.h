@@ -21,7 +21,8 @@ double matmul_peak_gflops(at::ScalarType dtype, int64_t n = 1024, double seconds
                           c10::Device device = c10::Device(c10::kCPU));
 
 // The product size at which a GPU's peak is measured (8192: an H100/H200
-// reaches ~80% of its datasheet's dense bf16 figure there).
+// reaches ~80% of its datasheet's dense bf16 figure there, as log.mfu
+// measured it in scripts/gpu_check.sh's GPT steps).
 inline constexpr int64_t kGpuMatmulPeakN = 8192;
 
 }  // namespace lockstep
