@@ -28,7 +28,7 @@ if [ -z "${PYTHON:-}" ] && [ -x "$pip_python" ] && [ -x build-pip/lockstep ]; th
 fi
 PYTHON=${PYTHON:-/usr/bin/python3}
 export BUILD=${BUILD:-build}
-[ -x "$BUILD/lockstep" ] || scripts/setup.sh
+[ -x "$BUILD/lockstep" ] || LOCKSTEP_BUILD_DIR="$BUILD" scripts/setup.sh
 [ -f data/kjv.txt ] || scripts/make_text.sh
 export OMP_NUM_THREADS=1 USE_LIBUV=0
 out=$(mktemp -d)
@@ -120,7 +120,9 @@ done
 
 if "$PYTHON" -c 'from torch.distributed.fsdp import fully_shard' 2>/dev/null; then
   echo "== ZeRO and checkpoints beside PyTorch" >&2
-  PYTHON=$PYTHON ROUNDS=${PEER_ROUNDS:-2} scripts/bench_peers.sh >"$out/peers"
+  # A failure here is reported in its section; the figures above stand.
+  PYTHON=$PYTHON ROUNDS=${PEER_ROUNDS:-2} scripts/bench_peers.sh >"$out/peers" 2>"$out/peers.err" ||
+    { echo "scripts/bench_peers.sh failed (exit $?); its last lines:"; tail -n 12 "$out/peers.err"; } >>"$out/peers"
 fi
 
 "$PYTHON" - "$out" "$cpu" "$torch" "$slow_bf16" "${BF16_STEPS:-4}" "${BF16_WARMUP:-2}" <<'PY'

@@ -8,6 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Only the two programs the job runs (the test suite is scripts/test.sh's).
-LOCKSTEP_TARGETS="lockstep lockstep-run" scripts/setup.sh
+LOCKSTEP_TARGETS="lockstep-bin lockstep-run" scripts/setup.sh
 exec build/lockstep-run --nproc-per-node "${NPROC:-2}" --master-port 0 \
   build/lockstep train --config configs/digits.yaml --set run.overwrite=true "$@"

@@ -10,8 +10,9 @@
 #   LOCKSTEP_SKIP_INSTALL=1       build only
 #   LOCKSTEP_BUILD_DIR=DIR        build there (default build/; scripts/test_pip.sh: build-pip/)
 #   LOCKSTEP_CMAKE_ARGS="..."     more CMake arguments
-#   LOCKSTEP_TARGETS="a b"        build only these targets (scripts/demo.sh: lockstep
-#                                 lockstep-run), without the tests' vocabulary and tools
+#   LOCKSTEP_TARGETS="a b"        build only these targets (scripts/demo.sh: lockstep-bin,
+#                                 the program lockstep, and lockstep-run), without the
+#                                 tests' vocabulary and tools
 #   LOCKSTEP_DEBIAN_RELEASE=13    print/install another release's list
 set -euo pipefail
 cd "$(dirname "$0")/.."

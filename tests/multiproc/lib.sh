@@ -49,6 +49,7 @@ leftovers() { pgrep -f -- "$1" | grep -v "^$$\$" || true; }
 # a later --set overrides an earlier one. Returns lockstep's exit code.
 RUNS="$WORK/runs"
 TRAIN_ARGS=()
+APPEND=0 LAUNCH=""  # not from the environment
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 train() {
   local name=$1 n=$2 config=(--config "$ROOT/configs/digits.yaml")
