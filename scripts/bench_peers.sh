@@ -35,7 +35,7 @@ lockstep() {  # lockstep NAME ZERO [--set ...]: one run, its log in NAME.out
   "${launch[@]}" "$BUILD/lockstep" train --config "$root/configs/synthetic.yaml" \
     --set run.dir="$work" --set run.name="$name" --set model.name=mlp \
     --set model.hidden="$HIDDEN" --set model.layers="$LAYERS" --set data.name=synthetic \
-    --set data.synthetic_features=784 --set data.synthetic_size=100000 --set data.batch_size=32 \
+    --set data.synthetic_features=784 --set data.synthetic_size=4096 --set data.batch_size=32 \
     --set optim.name=adam --set optim.lr=0.0001 --set optim.zero="$z" --set train.epochs=1000 \
     --set log.every=1 --set log.progress=plain --set check.every=0 --set dist.backend=gloo \
     "$@" >"$work/$name.out" 2>&1 || bench_fail "$work/$name.out"
