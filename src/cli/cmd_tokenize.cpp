@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -156,6 +157,288 @@ int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
   return kExitOk;
 }
 
+// What the command line asked for, checked before any file is written.
+struct Job {
+  std::vector<std::string> files;
+  uint64_t total = 0;  // the files' bytes
+  std::string out, format;
+  double val_fraction = 0;
+  bool eot = false;
+  int threads = 1;
+};
+
+Job job_from_args(const cxxopts::ParseResult& args, const Gpt2Bpe& bpe) {
+  Job job;
+  if (args.count("inputs") == 0) throw ConfigError("no input: give text files or folders");
+  if (args.count("out") == 0) throw ConfigError("--out FOLDER is required");
+  job.val_fraction = args["val-fraction"].as<double>();
+  if (!(job.val_fraction >= 0 && job.val_fraction < 1))
+    throw ConfigError("--val-fraction " + std::to_string(job.val_fraction) + " is outside [0, 1)");
+  job.format = args["format"].as<std::string>();
+  if (job.format != "nanogpt" && job.format != "llmc")
+    throw ConfigError("--format: '" + shown_name(job.format) + "' is not one of nanogpt, llmc");
+  if (bpe.vocab_size() > 65536)
+    throw ConfigError("the vocabulary has " + std::to_string(bpe.vocab_size()) +
+                      " tokens: more than uint16 token files hold");
+  job.eot = args.count("eot") != 0;
+  if (job.eot && bpe.end_of_text() < 0)
+    throw ConfigError("--eot: the vocabulary has no <|endoftext|> token");
+  job.threads = args.count("threads") != 0 ? args["threads"].as<int>()
+                                           : static_cast<int>(std::thread::hardware_concurrency());
+  if (args.count("threads") != 0 && (job.threads < 1 || job.threads > 1024))
+    throw ConfigError("--threads " + std::to_string(job.threads) + " is outside [1, 1024]");
+  job.threads = std::max(job.threads, 1);
+  job.files = input_files(args["inputs"].as<std::vector<std::string>>());
+  for (const auto& f : job.files) job.total += std::filesystem::file_size(f);
+  job.out = args["out"].as<std::string>();
+  for (const char* name : {"train.bin", "val.bin"}) {
+    if (path_exists(job.out + "/" + name))
+      throw ConfigError("--out '" + job.out + "' already holds " + name +
+                        ": give an empty or new folder (lockstep tokenize overwrites nothing)");
+  }
+  return job;
+}
+
+// Long-lived encoding workers: each keeps its tokenizer's piece cache warm.
+// The destructor lets them finish what was submitted, then joins them.
+class EncoderPool {
+ public:
+  EncoderPool(const Gpt2Bpe& bpe, int threads) : bpe_(bpe) {
+    try {
+      for (int w = 0; w < threads; ++w) workers_.emplace_back([this] { work(); });
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+  ~EncoderPool() { close(); }
+  EncoderPool(const EncoderPool&) = delete;
+  EncoderPool& operator=(const EncoderPool&) = delete;
+
+  // The ids of `text`, and `eot_id` after them unless it is negative.
+  std::future<std::vector<int32_t>> submit(std::string text, int32_t eot_id) {
+    Task task{std::move(text), eot_id, {}};
+    auto ids = task.done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+    return ids;
+  }
+
+ private:
+  struct Task {
+    std::string text;
+    int32_t eot_id;
+    std::promise<std::vector<int32_t>> done;
+  };
+
+  void work() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [&] { return closing_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      try {
+        std::vector<int32_t> ids = bpe_.encode(task.text);
+        if (task.eot_id >= 0) ids.push_back(task.eot_id);
+        task.done.set_value(std::move(ids));
+      } catch (...) {
+        task.done.set_exception(std::current_exception());
+      }
+    }
+  }
+
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+    }
+    ready_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  const Gpt2Bpe& bpe_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Task> tasks_;
+  bool closing_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// The encoded chunks written in the order they were cut, at most `window`
+// of them in memory, and the progress line on stderr (redrawn on a
+// terminal every 250 ms, else a line every 10 s).
+class OrderedOutput {
+ public:
+  OrderedOutput(TokenWriter& train, TokenWriter& val, uint64_t total, size_t window)
+      : train_(train), val_(val), total_(total), window_(window) {}
+
+  // Before a chunk is submitted: the oldest is written if the window is full.
+  void make_room() {
+    if (pending_.size() >= window_) write_oldest();
+  }
+  void push(std::future<std::vector<int32_t>> ids, bool to_val, uint64_t bytes) {
+    pending_.push_back({std::move(ids), to_val, bytes});
+  }
+  void finish() {
+    while (!pending_.empty()) write_oldest();
+  }
+  double seconds() const {
+    return std::max(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(), 1e-9);
+  }
+  void show(bool final) const {
+    const double mb = static_cast<double>(done_bytes_) / 1e6;
+    const double share =
+        total_ > 0 ? 100.0 * static_cast<double>(done_bytes_) / static_cast<double>(total_) : 100.0;
+    std::fprintf(stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %.1f MB/s, %s tokens%s",
+                 tty_ ? "\r" : "", mb, static_cast<double>(total_) / 1e6, share, mb / seconds(),
+                 with_commas(train_.count() + val_.count()).c_str(), final || !tty_ ? "\n" : "");
+    std::fflush(stderr);
+  }
+
+ private:
+  struct Pending {
+    std::future<std::vector<int32_t>> ids;
+    bool to_val;
+    uint64_t bytes;
+  };
+
+  void write_oldest() {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    (p.to_val ? val_ : train_).append(p.ids.get());
+    done_bytes_ += p.bytes;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_shown_ > std::chrono::milliseconds(tty_ ? 250 : 10000)) {
+      last_shown_ = now;
+      show(false);
+    }
+  }
+
+  TokenWriter& train_;
+  TokenWriter& val_;
+  const uint64_t total_;
+  const size_t window_;
+  const bool tty_ = isatty(STDERR_FILENO) != 0;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_shown_ = start_;
+  uint64_t done_bytes_ = 0;
+  std::deque<Pending> pending_;
+};
+
+// Cuts the input, file after file, into chunks at safe places (Note
+// [Streamed tokenizing]): about kChunkBytes each; a file's end ends a chunk;
+// the split to val.bin falls on the first safe cut at or after byte
+// `split_at` of the whole input.
+class Cutter {
+ public:
+  using Emit = std::function<void(std::string text, bool to_val, bool end_of_file)>;
+  Cutter(uint64_t split_at, double val_fraction)
+      : split_at_(split_at),
+        val_fraction_(val_fraction),
+        in_val_(val_fraction > 0 && split_at == 0) {}
+
+  void file(const std::string& path, const Emit& emit) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw DataError("cannot read '" + path + "'");
+    std::string buffer;
+    bool eof = false;
+    const auto read_more = [&] {  // up to another chunk's bytes onto the buffer
+      const size_t have = buffer.size();
+      buffer.resize(have + kChunkBytes);
+      in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
+      buffer.resize(have + static_cast<size_t>(in.gcount()));
+      if (in.bad()) throw DataError("cannot read '" + path + "'");
+      eof = in.eof();
+    };
+    while (!eof || !buffer.empty()) {
+      if (!eof && buffer.size() < kChunkBytes) {
+        read_more();
+        if (!eof) continue;
+      }
+      bool split_here = false;
+      size_t cut = next_cut(buffer, eof, split_here);
+      if (cut >= buffer.size() && !eof) {
+        if (buffer.size() >= kMaxUncut)
+          throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) + " MiB from byte " +
+                          std::to_string(position_) +
+                          " without a line ending or space after other text: lockstep "
+                          "tokenize splits its input at such places");
+        read_more();
+        continue;
+      }
+      cut = std::min(cut, buffer.size());
+      emit(buffer.substr(0, cut), in_val_, eof && cut == buffer.size());
+      position_ += cut;
+      buffer.erase(0, cut);
+      if (split_here) in_val_ = true;
+    }
+  }
+
+ private:
+  // The next cut in `buffer`: the split when it falls here, else about a
+  // chunk on (buffer.size() or more: no safe place yet).
+  size_t next_cut(const std::string& buffer, bool eof, bool& split_here) const {
+    if (!in_val_ && val_fraction_ > 0 && position_ + buffer.size() > split_at_) {
+      const size_t from = static_cast<size_t>(split_at_ > position_ ? split_at_ - position_ : 0);
+      const size_t cut = gpt2_safe_cut(buffer, from);
+      split_here = cut < buffer.size() || eof;
+      return cut;
+    }
+    return gpt2_safe_cut(buffer, std::min(buffer.size(), kChunkBytes));
+  }
+
+  const uint64_t split_at_;
+  const double val_fraction_;
+  bool in_val_;
+  uint64_t position_ = 0;  // bytes of the input before the buffer
+};
+
+int tokenize(const Job& job, const Gpt2Bpe& bpe) {
+  make_directories(job.out);
+  const bool llmc = job.format == "llmc";
+  TokenWriter train(job.out + "/train.bin", llmc), val(job.out + "/val.bin", llmc);
+  OrderedOutput output(train, val, job.total, static_cast<size_t>(2 * job.threads));
+  {
+    EncoderPool pool(bpe, job.threads);  // joined before the output goes
+    Cutter cutter(static_cast<uint64_t>(static_cast<double>(job.total) * (1 - job.val_fraction)),
+                  job.val_fraction);
+    const int32_t eot_id = job.eot ? bpe.end_of_text() : -1;
+    const auto emit = [&](std::string text, bool to_val, bool end_of_file) {
+      output.make_room();
+      const uint64_t bytes = text.size();
+      output.push(pool.submit(std::move(text), end_of_file ? eot_id : -1), to_val, bytes);
+    };
+    for (const auto& path : job.files) cutter.file(path, emit);
+    output.finish();
+  }
+  train.finish();
+  val.finish();
+  if (job.val_fraction > 0 && val.count() == 0)
+    std::fprintf(stderr,
+                 "tokenize: WARNING: no place to split in the input's last %.0f%% (no space or "
+                 "line end after other text there): val.bin is empty\n",
+                 100 * job.val_fraction);
+  output.show(true);
+  const double s = output.seconds();
+  std::fprintf(stderr,
+               "tokenize: %s bytes in %zu file(s) -> %s tokens (%s in %s/train.bin, %s in "
+               "%s/val.bin), %.2f s, %.1f MB/s on %d thread(s), %s format\n",
+               with_commas(static_cast<int64_t>(job.total)).c_str(), job.files.size(),
+               with_commas(train.count() + val.count()).c_str(), with_commas(train.count()).c_str(),
+               job.out.c_str(), with_commas(val.count()).c_str(), job.out.c_str(), s,
+               static_cast<double>(job.total) / 1e6 / s, job.threads, job.format.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_tokenize(int argc, char** argv) {
@@ -184,200 +467,7 @@ int cmd_tokenize(int argc, char** argv) {
         bpe_vocab_folder(args.count("vocab") != 0 ? args["vocab"].as<std::string>() : "gpt2");
     const Gpt2Bpe bpe = Gpt2Bpe::load(vocab);
     if (args.count("decode") != 0) return decode_file(bpe, args["decode"].as<std::string>());
-    if (args.count("inputs") == 0) throw ConfigError("no input: give text files or folders");
-    if (args.count("out") == 0) throw ConfigError("--out FOLDER is required");
-    const double val_fraction = args["val-fraction"].as<double>();
-    if (!(val_fraction >= 0 && val_fraction < 1))
-      throw ConfigError("--val-fraction " + std::to_string(val_fraction) + " is outside [0, 1)");
-    const std::string format = args["format"].as<std::string>();
-    if (format != "nanogpt" && format != "llmc")
-      throw ConfigError("--format: '" + shown_name(format) + "' is not one of nanogpt, llmc");
-    if (bpe.vocab_size() > 65536)
-      throw ConfigError("the vocabulary has " + std::to_string(bpe.vocab_size()) +
-                        " tokens: more than uint16 token files hold");
-    const bool eot = args.count("eot") != 0;
-    if (eot && bpe.end_of_text() < 0)
-      throw ConfigError("--eot: the vocabulary has no <|endoftext|> token");
-    int threads = args.count("threads") != 0
-                      ? args["threads"].as<int>()
-                      : static_cast<int>(std::thread::hardware_concurrency());
-    if (args.count("threads") != 0 && (threads < 1 || threads > 1024))
-      throw ConfigError("--threads " + std::to_string(threads) + " is outside [1, 1024]");
-    threads = std::max(threads, 1);
-    const auto files = input_files(args["inputs"].as<std::vector<std::string>>());
-    uint64_t total = 0;
-    for (const auto& f : files) total += std::filesystem::file_size(f);
-    const std::string out = args["out"].as<std::string>();
-    for (const char* name : {"train.bin", "val.bin"}) {
-      if (path_exists(out + "/" + name))
-        throw ConfigError("--out '" + out + "' already holds " + name +
-                          ": give an empty or new folder (lockstep tokenize overwrites nothing)");
-    }
-    make_directories(out);
-    const bool llmc = format == "llmc";
-    TokenWriter train(out + "/train.bin", llmc), val(out + "/val.bin", llmc);
-    const uint64_t split_at =
-        static_cast<uint64_t>(static_cast<double>(total) * (1 - val_fraction));
-    const bool tty = isatty(STDERR_FILENO) != 0;
-    const auto start = std::chrono::steady_clock::now();
-    auto last_shown = start;
-    uint64_t done_bytes = 0;
-    const auto seconds = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    };
-    const auto show = [&](bool final) {
-      const double s = std::max(seconds(), 1e-9);
-      const double mb = static_cast<double>(done_bytes) / 1e6;
-      std::fprintf(
-          stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %.1f MB/s, %s tokens%s", tty ? "\r" : "",
-          mb, static_cast<double>(total) / 1e6,
-          total > 0 ? 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total) : 100.0,
-          mb / s, with_commas(train.count() + val.count()).c_str(), final || !tty ? "\n" : "");
-      std::fflush(stderr);
-    };
-
-    struct Pending {
-      std::future<std::vector<int32_t>> ids;
-      bool to_val;
-      uint64_t bytes;
-    };
-    std::deque<Pending> pending;
-    const auto drain_one = [&] {
-      Pending p = std::move(pending.front());
-      pending.pop_front();
-      const auto ids = p.ids.get();
-      (p.to_val ? val : train).append(ids);
-      done_bytes += p.bytes;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_shown > std::chrono::milliseconds(tty ? 250 : 10000)) {
-        last_shown = now;
-        show(false);
-      }
-    };
-    // A pool of long-lived workers: each keeps its tokenizer cache warm.
-    struct Task {
-      std::string text;
-      int32_t eot_id;
-      std::promise<std::vector<int32_t>> done;
-    };
-    std::mutex mutex;
-    std::condition_variable ready;
-    std::deque<Task> tasks;
-    bool closing = false;
-    std::vector<std::thread> workers;
-    for (int w = 0; w < threads; ++w) {
-      workers.emplace_back([&] {
-        for (;;) {
-          Task task;
-          {
-            std::unique_lock<std::mutex> lock(mutex);
-            ready.wait(lock, [&] { return closing || !tasks.empty(); });
-            if (tasks.empty()) return;
-            task = std::move(tasks.front());
-            tasks.pop_front();
-          }
-          try {
-            std::vector<int32_t> ids = bpe.encode(task.text);
-            if (task.eot_id >= 0) ids.push_back(task.eot_id);
-            task.done.set_value(std::move(ids));
-          } catch (...) {
-            task.done.set_exception(std::current_exception());
-          }
-        }
-      });
-    }
-    struct Joiner {
-      std::mutex& m;
-      std::condition_variable& cv;
-      bool& closing;
-      std::vector<std::thread>& workers;
-      ~Joiner() {
-        {
-          std::lock_guard<std::mutex> lock(m);
-          closing = true;
-        }
-        cv.notify_all();
-        for (auto& t : workers) t.join();
-      }
-    } joiner{mutex, ready, closing, workers};
-    const auto submit = [&](std::string text, bool to_val, bool end_of_file) {
-      if (pending.size() >= static_cast<size_t>(2 * threads)) drain_one();
-      const uint64_t bytes = text.size();
-      Task task{std::move(text), eot && end_of_file ? bpe.end_of_text() : -1, {}};
-      auto ids = task.done.get_future();
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        tasks.push_back(std::move(task));
-      }
-      ready.notify_one();
-      pending.push_back({std::move(ids), to_val, bytes});
-    };
-
-    uint64_t position = 0;  // bytes of the input before `buffer`
-    bool in_val = val_fraction > 0 && split_at == 0;
-    for (const auto& path : files) {
-      std::ifstream in(path, std::ios::binary);
-      if (!in) throw DataError("cannot read '" + path + "'");
-      std::string buffer;
-      bool eof = false;
-      const auto read_more = [&] {  // up to another chunk's bytes onto the buffer
-        const size_t have = buffer.size();
-        buffer.resize(have + kChunkBytes);
-        in.read(buffer.data() + have, static_cast<std::streamsize>(kChunkBytes));
-        buffer.resize(have + static_cast<size_t>(in.gcount()));
-        if (in.bad()) throw DataError("cannot read '" + path + "'");
-        eof = in.eof();
-      };
-      while (!eof || !buffer.empty()) {
-        if (!eof && buffer.size() < kChunkBytes) {
-          read_more();
-          if (!eof) continue;
-        }
-        // The next cut: the split when it falls here, else about a chunk on.
-        size_t cut;
-        bool split_here = false;
-        if (!in_val && val_fraction > 0 && position + buffer.size() > split_at) {
-          const size_t from = static_cast<size_t>(split_at > position ? split_at - position : 0);
-          cut = gpt2_safe_cut(buffer, from);
-          split_here = cut < buffer.size() || eof;
-        } else {
-          cut = gpt2_safe_cut(buffer, std::min(buffer.size(), kChunkBytes));
-        }
-        if (cut >= buffer.size() && !eof) {
-          if (buffer.size() >= kMaxUncut)
-            throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) + " MiB from byte " +
-                            std::to_string(position) +
-                            " without a line ending or space after other text: lockstep "
-                            "tokenize splits its input at such places");
-          read_more();
-          continue;
-        }
-        cut = std::min(cut, buffer.size());
-        const bool last_of_file = eof && cut == buffer.size();
-        submit(buffer.substr(0, cut), in_val, last_of_file);
-        position += cut;
-        buffer.erase(0, cut);
-        if (split_here) in_val = true;
-      }
-    }
-    while (!pending.empty()) drain_one();
-    train.finish();
-    val.finish();
-    if (val_fraction > 0 && val.count() == 0)
-      std::fprintf(stderr,
-                   "tokenize: WARNING: no place to split in the input's last %.0f%% (no space or "
-                   "line end after other text there): val.bin is empty\n",
-                   100 * val_fraction);
-    show(true);
-    const double s = std::max(seconds(), 1e-9);
-    std::fprintf(stderr,
-                 "tokenize: %s bytes in %zu file(s) -> %s tokens (%s in %s/train.bin, %s in "
-                 "%s/val.bin), %.2f s, %.1f MB/s on %d thread(s), %s format\n",
-                 with_commas(static_cast<int64_t>(total)).c_str(), files.size(),
-                 with_commas(train.count() + val.count()).c_str(),
-                 with_commas(train.count()).c_str(), out.c_str(), with_commas(val.count()).c_str(),
-                 out.c_str(), s, static_cast<double>(total) / 1e6 / s, threads, format.c_str());
-    return kExitOk;
+    return tokenize(job_from_args(args, bpe), bpe);
   });
 }
 

@@ -18,10 +18,12 @@ std::optional<cxxopts::ParseResult> parse_command_line(cxxopts::Options& options
   // cxxopts keeps a word it cannot place aside; a command that went on
   // would run without it (`lockstep train run.yaml` would train the
   // built-in defaults).
-  if (!args.unmatched().empty())
-    throw ConfigError("unexpected argument '" + args.unmatched().front() +
-                      "' (options are --name value; a configuration is --config FILE; --help "
-                      "lists them)");
+  if (!args.unmatched().empty()) {
+    const bool takes_config = options.help().find("--config") != std::string::npos;
+    throw ConfigError(
+        "unexpected argument '" + args.unmatched().front() + "' (options are --name value" +
+        (takes_config ? "; a configuration is --config FILE" : "") + "; --help lists them)");
+  }
   return args;
 }
 

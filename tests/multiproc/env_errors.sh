@@ -52,6 +52,10 @@ expect_grep "$WORK/err" "lockstep train: unexpected argument '.*gpt-text.yaml' \
 "$LOCKSTEP" eval --checkpoint "$WORK/none" stray 2>"$WORK/err"
 expect_eq "$?" 2 "a stray word after eval's options exits 2"
 expect_grep "$WORK/err" "lockstep eval: unexpected argument 'stray'" "naming it"
+"$LOCKSTEP" bench ddp extra 2>"$WORK/err"
+expect_eq "$?" 2 "a second word after bench's positional exits 2"
+expect_grep "$WORK/err" "lockstep bench: unexpected argument 'extra' \(options are --name value; --help lists them\)" \
+  "naming it, without a --config hint bench has no use for"
 LOCKSTEP_LOG_LEVEL=loud "$LOCKSTEP" check --comm 2>"$WORK/err"
 expect_grep "$WORK/err" "LOCKSTEP_LOG_LEVEL: unknown log level 'loud'" "bad log level named"
 
