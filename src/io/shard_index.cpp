@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 #include "lockstep/util/hex.h"
 #include "lockstep/util/utf8.h"
 
@@ -295,13 +296,7 @@ at::Tensor shard_read(const std::string& folder, const ShardIndex& index, const 
   const std::string path = folder + "/" + index.files.at(entry.file).name;
   at::Tensor t = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
   if (entry.bytes == 0) return t;
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    throw DataError("'" + path + "' is not a regular file");
-  }
+  const int fd = open_regular_file(path);
   char* out = static_cast<char*>(t.data_ptr());
   uint64_t done = 0;
   while (done < entry.bytes) {

@@ -25,7 +25,7 @@ void make_directories(const std::string& path) {
   }
 }
 
-std::string read_regular_file(const std::string& path, size_t max_bytes) {
+int open_regular_file(const std::string& path, uint64_t* size) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
   struct stat info {};
@@ -33,12 +33,19 @@ std::string read_regular_file(const std::string& path, size_t max_bytes) {
     close(fd);
     throw DataError("'" + path + "' is not a regular file");
   }
-  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
+  if (size != nullptr) *size = static_cast<uint64_t>(info.st_size);
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, size_t max_bytes) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
+  if (size > max_bytes) {
     close(fd);
-    throw DataError("'" + path + "' is " + std::to_string(info.st_size) + " bytes, over the " +
+    throw DataError("'" + path + "' is " + std::to_string(size) + " bytes, over the " +
                     std::to_string(max_bytes) + " read whole here");
   }
-  std::string bytes(static_cast<size_t>(info.st_size), '\0');
+  std::string bytes(static_cast<size_t>(size), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);

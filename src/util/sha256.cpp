@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lockstep/util/error.h"
+#include "lockstep/util/fs.h"
 #include "lockstep/util/hex.h"
 
 namespace lockstep {
@@ -42,13 +43,7 @@ std::string sha256_hex(const std::string& bytes) {
 }
 
 std::string sha256_file_hex(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
-  struct stat info {};
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    close(fd);
-    throw DataError("'" + path + "' is not a regular file");
-  }
+  const int fd = open_regular_file(path);
   Sha256 h;
   std::vector<char> buffer(size_t{1} << 20);
   for (;;) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <string>
@@ -11,6 +12,12 @@ namespace lockstep {
 // mkdir -p: creates `path` and its missing parents. Throws DataError naming
 // the component that could not be created and why.
 void make_directories(const std::string& path);
+
+// Opens `path` for reading if it is a regular file (not a folder, a device
+// or a FIFO: refused before a byte is read) and returns the descriptor,
+// which the caller closes; `size`, when given, receives the file's size.
+// Throws DataError naming the path and why.
+int open_regular_file(const std::string& path, uint64_t* size = nullptr);
 
 // Reads a whole regular file (not a folder, a device such as /dev/zero, or a
 // FIFO: those are refused before a byte is read). Throws DataError naming
