@@ -7,9 +7,9 @@
 // global batch in one process, and the two must end equal to float rounding.
 #include <lockstep/ddp/ddp.h>
 #include <lockstep/distributed/init.h>
-#include <lockstep/optim/fully_shard.h>
 #include <lockstep/util/module_tensors.h>
 #include <lockstep/util/unit_call.h>
+#include <lockstep/zero/fully_shard.h>
 #include <torch/torch.h>
 
 #include <cstdio>

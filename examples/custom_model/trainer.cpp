@@ -3,10 +3,10 @@
 // The config says model.name: tiny and train.loss: smoothed;
 // --set ddp.comm_hook=counting picks the hook.
 //   lockstep-run --nproc-per-node 2 build/custom_trainer --config tiny.yaml
+#include <lockstep/cli/train_main.h>
 #include <lockstep/ddp/comm_hooks.h>
 #include <lockstep/model/models.h>
 #include <lockstep/train/callbacks.h>
-#include <lockstep/train/train_main.h>
 #include <torch/torch.h>
 
 #include <cstdio>

@@ -7,8 +7,8 @@
 
 #include "common.h"
 #include "lockstep/check/comm_check.h"
+#include "lockstep/config/config.h"
 #include "lockstep/train/check_run.h"
-#include "lockstep/train/config.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/util/error.h"
 

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "common.h"
-#include "lockstep/train/checkpoint.h"
+#include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/train/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"

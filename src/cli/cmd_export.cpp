@@ -5,10 +5,10 @@
 #include <cstdio>
 
 #include "common.h"
+#include "lockstep/checkpoint/checkpoint.h"
+#include "lockstep/config/config.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/model/gpt_layout.h"
-#include "lockstep/train/checkpoint.h"
-#include "lockstep/train/config.h"
 #include "lockstep/train/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "command_line.h"  // src/train: -h/--help, --config, --set
+#include "lockstep/cli/train_main.h"
 #include "lockstep/distributed/init.h"
-#include "lockstep/train/train_main.h"
 #include "lockstep/util/exit_codes.h"
 
 namespace lockstep::cli {

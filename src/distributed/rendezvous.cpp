@@ -10,7 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "lockstep/distributed/job_store.h"
+#include "lockstep/store/job_store.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

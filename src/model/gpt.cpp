@@ -1,5 +1,5 @@
 #include "lockstep/model/gpt.h"
-#include "lockstep/model/activation_checkpoint.h"
+#include "lockstep/model/recompute.h"
 #include "lockstep/util/unit_call.h"
 
 #include <ATen/ATen.h>
@@ -9,8 +9,8 @@
 
 #include <cmath>
 
-#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/torch_compat.h"
 
 namespace lockstep {
 namespace {
@@ -202,7 +202,7 @@ at::Tensor Gpt::forward(at::Tensor idx) {
     x = call_unit(*block, [&]() -> at::Tensor {
       // Note [Activation checkpointing]: the block keeps only its input.
       if (options_.activation_checkpointing && is_training())
-        return checkpoint(
+        return recompute(
             *block, [&block](const at::Tensor& in) { return block->forward(in); }, x);
       return block->forward(x);
     });

@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/error.h"
+#include "lockstep/util/torch_compat.h"
 
 namespace lockstep {
 namespace {

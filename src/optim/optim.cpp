@@ -73,8 +73,8 @@ void optimizer_set_lr(torch::optim::Optimizer& optimizer, double lr) {
 #include <map>
 #include <set>
 
-#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/module_tensors.h"
+#include "lockstep/util/torch_compat.h"
 
 namespace lockstep {
 

@@ -8,13 +8,13 @@
 #include <limits>
 #include <set>
 
+#include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/distributed/world.h"
 #include "lockstep/io/state_dict.h"
 #include "lockstep/model/models.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/unit_call.h"

@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
+#include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/io/state_dict.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 

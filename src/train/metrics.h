@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/checkpoint/run_state.h"
+#include "lockstep/config/config.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/io/tensorboard.h"
-#include "lockstep/train/config.h"
-#include "lockstep/train/run_state.h"
 #include "lockstep/train/step.h"
 
 namespace lockstep {

@@ -8,9 +8,9 @@
 
 #include <limits>
 
-#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/text.h"
+#include "lockstep/util/torch_compat.h"
 
 namespace lockstep {
 namespace amp {
@@ -76,34 +76,20 @@ void MixedPrecision::run(const std::function<void()>& body) const {
   body();
 }
 
-void MixedPrecision::install(StepHooks& hooks) {
-  if (precision_ == Precision::kFp32) return;
-  hooks.around_forward = [this](const std::function<void()>& forward_and_loss) {
-    run(forward_and_loss);
-  };
+void MixedPrecision::report(StepStats& stats) {
   if (!scaler_) return;
-  amp::GradScaler* scaler = scaler_.get();
-  hooks.scale_loss = [scaler](const at::Tensor& loss) { return scaler->scale(loss); };
-  // After the exchange, before clipping: the norm is the true gradient's.
-  hooks.before_clip = [scaler](torch::optim::Optimizer& optimizer) { scaler->unscale_(optimizer); };
-  hooks.optimizer_step = [scaler](torch::optim::Optimizer& optimizer) {
-    scaler->step(optimizer);
-    scaler->update();
-  };
-  hooks.report = [this, scaler](StepStats& stats) {
-    stats.scaling = true;
-    stats.loss_scale = scaler->get_scale();
-    stats.skipped = scaler->last_step_skipped();
-    skipped_in_a_row_ = stats.skipped ? skipped_in_a_row_ + 1 : 0;
-    // The same scale on every rank (Note [Agreed found_inf]): all stop here.
-    if (stats.loss_scale < std::numeric_limits<float>::min()) {
-      throw TrainingError("training diverged: the last " + std::to_string(skipped_in_a_row_) +
-                          " steps had inf/NaN gradients at every loss scale, down to " +
-                          number_text(stats.loss_scale) +
-                          " (train.precision: fp16); lower optim.lr, clip gradients "
-                          "(train.clip_grad_norm), or try bf16");
-    }
-  };
+  stats.scaling = true;
+  stats.loss_scale = scaler_->get_scale();
+  stats.skipped = scaler_->last_step_skipped();
+  skipped_in_a_row_ = stats.skipped ? skipped_in_a_row_ + 1 : 0;
+  // The same scale on every rank (Note [Agreed found_inf]): all stop here.
+  if (stats.loss_scale < std::numeric_limits<float>::min()) {
+    throw TrainingError("training diverged: the last " + std::to_string(skipped_in_a_row_) +
+                        " steps had inf/NaN gradients at every loss scale, down to " +
+                        number_text(stats.loss_scale) +
+                        " (train.precision: fp16); lower optim.lr, clip gradients "
+                        "(train.clip_grad_norm), or try bf16");
+  }
 }
 
 std::map<std::string, double> MixedPrecision::state_dict() const {

@@ -11,9 +11,9 @@
 
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/distributed/torch_compat.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/util/matmul_peak.h"
+#include "lockstep/util/torch_compat.h"
 
 namespace lockstep {
 

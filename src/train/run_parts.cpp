@@ -1,10 +1,10 @@
 #include "run_parts.h"
 
-#include "lockstep/check/shard_seal.h"
-#include "lockstep/ddp/zero_grad_hook.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
 #include "lockstep/util/module_tensors.h"
+#include "lockstep/zero/shard_seal.h"
+#include "lockstep/zero/zero_grad_hook.h"
 
 // Note [One run assembly]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -73,21 +73,44 @@ void with_whole_weights(RunParts& run, const std::function<void()>& fn) {
   run.sharded->reshard_all();
 }
 
-void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskKind task,
-                    StepOptions options) {
-  run.step = std::make_unique<TrainStep>(pg, *run.ddp, *run.model, *run.optimizer,
-                                         loss_from_config(config.train.loss, task),
-                                         task == TaskKind::kClassification, std::move(options));
-  run.precision->install(run.step->hooks);
+// Note [What each option plugs into the step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The one place a TrainStep's hooks are set: each option, the hooks it
+// sets, and why (train/step.h's pseudocode shows where each runs).
+void plug_step_hooks(RunParts& run, const Config& config, ProcessGroup& pg) {
+  StepHooks& hooks = run.step->hooks;
+  MixedPrecision* precision = run.precision.get();
+  // train.precision bf16 or fp16: each micro-batch's forward and loss under
+  // autocast (backward follows the graph's dtypes, as in PyTorch).
+  if (precision->precision() != Precision::kFp32)
+    hooks.around_forward = [precision](const std::function<void()>& f) { precision->run(f); };
+  // train.precision fp16: the GradScaler scales the loss, unscales the
+  // synchronised gradients before clipping (the norm is the true
+  // gradient's), steps unless a gradient is inf/NaN, updates its scale, and
+  // reports it.
+  if (amp::GradScaler* scaler = precision->scaler()) {
+    hooks.scale_loss = [scaler](const at::Tensor& loss) { return scaler->scale(loss); };
+    hooks.before_clip = [scaler](torch::optim::Optimizer& optimizer) {
+      scaler->unscale_(optimizer);
+    };
+    hooks.optimizer_step = [scaler](torch::optim::Optimizer& optimizer) {
+      scaler->step(optimizer);
+      scaler->update();
+    };
+    hooks.report = [precision](StepStats& stats) { precision->report(stats); };
+  }
   if (run.zero != nullptr && run.zero->stage() >= 2) {
     ZeroOptimizer* zero = run.zero;
-    // Stage 3 drops the others' gradients as each unit is reduced.
-    if (run.zero->stage() == 2)
-      run.step->hooks.after_backward = [zero] { zero->release_unowned_grads(); };
-    run.step->hooks.grad_norms = [zero] { return zero->grad_norms(); };
+    // optim.zero 2: the gradients this rank does not own are dropped after
+    // the exchange (stage 3 drops them as each unit is reduced).
+    if (zero->stage() == 2) hooks.after_backward = [zero] { zero->release_unowned_grads(); };
+    // optim.zero 2 and 3: no rank holds every gradient; the norm is
+    // gathered from the owners.
+    hooks.grad_norms = [zero] { return zero->grad_norms(); };
   }
+  // optim.zero 3 with check.every: no replicas to compare; each owner seals
+  // its weights after the step and verifies them in the next (zero/shard_seal.h).
   if (run.sharded && config.check.every > 0) {
-    // No replicas to compare: each owner seals its weights (check/shard_seal.h).
     const NamedTensors params = trainable_parameters(*run.model);
     std::vector<std::string> names;
     std::vector<std::pair<size_t, at::Tensor>> mine;
@@ -96,11 +119,17 @@ void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskK
       if (run.zero->owns(i)) mine.emplace_back(i, params[i].second);
     }
     auto seal = std::make_shared<ShardSeal>(pg, names, run.zero->owners(), DigestMode::kXxh3);
-    run.step->hooks.seal_weights = [seal, mine](int64_t done) { seal->seal(mine, done); };
-    run.step->hooks.verify_weights = [seal, mine](int64_t step) {
-      return seal->verify(mine, step);
-    };
+    hooks.seal_weights = [seal, mine](int64_t done) { seal->seal(mine, done); };
+    hooks.verify_weights = [seal, mine](int64_t step) { return seal->verify(mine, step); };
   }
+}
+
+void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskKind task,
+                    StepOptions options) {
+  run.step = std::make_unique<TrainStep>(pg, *run.ddp, *run.model, *run.optimizer,
+                                         loss_from_config(config.train.loss, task),
+                                         task == TaskKind::kClassification, std::move(options));
+  plug_step_hooks(run, config, pg);
 }
 
 }  // namespace lockstep

@@ -9,13 +9,13 @@
 #include <functional>
 #include <memory>
 
+#include "lockstep/config/config.h"
 #include "lockstep/ddp/comm_hooks.h"
-#include "lockstep/optim/fully_shard.h"
-#include "lockstep/optim/zero.h"
-#include "lockstep/train/config.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
+#include "lockstep/zero/fully_shard.h"
+#include "lockstep/zero/zero.h"
 
 namespace lockstep {
 
@@ -50,7 +50,10 @@ void run_build_ddp(RunParts& run, const Config& config, const std::shared_ptr<Pr
 // optim.zero 3, where it gathers them and frees them again after; just
 // `fn` otherwise): state dicts, weight checks and loads.
 void with_whole_weights(RunParts& run, const std::function<void()>& fn);
+// 4. The step with `options`, its hooks set by what the config asks for
+//    (plug_step_hooks: Note [What each option plugs into the step]).
 void run_build_step(RunParts& run, const Config& config, ProcessGroup& pg, TaskKind task,
                     StepOptions options);
+void plug_step_hooks(RunParts& run, const Config& config, ProcessGroup& pg);
 
 }  // namespace lockstep

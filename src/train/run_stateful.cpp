@@ -4,11 +4,11 @@
 
 #include <map>
 
-#include "hook_state.h"
+#include "lockstep/checkpoint/hook_state.h"
 #include "lockstep/optim/optim.h"
-#include "lockstep/optim/zero.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/module_tensors.h"
+#include "lockstep/zero/zero.h"
 
 namespace lockstep {
 namespace {

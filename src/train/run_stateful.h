@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "lockstep/train/run_state.h"
-#include "lockstep/train/stateful.h"
+#include "lockstep/checkpoint/run_state.h"
+#include "lockstep/checkpoint/stateful.h"
 #include "run_parts.h"
 
 namespace lockstep {

@@ -319,7 +319,6 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
 
   const int64_t done = step + 1;
   maybe_start_check(done, stats);
-  if (hooks.after_step) hooks.after_step(done);
   if (hooks.report) hooks.report(stats);
   return stats;
 }

@@ -13,19 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/checkpoint/checkpoint.h"
+#include "lockstep/checkpoint/run_dir.h"
+#include "lockstep/checkpoint/sharded_checkpoint.h"
+#include "lockstep/checkpoint/stateful.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/train/callbacks.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/fault.h"
 #include "lockstep/train/recipe.h"
-#include "lockstep/train/stateful.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/trace.h"
 #include "metrics.h"
-#include "run_dir.h"
 #include "run_parts.h"
-#include "sharded_checkpoint.h"
 
 namespace lockstep {
 

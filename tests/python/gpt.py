@@ -24,7 +24,7 @@ def causal_attention(q, k, v, dropout, training):
     if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.x, as lockstep on LibTorch 2.x
         return F.scaled_dot_product_attention(q, k, v, None, p, True)
     # 1.13: the same product written out as lockstep on LibTorch 1.13 writes it
-    # (src/distributed/torch_compat.cpp): one baddbmm adds the causal mask as a
+    # (src/util/torch_compat.cpp): one baddbmm adds the causal mask as a
     # bias of 0 and -inf to scale x q k^T.
     b, h, t, hs = q.shape
     bias = torch.full((t, t), float("-inf"), dtype=q.dtype).triu(1)

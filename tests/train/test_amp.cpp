@@ -16,9 +16,9 @@
 #include <fstream>
 #include <limits>
 
+#include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/optim/grad_scaler.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"

@@ -7,10 +7,10 @@
 #include <set>
 
 #include "lockstep/check/check_kinds.h"
+#include "lockstep/config/config.h"
 #include "lockstep/ddp/ddp_options.h"
 #include "lockstep/distributed/backend_kind.h"
 #include "lockstep/train/check_run.h"
-#include "lockstep/train/config.h"
 #include "lockstep/train/fault.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/exit_codes.h"

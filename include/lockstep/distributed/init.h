@@ -20,9 +20,9 @@
 #include <string>
 
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
+#include "lockstep/util/timeouts.h"
 
 namespace lockstep {
 

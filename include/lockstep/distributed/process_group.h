@@ -20,9 +20,9 @@
 
 #include "lockstep/distributed/backend_kind.h"
 #include "lockstep/distributed/shm_options.h"
-#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
+#include "lockstep/util/timeouts.h"
 
 namespace lockstep {
 

@@ -13,9 +13,9 @@
 
 #include <chrono>
 
-#include "lockstep/distributed/timeouts.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/distributed/world.h"
+#include "lockstep/util/timeouts.h"
 
 namespace lockstep {
 

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cstddef>
 
-#include "lockstep/distributed/timeouts.h"
+#include "lockstep/util/timeouts.h"
 #include "lockstep/util/units.h"
 
 namespace lockstep {

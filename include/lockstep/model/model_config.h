@@ -44,7 +44,7 @@ struct ModelConfig {
   int64_t block_size = 128;  // context length; also the data's window (text, tokens)
   bool bias = true;          // biases in Linear layers and LayerNorms
   // gpt: each block's activations recomputed in backward instead of kept
-  // (model/activation_checkpoint.h); gradients bit-identical.
+  // (model/recompute.h); gradients bit-identical.
   bool activation_checkpointing = false;
 };
 

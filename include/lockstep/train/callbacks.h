@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/checkpoint/run_state.h"
 #include "lockstep/train/losses.h"  // register_loss, here since it was declared here first
 #include "lockstep/train/recipe.h"
-#include "lockstep/train/run_state.h"
 #include "lockstep/train/step.h"
 
 namespace lockstep {

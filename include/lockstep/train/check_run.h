@@ -14,8 +14,8 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/config/config.h"
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/train/config.h"
 #include "lockstep/util/names.h"
 
 namespace lockstep {

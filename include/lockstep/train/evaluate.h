@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/train/config.h"
+#include "lockstep/config/config.h"
 #include "lockstep/train/recipe.h"
 
 namespace lockstep {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/config/config.h"
 #include "lockstep/model/gpt.h"
-#include "lockstep/train/config.h"
 
 namespace lockstep {
 

@@ -31,8 +31,8 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/config/config.h"
 #include "lockstep/optim/grad_scaler.h"
-#include "lockstep/train/config.h"
 #include "lockstep/train/step.h"
 
 namespace lockstep {
@@ -97,9 +97,10 @@ class MixedPrecision {
   // `pg`: the scaler's found_inf is agreed across its ranks.
   MixedPrecision(const TrainConfig& train, at::Device device, ProcessGroup* pg);
 
-  // Sets the step's hooks (around_forward, scale_loss, before_clip,
-  // optimizer_step, report); fp32 sets none.
-  void install(StepHooks& hooks);
+  // The scaler's figures added to a step's (fp16): its scale, whether the
+  // step was skipped; throws TrainingError once the scale has underflowed.
+  // (plug_step_hooks sets the step's hooks from this class's parts.)
+  void report(StepStats& stats);
   // Runs `body` under this precision's autocast (evaluation).
   void run(const std::function<void()>& body) const;
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/config/config.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
@@ -19,7 +20,6 @@
 #include "lockstep/distributed/init.h"
 #include "lockstep/distributed/world.h"
 #include "lockstep/model/models.h"
-#include "lockstep/train/config.h"
 #include "lockstep/util/error.h"
 
 namespace lockstep {

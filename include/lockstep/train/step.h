@@ -10,14 +10,13 @@
 //   hooks.before_clip                                        unscale_
 //   learning rate of the schedule; the gradient norm; clip by value, by norm
 //   hooks.optimizer_step, or optimizer.step()               skip, sharded step
-//   the per-step check started (check.every)
-//   hooks.after_step                                         evaluation
+//   the per-step check started (check.every)                 or the shard seal
 //   hooks.report                                             loss scale
 //
 // The hooks are the seam for what wraps the step (mixed precision, a
-// sharded optimizer, evaluation during training); unset, the step is plain
-// DDP training. Contract: run() and finish_checks() are collectives, called
-// by every rank with the same step numbers; one thread.
+// sharded optimizer); unset, the step is plain DDP training. Which option
+// sets which hook is in one function, plug_step_hooks (run_parts.cpp). Contract: run() and
+// finish_checks() are collectives, called by every rank with the same step numbers; one thread.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,10 +27,10 @@
 #include <vector>
 
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/config/config.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/model/models.h"
-#include "lockstep/train/config.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -74,9 +73,6 @@ struct StepHooks {
   std::function<void(torch::optim::Optimizer&)> before_clip;
   // Replaces optimizer.step() (e.g. a scaler that skips, a sharded step).
   std::function<void(torch::optim::Optimizer&)> optimizer_step;
-  // After the step and its check were started; `step` counts the steps done,
-  // this one included (the trainer counts it only after run() returns).
-  std::function<void(int64_t step)> after_step;
   // Last: what the wrappers add to the step's statistics (the loss scale).
   std::function<void(StepStats&)> report;
   // Replace the cross-rank weight check where ranks hold no replicas

@@ -12,11 +12,11 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/checkpoint/run_state.h"
+#include "lockstep/config/config.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/process_group.h"
-#include "lockstep/train/config.h"
-#include "lockstep/train/run_state.h"
 
 namespace lockstep {
 
