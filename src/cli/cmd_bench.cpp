@@ -354,34 +354,120 @@ int bench_matmul(const cxxopts::ParseResult& args) {
   return kExitOk;
 }
 
+// The command's options and their help: every kind of bench's, one table.
+cxxopts::Options bench_options() {
+  cxxopts::Options options("lockstep bench", "Benchmarks. usage: lockstep bench ddp [options]");
+  // clang-format off
+  options.add_options()
+      ("what", "ddp | allreduce", cxxopts::value<std::string>())
+      ("min-bytes", "allreduce: smallest message", cxxopts::value<int64_t>()->default_value("8"))
+      ("max-bytes", "allreduce: largest message (powers of two up to it)", cxxopts::value<int64_t>()->default_value("268435456"))
+      ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
+      ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
+      ("ops", "allreduce: collectives to time, comma-separated: allreduce, reduce_scatter, all_gather (all: the three)", cxxopts::value<std::string>()->default_value("allreduce"))
+      ("shm-chunk-mb", "allreduce: the shm contenders' chunk, MiB per step through each rank's slot (as dist.shm_chunk_mb)", cxxopts::value<double>()->default_value(default_chunk_mb()))
+      ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
+      ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
+      ("modes", "comma-separated: local (no communication), local+barrier (no communication but a barrier after each backward: the cost of keeping the ranks in step), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-powersgd{1,2,4} (PowerSGD of that rank, compressing from the second step, one bucket), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
+      ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
+      ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
+      ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
+      ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
+      ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
+      ("interleave", "ddp: 0 (each mode in one stretch, one after another) or B: every mode's model built at once and timed in turn, B steps each, the order reversed each round, until each has run --steps (the same host phases for every mode)", cxxopts::value<int>()->default_value("0"))
+      ("sizes", "matmul: n of the n x n x n products, comma-separated", cxxopts::value<std::string>()->default_value("512,1024,2048"))
+      ("dtypes", "matmul: fp32, bf16 (comma-separated)", cxxopts::value<std::string>()->default_value("fp32,bf16"));
+  // clang-format on
+  options.parse_positional({"what"});
+  add_dist_options(options);
+  return options;
+}
+
+// `lockstep bench ddp`'s arguments, checked before the rendezvous.
+struct DdpBench {
+  int warmup = 0;
+  int steps = 0;
+  int interleave = 0;  // 0: each mode in one stretch (Note [Interleaved modes])
+  std::vector<ModelSpec> models;
+  std::vector<BenchMode> modes;
+  DdpOptions ddp_options;
+};
+
+DdpBench ddp_bench_from_args(const cxxopts::ParseResult& args) {
+  DdpBench bench;
+  bench.warmup = args["warmup"].as<int>();
+  bench.steps = args["steps"].as<int>();
+  if (bench.warmup < 0 || bench.steps < 1)
+    throw ConfigError("--warmup must be >= 0 and --steps >= 1");
+  bench.interleave = args["interleave"].as<int>();
+  if (bench.interleave < 0) throw ConfigError("--interleave must be 0 or a number of steps >= 1");
+  for (const auto& name : split(args["models"].as<std::string>())) {
+    auto it = std::find_if(kModels.begin(), kModels.end(),
+                           [&](const ModelSpec& m) { return m.name == name; });
+    if (it == kModels.end())
+      throw ConfigError("--models: unknown model '" + name + "' (valid: small, large, xl)");
+    bench.models.push_back(*it);
+  }
+  for (const auto& name : split(args["modes"].as<std::string>())) {
+    bench.modes.push_back(bench_mode(name));
+    if (bench.interleave > 0 && bench.modes.back().exchange)
+      throw ConfigError("--interleave: mode '" + name +
+                        "' times communication alone, not training steps; run it without "
+                        "--interleave");
+  }
+  bench.ddp_options.bucket_cap_mb = args["bucket-cap-mb"].as<double>();
+  bench.ddp_options.first_bucket_cap_mb = args["first-bucket-cap-mb"].as<double>();
+  return bench;
+}
+
+// One row's JSON line on stdout (rank 0's).
+void print_ddp_row(const ModelSpec& spec, const BenchMode& mode, int world_size,
+                   const at::Device& device, const Timing& t, int interleave) {
+  std::printf(
+      "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
+      "\"world\": %d, \"device\": \"%s\", \"batch\": %lld, \"ms_per_step\": %.4f, "
+      "\"check_ms\": %.4f, "
+      "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f, "
+      "\"comm_bytes_per_step\": %.0f, \"interleave\": %d}\n",
+      spec.name.c_str(), mode.name.c_str(), world_size, device.is_cuda() ? "cuda" : "cpu",
+      static_cast<long long>(spec.batch), t.ms_per_step, t.check_ms, t.check_ms / t.ms_per_step,
+      t.idle_share, peak_rss_mib(), t.comm_bytes, interleave);
+  std::fflush(stdout);
+}
+
+// `lockstep bench ddp`: every model in every mode, one row each.
+int bench_ddp(const cxxopts::ParseResult& args) {
+  const DdpBench bench = ddp_bench_from_args(args);
+  auto dist = dist_setup(args);
+  Config where;  // the device rule of train.device
+  where.train.device = parse_named(kDeviceKindNames, args["device"].as<std::string>(), "--device");
+  const at::Device device = device_from_config(where, dist.world, dist.pg->kind(), "--device");
+  for (const auto& spec : bench.models) {
+    std::vector<Timing> interleaved;
+    if (bench.interleave > 0)
+      interleaved = time_interleaved(*dist.pg, spec, bench.modes, bench.warmup, bench.steps,
+                                     bench.interleave, bench.ddp_options, device);
+    for (std::size_t k = 0; k < bench.modes.size(); ++k) {
+      const BenchMode& mode = bench.modes[k];
+      Timing t;
+      if (bench.interleave > 0)
+        t = interleaved[k];
+      else if (mode.exchange)
+        t = time_exchange(*dist.pg, spec, mode, bench.warmup, bench.steps, bench.ddp_options);
+      else
+        t = time_steps(*dist.pg, spec, mode, bench.warmup, bench.steps, bench.ddp_options, device);
+      if (dist.world.rank == 0)
+        print_ddp_row(spec, mode, dist.world.world_size, device, t, bench.interleave);
+    }
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   return run_guarded("bench", [&] {
-    cxxopts::Options options("lockstep bench", "Benchmarks. usage: lockstep bench ddp [options]");
-    // clang-format off
-    options.add_options()
-        ("what", "ddp | allreduce", cxxopts::value<std::string>())
-        ("min-bytes", "allreduce: smallest message", cxxopts::value<int64_t>()->default_value("8"))
-        ("max-bytes", "allreduce: largest message (powers of two up to it)", cxxopts::value<int64_t>()->default_value("268435456"))
-        ("dtype", "allreduce: float32 | float64 | float16 | int32 | int64", cxxopts::value<std::string>()->default_value("float32"))
-        ("backends", "allreduce: comma-separated contenders, e.g. gloo,shm,mpi (auto: gloo,shm on one host)", cxxopts::value<std::string>()->default_value("auto"))
-        ("ops", "allreduce: collectives to time, comma-separated: allreduce, reduce_scatter, all_gather (all: the three)", cxxopts::value<std::string>()->default_value("allreduce"))
-        ("shm-chunk-mb", "allreduce: the shm contenders' chunk, MiB per step through each rank's slot (as dist.shm_chunk_mb)", cxxopts::value<double>()->default_value(default_chunk_mb()))
-        ("iters", "allreduce: timed iterations per size (a quarter from 16 MB)", cxxopts::value<int>()->default_value("20"))
-        ("models", "comma-separated: small (784-128-128-10, batch 32), large (784-1024-1024-10, batch 64), xl (784-4608-4608-10, batch 32: 24.9M parameters)", cxxopts::value<std::string>()->default_value("small,large"))
-        ("modes", "comma-separated: local (no communication), local+barrier (no communication but a barrier after each backward: the cost of keeping the ranks in step), ddp, ddp-fp16, ddp-bf16 (LibTorch 2.x on Gloo), ddp-powersgd{1,2,4} (PowerSGD of that rank, compressing from the second step, one bucket), ddp-bucket{1,5,25,100}, ddp-accum4 (4 micro-batches, no_sync on 3), ddp+check (xxh3 check every step, hashed where the trainer would: on an idle-priority thread for weights of 1 MiB or more), ddp+check-inplace (hashed in the step), ddp+check-sha256, local-amp-bf16 / ddp-amp-bf16 (forward and loss under bf16 autocast, as train.precision: bf16), exchange-bucketed / exchange-flat (communication only; 2 or more ranks)", cxxopts::value<std::string>()->default_value("local,ddp"))
-        ("bucket-cap-mb", "DDP bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.bucket_cap_mb)))
-        ("first-bucket-cap-mb", "DDP first bucket cap", cxxopts::value<double>()->default_value(number_text(DdpOptions{}.first_bucket_cap_mb)))
-        ("device", "ddp: where the models live: auto (cuda with nccl) | cpu | cuda (GPU LOCAL_RANK)", cxxopts::value<std::string>()->default_value("auto"))
-        ("warmup", "untimed steps (ddp) or iterations (allreduce)", cxxopts::value<int>()->default_value("5"))
-        ("steps", "timed steps", cxxopts::value<int>()->default_value("50"))
-        ("interleave", "ddp: 0 (each mode in one stretch, one after another) or B: every mode's model built at once and timed in turn, B steps each, the order reversed each round, until each has run --steps (the same host phases for every mode)", cxxopts::value<int>()->default_value("0"))
-        ("sizes", "matmul: n of the n x n x n products, comma-separated", cxxopts::value<std::string>()->default_value("512,1024,2048"))
-        ("dtypes", "matmul: fp32, bf16 (comma-separated)", cxxopts::value<std::string>()->default_value("fp32,bf16"));
-    // clang-format on
-    options.parse_positional({"what"});
-    add_dist_options(options);
+    cxxopts::Options options = bench_options();
     const auto parsed = parse_command_line(options, argc, argv);
     if (!parsed) return kExitOk;
     const cxxopts::ParseResult& args = *parsed;
@@ -390,62 +476,7 @@ int cmd_bench(int argc, char** argv) {
     if (what == "matmul") return bench_matmul(args);
     if (what != "ddp")
       throw ConfigError("lockstep bench: say what to benchmark (valid: ddp, allreduce, matmul)");
-    const int warmup = args["warmup"].as<int>();
-    const int steps = args["steps"].as<int>();
-    if (warmup < 0 || steps < 1) throw ConfigError("--warmup must be >= 0 and --steps >= 1");
-    const int interleave = args["interleave"].as<int>();
-    if (interleave < 0) throw ConfigError("--interleave must be 0 or a number of steps >= 1");
-    std::vector<ModelSpec> models;
-    for (const auto& name : split(args["models"].as<std::string>())) {
-      auto it = std::find_if(kModels.begin(), kModels.end(),
-                             [&](const ModelSpec& m) { return m.name == name; });
-      if (it == kModels.end())
-        throw ConfigError("--models: unknown model '" + name + "' (valid: small, large, xl)");
-      models.push_back(*it);
-    }
-    std::vector<BenchMode> modes;
-    for (const auto& name : split(args["modes"].as<std::string>())) {
-      modes.push_back(bench_mode(name));
-      if (interleave > 0 && modes.back().exchange)
-        throw ConfigError("--interleave: mode '" + name +
-                          "' times communication alone, not training steps; run it without "
-                          "--interleave");
-    }
-    DdpOptions ddp_options;
-    ddp_options.bucket_cap_mb = args["bucket-cap-mb"].as<double>();
-    ddp_options.first_bucket_cap_mb = args["first-bucket-cap-mb"].as<double>();
-    auto dist = dist_setup(args);
-    Config where;  // the device rule of train.device
-    where.train.device =
-        parse_named(kDeviceKindNames, args["device"].as<std::string>(), "--device");
-    const at::Device device = device_from_config(where, dist.world, dist.pg->kind(), "--device");
-    for (const auto& spec : models) {
-      std::vector<Timing> interleaved;
-      if (interleave > 0)
-        interleaved =
-            time_interleaved(*dist.pg, spec, modes, warmup, steps, interleave, ddp_options, device);
-      for (std::size_t k = 0; k < modes.size(); ++k) {
-        const BenchMode& mode = modes[k];
-        const Timing t = interleave > 0 ? interleaved[k]
-                         : mode.exchange
-                             ? time_exchange(*dist.pg, spec, mode, warmup, steps, ddp_options)
-                             : time_steps(*dist.pg, spec, mode, warmup, steps, ddp_options, device);
-        if (dist.world.rank == 0) {
-          std::printf(
-              "{\"bench\": \"ddp\", \"impl\": \"lockstep\", \"model\": \"%s\", \"mode\": \"%s\", "
-              "\"world\": %d, \"device\": \"%s\", \"batch\": %lld, \"ms_per_step\": %.4f, "
-              "\"check_ms\": %.4f, "
-              "\"check_share\": %.5f, \"check_idle_share\": %.4f, \"peak_rss_mib\": %.1f, "
-              "\"comm_bytes_per_step\": %.0f, \"interleave\": %d}\n",
-              spec.name.c_str(), mode.name.c_str(), dist.world.world_size,
-              device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(spec.batch), t.ms_per_step,
-              t.check_ms, t.check_ms / t.ms_per_step, t.idle_share, peak_rss_mib(), t.comm_bytes,
-              interleave);
-          std::fflush(stdout);
-        }
-      }
-    }
-    return kExitOk;
+    return bench_ddp(args);
   });
 }
 

@@ -725,6 +725,71 @@ PowerSgdOptions powersgd_options_from_config(const DdpConfig& ddp) {
   return ddp.powersgd;
 }
 
+namespace {
+
+// The rules between sections: each one's condition, and the message that
+// names the keys (where they were set) and what to do.
+struct CrossRule {
+  bool (*broken)(const Config&);
+  std::string (*why)(const Config&);
+};
+
+const std::vector<CrossRule>& cross_rules() {
+  static const std::vector<CrossRule> rules{
+      {[](const Config& c) {
+         return c.optim.zero >= 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce);
+       },
+       [](const Config& c) {
+         return "optim.zero: " + std::to_string(c.optim.zero) +
+                " exchanges the gradients by reduce-scatter, so it takes no ddp.comm_hook (it "
+                "is '" +
+                c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
+                "); use optim.zero: 1 with a comm hook";
+       }},
+      {[](const Config& c) {
+         return c.checkpoint.async && c.checkpoint.format != CheckpointFormat::kSharded;
+       },
+       [](const Config& c) {
+         return "checkpoint.async writes each rank's shard in the background, so it needs "
+                "checkpoint.format: sharded" +
+                config_origin(c, "checkpoint.format") +
+                " (rank 0 alone writes a consolidated checkpoint); set both";
+       }},
+      {[](const Config& c) { return c.optim.zero == 3 && c.ddp.find_unused_parameters; },
+       [](const Config& c) {
+         return "ddp.find_unused_parameters: optim.zero: 3 reduces each block's gradients as "
+                "soon as they are all in, so every parameter of a block that ran forward must "
+                "get one" +
+                config_origin(c, "ddp.find_unused_parameters") +
+                "; use optim.zero: 2 for a model with unused parameters";
+       }},
+      {[](const Config& c) { return c.optim.zero == 3 && c.check.buffers; },
+       [](const Config& c) {
+         return "check.buffers compares the ranks' weights and buffers, but with optim.zero: 3 "
+                "each weight lives on one rank (its check is the owner's seal)" +
+                config_origin(c, "check.buffers") + "; turn check.buffers off";
+       }},
+      {[](const Config& c) { return c.optim.zero == 3 && c.check.policy == CheckPolicy::kResync; },
+       [](const Config& c) {
+         return "check.policy: resync copies rank 0's weights to the others, but with "
+                "optim.zero: 3 each weight lives on one rank only (there is nothing to copy "
+                "from)" +
+                config_origin(c, "check.policy") + "; use check.policy: abort or warn";
+       }},
+      {[](const Config& c) { return c.optim.zero > 0 && c.check.optimizer_state; },
+       [](const Config& c) {
+         return "check.optimizer_state compares the optimizer state across ranks, but with "
+                "optim.zero: " +
+                std::to_string(c.optim.zero) +
+                " each rank holds a different share of it; turn one of them off (the weights "
+                "are still checked)";
+       }},
+  };
+  return rules;
+}
+
+}  // namespace
+
 void config_validate(const Config& c, int world_size) {
   if ((c.data.name == DatasetKind::kCsv || c.data.name == DatasetKind::kMnist ||
        c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens) &&
@@ -757,47 +822,8 @@ void config_validate(const Config& c, int world_size) {
   if (world_size < 1) throw ConfigError("world size must be >= 1");
   if (is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd))
     powersgd_validate(powersgd_options_from_config(c.ddp));
-  if (c.optim.zero >= 2 && !is_comm_hook(c.ddp.comm_hook, CommHookKind::kAllreduce)) {
-    throw ConfigError("optim.zero: " + std::to_string(c.optim.zero) +
-                      " exchanges the gradients by reduce-scatter, so it takes no "
-                      "ddp.comm_hook (it is '" +
-                      c.ddp.comm_hook + "'" + config_origin(c, "ddp.comm_hook") +
-                      "); use optim.zero: 1 with a comm hook");
-  }
-  if (c.checkpoint.async && c.checkpoint.format != CheckpointFormat::kSharded) {
-    throw ConfigError(
-        "checkpoint.async writes each rank's shard in the background, so it needs "
-        "checkpoint.format: sharded" +
-        config_origin(c, "checkpoint.format") +
-        " (rank 0 alone writes a consolidated checkpoint); set both");
-  }
-  if (c.optim.zero == 3 && c.ddp.find_unused_parameters) {
-    throw ConfigError(
-        "ddp.find_unused_parameters: optim.zero: 3 reduces each block's gradients as soon as "
-        "they are all in, so every parameter of a block that ran forward must get one" +
-        config_origin(c, "ddp.find_unused_parameters") +
-        "; use optim.zero: 2 for a model with unused parameters");
-  }
-  if (c.optim.zero == 3 && c.check.buffers) {
-    throw ConfigError(
-        "check.buffers compares the ranks' weights and buffers, but with optim.zero: 3 each "
-        "weight lives on one rank (its check is the owner's seal)" +
-        config_origin(c, "check.buffers") + "; turn check.buffers off");
-  }
-  if (c.optim.zero == 3 && c.check.policy == CheckPolicy::kResync) {
-    throw ConfigError(
-        "check.policy: resync copies rank 0's weights to the others, but with optim.zero: 3 "
-        "each weight lives on one rank only (there is nothing to copy from)" +
-        config_origin(c, "check.policy") + "; use check.policy: abort or warn");
-  }
-  if (c.optim.zero > 0 && c.check.optimizer_state) {
-    throw ConfigError(
-        "check.optimizer_state compares the optimizer state across ranks, but "
-        "with optim.zero: " +
-        std::to_string(c.optim.zero) +
-        " each rank holds a different share of it; turn one of them off (the "
-        "weights are still checked)");
-  }
+  for (const auto& rule : cross_rules())
+    if (rule.broken(c)) throw ConfigError(rule.why(c));
   // The per-epoch step count needs the dataset: the trainer checks it
   // (global batch = data.batch_size x world x train.accumulation_steps).
 }

@@ -1,5 +1,3 @@
-// PyTorch's powerSGD_hook step for step, with its state and the
-// two-stage exchange, kept whole so it can be read against the original.
 // PowerSGD as a comm hook: the algorithm is PyTorch's powerSGD_hook, step
 // for step (ddp/powersgd.h), so that the same state and gradients give the
 // same bits; the exchange is re-cut into two stages the Reducer orders.
@@ -85,6 +83,128 @@ at::Tensor text_tensor(const std::string& text) {
   auto t = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
   std::copy(text.begin(), text.end(), t.data_ptr<uint8_t>());
   return t;
+}
+
+// Which gradients to compress, grouped by shape in order of appearance
+// (PyTorch's shape_to_tensors: the order Qs are drawn and laid out in), and
+// the sizes of the two exchanges.
+struct Compression {
+  std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> groups;
+  int64_t ps_size = 0, qs_size = 0, uncompressed_numel = 0;
+};
+
+// Splits the bucket's gradients into compressed (grouped by shape) and
+// uncompressed ones (round.uncompressed), counting both in `stats`.
+Compression group_gradients(const GradBucket& bucket, const PowerSgdOptions& o,
+                            PowerSgdStats& stats, Round& round) {
+  Compression c;
+  const int64_t r_max = o.matrix_approximation_rank;
+  for (size_t i = 0; i < bucket.gradients.size(); ++i) {
+    const auto& g = bucket.gradients[i];
+    const int64_t numel = g.numel();
+    const int64_t n = g.dim() == 0 ? 1 : g.size(0);
+    const int64_t m = n == 0 ? 0 : numel / n;
+    auto slot = round.input.narrow(0, bucket.offsets[i], numel);
+    const int64_t r = std::min({n, m, r_max});
+    const int64_t compressed = (n + m) * r;
+    stats.numel_before += numel;
+    if (static_cast<double>(compressed) * o.min_compression_rate < static_cast<double>(numel)) {
+      stats.numel_after += compressed;
+      c.ps_size += n * r;
+      c.qs_size += m * r;
+      const std::vector<int64_t> shape{n, m};
+      auto group = std::find_if(c.groups.begin(), c.groups.end(),
+                                [&](const auto& entry) { return entry.first == shape; });
+      if (group == c.groups.end()) {
+        c.groups.push_back({shape, {}});
+        group = std::prev(c.groups.end());
+      }
+      // Rows of the parameter's first dimension: the bucket slot where that
+      // dimension is outermost in memory (contiguous, channels_last), else a
+      // contiguous copy of the logical matrix (a transposed weight).
+      if (g.dim() == 0 || g.stride(0) * n == numel || n == 1) {
+        group->second.push_back(slot.view({n, m}));
+      } else {
+        auto copy = g.contiguous().view({n, m});
+        round.copies.emplace_back(copy, g);
+        group->second.push_back(copy);
+      }
+    } else {
+      stats.numel_after += numel;
+      round.uncompressed.push_back(slot);
+      c.uncompressed_numel += numel;
+    }
+  }
+  return c;
+}
+
+// The uncompressed gradients, back to back at the start of the first
+// exchange's buffer (the Ps follow them).
+void pack_uncompressed(Round& round) {
+  int64_t at_u = 0;
+  for (const auto& u : round.uncompressed) {
+    round.wire.narrow(0, at_u, u.numel()).copy_(u);
+    at_u += u.numel();
+  }
+}
+
+// The batches [b, n, m] of each shape (all its matrices stacked with
+// batch_tensors_with_same_shape, else one each) and their Ps and Qs: views
+// of the first exchange's buffer and of the Q memory.
+void lay_out_batches(Round& round, const Compression& c, const PowerSgdOptions& o) {
+  auto p_memory = round.wire.narrow(0, c.uncompressed_numel, c.ps_size);
+  const int64_t r_max = o.matrix_approximation_rank;
+  int64_t p_at = 0, q_at = 0;
+  for (const auto& [shape, matrices] : c.groups) {
+    std::vector<at::Tensor> batch_list;
+    if (o.batch_tensors_with_same_shape) {
+      batch_list.push_back(matrices.size() == 1 ? matrices[0].unsqueeze(0) : at::stack(matrices));
+      round.originals.push_back(matrices.size() == 1 ? std::vector<at::Tensor>{} : matrices);
+    } else {
+      for (const auto& matrix : matrices) {
+        batch_list.push_back(matrix.unsqueeze(0));
+        round.originals.emplace_back();
+      }
+    }
+    for (auto& batch : batch_list) {
+      const int64_t count = batch.size(0), n = batch.size(1), m = batch.size(2);
+      const int64_t r = std::min({n, m, r_max});
+      round.ps.push_back(p_memory.narrow(0, p_at, count * n * r).view({count, n, r}));
+      round.qs.push_back(round.q_memory.narrow(0, q_at, count * m * r).view({count, m, r}));
+      p_at += count * n * r;
+      q_at += count * m * r;
+      round.batches.push_back(batch);
+    }
+  }
+}
+
+// Between the exchanges: the uncompressed gradients back into the bucket, P
+// orthogonalised, Q = M^T P.
+void q_from_p(Round& round, double epsilon) {
+  // The uncompressed gradients: summed, divided, back into the bucket.
+  int64_t at = 0;
+  for (auto& u : round.uncompressed) {
+    u.copy_(round.wire.narrow(0, at, u.numel()).div_(round.world));
+    at += u.numel();
+  }
+  for (auto& p : round.ps) powersgd_orthogonalize(p, epsilon);
+  for (size_t k = 0; k < round.batches.size(); ++k) {
+    at::bmm_out(round.qs[k], round.batches[k].transpose(1, 2), round.ps[k]);
+  }
+}
+
+// After the second exchange: Q averaged, M = P Q^T back into the bucket (and
+// into the stacked matrices and the copied gradients).
+void decompress(Round& round) {
+  round.q_memory.div_(round.world);
+  for (size_t k = 0; k < round.batches.size(); ++k) {
+    at::bmm_out(round.batches[k], round.ps[k], round.qs[k].transpose(1, 2));
+    const auto& originals = round.originals[k];
+    for (size_t i = 0; i < originals.size(); ++i) {
+      originals[i].copy_(round.batches[k][static_cast<int64_t>(i)]);
+    }
+  }
+  for (auto& [copy, gradient] : round.copies) gradient.copy_(copy.view(gradient.sizes()));
 }
 
 }  // namespace
@@ -180,12 +300,9 @@ HookWork PowerSgdHook::run_plain(ProcessGroup& pg, GradBucket& bucket) {
           static_cast<int64_t>(bucket.buffer.nbytes())};
 }
 
-HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
-  at::NoGradGuard no_grad;
-  auto round = std::make_shared<Round>();
-  round->input = bucket.buffer;
-  round->world = pg.size();
-  at::Tensor& input = round->input;
+// A bucket holding other parameters than its state was made for (a resumed
+// DDP before its bucket rebuild) drops its error and Q.
+void PowerSgdHook::match_layout(const GradBucket& bucket) {
   const size_t b = bucket.index;
   const auto layout = at::tensor(bucket.params, at::kLong);
   auto known = layout_.find(b);
@@ -201,119 +318,95 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
     layout_[b] = layout;
     layout_loaded_[b] = false;
   }
-  if (options_.use_error_feedback) {
-    auto it = error_.find(b);
-    if (it != error_.end() && it->second.sizes() == input.sizes()) {
-      if (it->second.device() != input.device()) it->second = it->second.to(input.device());
-      input.add_(it->second);
-    } else {
-      if (it != error_.end()) {
-        spdlog::warn("powersgd: bucket {}'s saved error has {} elements, the bucket {}: restarted",
-                     b, it->second.numel(), input.numel());
-      }
-      error_[b] = at::zeros_like(input);
-    }
-    round->input_cp = reuse(copy_[b], input);
-    round->input_cp.copy_(input);
-  }
+}
 
-  // Which gradients to compress, grouped by shape in order of appearance
-  // (PyTorch's shape_to_tensors: the order Qs are drawn and laid out in).
-  std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> groups;
-  int64_t ps_size = 0, qs_size = 0, uncompressed_numel = 0;
-  const int64_t r_max = options_.matrix_approximation_rank;
-  for (size_t i = 0; i < bucket.gradients.size(); ++i) {
-    const auto& g = bucket.gradients[i];
-    const int64_t numel = g.numel();
-    const int64_t n = g.dim() == 0 ? 1 : g.size(0);
-    const int64_t m = n == 0 ? 0 : numel / n;
-    auto slot = input.narrow(0, bucket.offsets[i], numel);
-    const int64_t r = std::min({n, m, r_max});
-    const int64_t compressed = (n + m) * r;
-    stats_.numel_before += numel;
-    if (static_cast<double>(compressed) * options_.min_compression_rate <
-        static_cast<double>(numel)) {
-      stats_.numel_after += compressed;
-      ps_size += n * r;
-      qs_size += m * r;
-      const std::vector<int64_t> shape{n, m};
-      auto group = std::find_if(groups.begin(), groups.end(),
-                                [&](const auto& entry) { return entry.first == shape; });
-      if (group == groups.end()) {
-        groups.push_back({shape, {}});
-        group = std::prev(groups.end());
-      }
-      // Rows of the parameter's first dimension: the bucket slot where that
-      // dimension is outermost in memory (contiguous, channels_last), else a
-      // contiguous copy of the logical matrix (a transposed weight).
-      if (g.dim() == 0 || g.stride(0) * n == numel || n == 1) {
-        group->second.push_back(slot.view({n, m}));
-      } else {
-        auto copy = g.contiguous().view({n, m});
-        round->copies.emplace_back(copy, g);
-        group->second.push_back(copy);
-      }
-    } else {
-      stats_.numel_after += numel;
-      round->uncompressed.push_back(slot);
-      uncompressed_numel += numel;
-    }
-  }
-
-  bool randomize = false;
-  auto q_it = q_.find(b);
-  if (options_.warm_start && q_it != q_.end() && q_it->second.numel() == qs_size) {
-    auto& q = q_it->second;  // restored from a checkpoint: on the CPU until now
-    if (q.device() != input.device() || q.scalar_type() != input.scalar_type()) {
-      q = q.to(input.options());
-    }
+// Adds bucket b's error to `input` (zeros when it has none of its size) and
+// returns a copy of the sum, kept for the next error.
+at::Tensor PowerSgdHook::add_error(size_t b, const at::Tensor& input) {
+  auto it = error_.find(b);
+  if (it != error_.end() && it->second.sizes() == input.sizes()) {
+    if (it->second.device() != input.device()) it->second = it->second.to(input.device());
+    input.add_(it->second);
   } else {
-    randomize = true;
-    q_[b] = at::empty({qs_size}, input.options());
-  }
-  round->q_memory = q_[b];
-  round->wire = reuse(wire_[b], input, uncompressed_numel + ps_size);
-  int64_t at_u = 0;
-  for (const auto& u : round->uncompressed) {
-    round->wire.narrow(0, at_u, u.numel()).copy_(u);
-    at_u += u.numel();
-  }
-  auto p_memory = round->wire.narrow(0, uncompressed_numel, ps_size);
-
-  int64_t p_at = 0, q_at = 0;
-  for (auto& [shape, matrices] : groups) {
-    std::vector<at::Tensor> batch_list;
-    if (options_.batch_tensors_with_same_shape) {
-      batch_list.push_back(matrices.size() == 1 ? matrices[0].unsqueeze(0) : at::stack(matrices));
-      round->originals.push_back(matrices.size() == 1 ? std::vector<at::Tensor>{} : matrices);
-    } else {
-      for (auto& matrix : matrices) {
-        batch_list.push_back(matrix.unsqueeze(0));
-        round->originals.emplace_back();
-      }
+    if (it != error_.end()) {
+      spdlog::warn("powersgd: bucket {}'s saved error has {} elements, the bucket {}: restarted", b,
+                   it->second.numel(), input.numel());
     }
-    for (auto& batch : batch_list) {
-      const int64_t count = batch.size(0), n = batch.size(1), m = batch.size(2);
-      const int64_t r = std::min({n, m, r_max});
-      round->ps.push_back(p_memory.narrow(0, p_at, count * n * r).view({count, n, r}));
-      round->qs.push_back(round->q_memory.narrow(0, q_at, count * m * r).view({count, m, r}));
-      p_at += count * n * r;
-      q_at += count * m * r;
-      round->batches.push_back(batch);
-    }
+    error_[b] = at::zeros_like(input);
   }
+  at::Tensor input_cp = reuse(copy_[b], input);
+  input_cp.copy_(input);
+  return input_cp;
+}
 
+// q_[b] as this step's Q memory: the last step's with warm_start when it
+// has `numel` elements, else new; returns whether it is new (to be drawn).
+bool PowerSgdHook::claim_q(size_t b, int64_t numel, const at::Tensor& like) {
+  auto q_it = q_.find(b);
+  if (options_.warm_start && q_it != q_.end() && q_it->second.numel() == numel) {
+    auto& q = q_it->second;  // restored from a checkpoint: on the CPU until now
+    if (q.device() != like.device() || q.scalar_type() != like.scalar_type()) {
+      q = q.to(like.options());
+    }
+    return false;
+  }
+  q_[b] = at::empty({numel}, like.options());
+  return true;
+}
+
+// The Qs orthogonalised, drawn first when `randomize`.
+void PowerSgdHook::start_qs(std::vector<at::Tensor>& qs, bool randomize, at::ScalarType type) {
   if (!randomize) {
-    for (auto& q : round->qs) powersgd_orthogonalize(q, options_.orthogonalization_epsilon);
+    for (auto& q : qs) powersgd_orthogonalize(q, options_.orthogonalization_epsilon);
   } else {
     // PyTorch: torch.manual_seed(state.rng.randint(1e9)) in a forked RNG,
     // then torch.randn per Q on the CPU.
     auto generator = at::make_generator<at::CPUGeneratorImpl>(next_seed());
-    for (auto& q : round->qs) {
-      q.copy_(at::randn(q.sizes(), generator, at::TensorOptions(input.scalar_type())));
+    for (auto& q : qs) {
+      q.copy_(at::randn(q.sizes(), generator, at::TensorOptions(type)));
       powersgd_orthogonalize(q, options_.orthogonalization_epsilon);
     }
   }
+}
+
+// The state for bucket b's next step: its error (the bucket before
+// compression less after) and Q; then the bucket counts as done.
+void PowerSgdHook::keep_state(size_t b, const at::Tensor& input, const at::Tensor& input_cp,
+                              bool q_finite, bool last) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.use_error_feedback) {
+    auto& error = error_[b];
+    if (error.defined() && error.sizes() == input.sizes() && error.device() == input.device()) {
+      at::sub_out(error, input_cp, input);
+    } else {
+      error = input_cp - input;
+    }
+    if (!all_finite(error)) error.zero_();
+  }
+  if (!options_.warm_start) {
+    q_.clear();
+  } else if (!q_finite) {
+    q_.erase(b);
+  }
+  end_of_bucket(last);
+}
+
+HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
+  at::NoGradGuard no_grad;
+  auto round = std::make_shared<Round>();
+  round->input = bucket.buffer;
+  round->world = pg.size();
+  const at::Tensor& input = round->input;
+  const size_t b = bucket.index;
+  match_layout(bucket);
+  if (options_.use_error_feedback) round->input_cp = add_error(b, input);
+  const Compression c = group_gradients(bucket, options_, stats_, *round);
+  const bool randomize = claim_q(b, c.qs_size, input);
+  round->q_memory = q_[b];
+  round->wire = reuse(wire_[b], input, c.uncompressed_numel + c.ps_size);
+  pack_uncompressed(*round);
+  lay_out_batches(*round, c, options_);
+  start_qs(round->qs, randomize, input.scalar_type());
   for (size_t k = 0; k < round->batches.size(); ++k) {
     at::bmm_out(round->ps[k], round->batches[k], round->qs[k]);
   }
@@ -324,49 +417,16 @@ HookWork PowerSgdHook::run_compressed(ProcessGroup& pg, GradBucket& bucket) {
   const double epsilon = options_.orthogonalization_epsilon;
   out.then = [this, round, epsilon, &pg, bucket_index = b, last = bucket.is_last()]() {
     at::NoGradGuard no_grad;
-    // The uncompressed gradients: summed, divided, back into the bucket.
-    int64_t at = 0;
-    for (auto& u : round->uncompressed) {
-      u.copy_(round->wire.narrow(0, at, u.numel()).div_(round->world));
-      at += u.numel();
-    }
-    for (auto& p : round->ps) powersgd_orthogonalize(p, epsilon);
-    for (size_t k = 0; k < round->batches.size(); ++k) {
-      at::bmm_out(round->qs[k], round->batches[k].transpose(1, 2), round->ps[k]);
-    }
+    q_from_p(*round, epsilon);
     HookWork second;
     second.work = pg.allreduce_async(round->q_memory, ReduceKind::kSum);
     second.bytes = static_cast<int64_t>(round->q_memory.nbytes());
     second.finish = [this, round, bucket_index, last]() {
       at::NoGradGuard no_grad;
-      round->q_memory.div_(round->world);
-      for (size_t k = 0; k < round->batches.size(); ++k) {
-        at::bmm_out(round->batches[k], round->ps[k], round->qs[k].transpose(1, 2));
-        const auto& originals = round->originals[k];
-        for (size_t i = 0; i < originals.size(); ++i) {
-          originals[i].copy_(round->batches[k][static_cast<int64_t>(i)]);
-        }
-      }
-      for (auto& [copy, gradient] : round->copies) gradient.copy_(copy.view(gradient.sizes()));
+      decompress(*round);
       // All-reduced: every rank sees the same and drops it alike.
       const bool q_finite = all_finite(round->q_memory);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (options_.use_error_feedback) {
-        auto& error = error_[bucket_index];
-        if (error.defined() && error.sizes() == round->input.sizes() &&
-            error.device() == round->input.device()) {
-          at::sub_out(error, round->input_cp, round->input);
-        } else {
-          error = round->input_cp - round->input;
-        }
-        if (!all_finite(error)) error.zero_();
-      }
-      if (!options_.warm_start) {
-        q_.clear();
-      } else if (!q_finite) {
-        q_.erase(bucket_index);
-      }
-      end_of_bucket(last);
+      keep_state(bucket_index, round->input, round->input_cp, q_finite, last);
     };
     return second;
   };

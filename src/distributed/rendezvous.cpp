@@ -105,12 +105,9 @@ Ptr<C10dStore> rendezvous_connect(const WorldInfo& world, const RendezvousOption
       tcp.timeout = options.timeout;
       store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, tcp);
     } else {
-      JobStoreOptions client;
-      client.host = world.master_addr;
-      client.port = world.master_port;
-      client.secret = world.store_secret;
-      client.timeout = options.timeout;
-      client.connect_timeout = options.timeout;
+      // host, port, secret; each wait, and the connection, within options.timeout
+      JobStoreOptions client{world.master_addr, world.master_port, world.store_secret,
+                             options.timeout, options.timeout};
       std::shared_ptr<StoreServer> server;
       if (host) {
         StoreServerOptions serve;

@@ -98,6 +98,147 @@ std::vector<std::string> split(const std::string& line) {
   }
 }
 
+// The DataError of line `line_no` of the index `source`.
+struct LineError {
+  const std::string& source;
+  const size_t& line_no;
+  [[noreturn]] void operator()(const std::string& why) const {
+    throw DataError(source + ": line " + std::to_string(line_no) + ": " + why);
+  }
+};
+
+// Which of world_size, zero and step the index has set.
+struct Settings {
+  bool world = false, zero = false, step = false;
+};
+
+// "world_size <n>", "zero <n>" or "step <n>".
+void parse_setting(const std::vector<std::string>& f, const LineError& bad, ShardIndex& index,
+                   Settings& have) {
+  uint64_t v = 0;
+  if (!parse_u64(f[1], v) || v > (uint64_t{1} << 53)) bad(f[0] + " is not a whole number");
+  if (f[0] == "world_size") {
+    if (v < 1 || v > (1u << 20)) bad("world_size outside [1, 2^20]");
+    index.world_size = static_cast<int64_t>(v);
+    have.world = true;
+  } else if (f[0] == "zero") {
+    if (v > 3) bad("zero outside [0, 3]");
+    index.zero = static_cast<int64_t>(v);
+    have.zero = true;
+  } else {
+    index.step = static_cast<int64_t>(v);
+    have.step = true;
+  }
+}
+
+// "file <name> <bytes> <sha256>": a shard file of the index's folder.
+void parse_file(const std::vector<std::string>& f, const LineError& bad, ShardIndex& index) {
+  ShardFile file;
+  file.name = f[1];
+  if (!plain_name(file.name, 64) || file.name[0] == '.' ||
+      file.name.find('/') != std::string::npos) {
+    // Named: GCC 12 warns falsely (-Wstringop-overflow) on "'" + substr() here.
+    const std::string shown = file.name.substr(0, 64);
+    bad("'" + shown + "' is no file name of this folder");
+  }
+  if (!parse_u64(f[2], file.size)) bad("the size of " + file.name + " is not a whole number");
+  if (f[3].size() != 64 || f[3].find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad("the SHA-256 of " + file.name + " is not 64 hex digits");
+  file.sha256 = f[3];
+  for (const auto& other : index.files)
+    if (other.name == file.name) bad(file.name + " is listed twice");
+  if (index.files.size() >= kMaxFiles) bad("over 65536 files");
+  index.files.push_back(file);
+}
+
+// The shape "d0,d1,..." ("-": none) into e.shape; returns its elements.
+uint64_t parse_shape(const std::string& text, ShardEntry& e, const LineError& bad) {
+  // `elements` the tensor's; `extent` the product with zeros as ones,
+  // which bounds the strides a shape with a zero still gets.
+  uint64_t elements = 1, extent = 1;
+  if (text == "-") return elements;
+  size_t from = 0;
+  for (;;) {
+    const size_t comma = text.find(',', from);
+    uint64_t d = 0;
+    if (!parse_u64(text.substr(from, comma - from), d) || d > static_cast<uint64_t>(kMaxDim) ||
+        e.shape.size() >= kMaxDims)
+      bad("'" + e.name + "': the shape '" + text.substr(0, 60) +
+          "' is not up to 16 whole numbers in [0, 2^40] joined by commas");
+    e.shape.push_back(static_cast<int64_t>(d));
+    const uint64_t one = std::max<uint64_t>(d, 1);
+    if (extent > (uint64_t{1} << 62) / one) bad("'" + e.name + "': the shape's size overflows");
+    extent *= one;
+    elements *= d;
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  return elements;
+}
+
+// e's byte range inside its file's listed size.
+void check_range(const ShardEntry& e, const ShardIndex& index, const LineError& bad) {
+  const uint64_t size = index.files[e.file].size;
+  if (e.offset > size || e.bytes > size - e.offset)
+    bad("'" + e.name + "': bytes " + std::to_string(e.offset) + ".." +
+        std::to_string(e.offset + e.bytes) + " lie outside " + index.files[e.file].name + " (" +
+        std::to_string(size) + " bytes)");
+}
+
+// "tensor <part>/<entry> <dtype> <shape> <file index> <offset> <bytes>";
+// `names`: those of the tensors so far.
+void parse_tensor(const std::vector<std::string>& f, const LineError& bad, ShardIndex& index,
+                  std::set<std::string>& names) {
+  ShardEntry e;
+  e.name = f[1];
+  if (!entry_name(e.name))
+    bad("the tensor name '" + e.name.substr(0, 80) +
+        "' is not '<part>.pt/<entry>' in UTF-8 without spaces");
+  if (!names.insert(e.name).second) bad("'" + e.name + "' is listed twice");
+  if (index.entries.size() >= kMaxEntries) bad("over 2^20 tensors");
+  const Dtype* dtype = nullptr;
+  for (const auto& d : kDtypes)
+    if (f[2] == d.name) dtype = &d;
+  if (dtype == nullptr) bad("'" + e.name + "': unknown dtype '" + f[2].substr(0, 20) + "'");
+  e.dtype = dtype->type;
+  const uint64_t elements = parse_shape(f[3], e, bad);
+  const uint64_t item = c10::elementSize(e.dtype);
+  uint64_t file = 0;
+  if (!parse_u64(f[4], file) || file >= index.files.size())
+    bad("'" + e.name + "': file index " + f[4].substr(0, 20) + " names no 'file' line above");
+  e.file = static_cast<size_t>(file);
+  if (!parse_u64(f[5], e.offset) || !parse_u64(f[6], e.bytes))
+    bad("'" + e.name + "': offset and bytes are not whole numbers");
+  if (e.offset % kAlign != 0) bad("'" + e.name + "': offset " + f[5] + " is not a multiple of 64");
+  if (elements > (uint64_t{1} << 62) / item || e.bytes != elements * item)
+    bad("'" + e.name + "': " + std::to_string(e.bytes) + " bytes for a " + f[2] +
+        " tensor of shape " + f[3] + " (it needs elements x " + std::to_string(item) + ")");
+  check_range(e, index, bad);
+  index.entries.push_back(std::move(e));
+}
+
+// No two ranges of one file overlap: by offset, each non-empty range
+// starts at or after the furthest end so far (an empty one between two
+// overlapping ranges hides nothing), so every byte is read at most once.
+void check_overlaps(const ShardIndex& index, const std::string& source) {
+  std::vector<const ShardEntry*> sorted;
+  for (const auto& e : index.entries)
+    if (e.bytes > 0) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](const ShardEntry* a, const ShardEntry* b) {
+    return a->file != b->file ? a->file < b->file : a->offset < b->offset;
+  });
+  const ShardEntry* furthest = nullptr;
+  for (const ShardEntry* e : sorted) {
+    if (furthest != nullptr && furthest->file == e->file &&
+        furthest->offset + furthest->bytes > e->offset)
+      throw DataError(source + ": '" + furthest->name + "' and '" + e->name + "' overlap in " +
+                      index.files[e->file].name);
+    if (furthest == nullptr || furthest->file != e->file ||
+        e->offset + e->bytes > furthest->offset + furthest->bytes)
+      furthest = e;
+  }
+}
+
 }  // namespace
 
 const char* shard_dtype_name(at::ScalarType dtype) {
@@ -131,10 +272,9 @@ std::string ShardIndex::to_text() const {
 ShardIndex ShardIndex::parse(const std::string& text, const std::string& source) {
   ShardIndex index;
   size_t line_no = 0, start = 0;
-  const auto bad = [&](const std::string& why) {
-    throw DataError(source + ": line " + std::to_string(line_no) + ": " + why);
-  };
-  bool header = false, ended = false, have_world = false, have_zero = false, have_step = false;
+  const LineError bad{source, line_no};
+  bool header = false, ended = false;
+  Settings have;
   std::set<std::string> names;
   while (start < text.size()) {
     const size_t nl = text.find('\n', start);
@@ -154,88 +294,12 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
       header = true;
       continue;
     }
-    uint64_t v = 0;
     if ((f[0] == "world_size" || f[0] == "zero" || f[0] == "step") && f.size() == 2) {
-      if (!parse_u64(f[1], v) || v > (uint64_t{1} << 53)) bad(f[0] + " is not a whole number");
-      if (f[0] == "world_size") {
-        if (v < 1 || v > (1u << 20)) bad("world_size outside [1, 2^20]");
-        index.world_size = static_cast<int64_t>(v);
-        have_world = true;
-      } else if (f[0] == "zero") {
-        if (v > 3) bad("zero outside [0, 3]");
-        index.zero = static_cast<int64_t>(v);
-        have_zero = true;
-      } else {
-        index.step = static_cast<int64_t>(v);
-        have_step = true;
-      }
+      parse_setting(f, bad, index, have);
     } else if (f[0] == "file" && f.size() == 4) {
-      ShardFile file;
-      file.name = f[1];
-      if (!plain_name(file.name, 64) || file.name[0] == '.' ||
-          file.name.find('/') != std::string::npos)
-        bad("'" + file.name.substr(0, 64) + "' is no file name of this folder");
-      if (!parse_u64(f[2], file.size)) bad("the size of " + file.name + " is not a whole number");
-      if (f[3].size() != 64 || f[3].find_first_not_of("0123456789abcdef") != std::string::npos)
-        bad("the SHA-256 of " + file.name + " is not 64 hex digits");
-      file.sha256 = f[3];
-      for (const auto& other : index.files)
-        if (other.name == file.name) bad(file.name + " is listed twice");
-      if (index.files.size() >= kMaxFiles) bad("over 65536 files");
-      index.files.push_back(file);
+      parse_file(f, bad, index);
     } else if (f[0] == "tensor" && f.size() == 7) {
-      ShardEntry e;
-      e.name = f[1];
-      if (!entry_name(e.name))
-        bad("the tensor name '" + e.name.substr(0, 80) +
-            "' is not '<part>.pt/<entry>' in UTF-8 without spaces");
-      if (!names.insert(e.name).second) bad("'" + e.name + "' is listed twice");
-      if (index.entries.size() >= kMaxEntries) bad("over 2^20 tensors");
-      const Dtype* dtype = nullptr;
-      for (const auto& d : kDtypes)
-        if (f[2] == d.name) dtype = &d;
-      if (dtype == nullptr) bad("'" + e.name + "': unknown dtype '" + f[2].substr(0, 20) + "'");
-      e.dtype = dtype->type;
-      // `elements` the tensor's; `extent` the product with zeros as ones,
-      // which bounds the strides a shape with a zero still gets.
-      uint64_t elements = 1, extent = 1;
-      if (f[3] != "-") {
-        size_t from = 0;
-        for (;;) {
-          const size_t comma = f[3].find(',', from);
-          uint64_t d = 0;
-          if (!parse_u64(f[3].substr(from, comma - from), d) ||
-              d > static_cast<uint64_t>(kMaxDim) || e.shape.size() >= kMaxDims)
-            bad("'" + e.name + "': the shape '" + f[3].substr(0, 60) +
-                "' is not up to 16 whole numbers in [0, 2^40] joined by commas");
-          e.shape.push_back(static_cast<int64_t>(d));
-          const uint64_t one = std::max<uint64_t>(d, 1);
-          if (extent > (uint64_t{1} << 62) / one)
-            bad("'" + e.name + "': the shape's size overflows");
-          extent *= one;
-          elements *= d;
-          if (comma == std::string::npos) break;
-          from = comma + 1;
-        }
-      }
-      const uint64_t item = c10::elementSize(e.dtype);
-      uint64_t file = 0;
-      if (!parse_u64(f[4], file) || file >= index.files.size())
-        bad("'" + e.name + "': file index " + f[4].substr(0, 20) + " names no 'file' line above");
-      e.file = static_cast<size_t>(file);
-      if (!parse_u64(f[5], e.offset) || !parse_u64(f[6], e.bytes))
-        bad("'" + e.name + "': offset and bytes are not whole numbers");
-      if (e.offset % kAlign != 0)
-        bad("'" + e.name + "': offset " + f[5] + " is not a multiple of 64");
-      if (elements > (uint64_t{1} << 62) / item || e.bytes != elements * item)
-        bad("'" + e.name + "': " + std::to_string(e.bytes) + " bytes for a " + f[2] +
-            " tensor of shape " + f[3] + " (it needs elements x " + std::to_string(item) + ")");
-      const uint64_t size = index.files[e.file].size;
-      if (e.offset > size || e.bytes > size - e.offset)
-        bad("'" + e.name + "': bytes " + std::to_string(e.offset) + ".." +
-            std::to_string(e.offset + e.bytes) + " lie outside " + index.files[e.file].name + " (" +
-            std::to_string(size) + " bytes)");
-      index.entries.push_back(std::move(e));
+      parse_tensor(f, bad, index, names);
     } else if (line == "end") {
       ended = true;
     } else {
@@ -244,27 +308,9 @@ ShardIndex ShardIndex::parse(const std::string& text, const std::string& source)
   }
   if (!header) throw DataError(source + ": empty");
   if (!ended) throw DataError(source + ": no 'end' line (truncated)");
-  if (!have_world || !have_zero || !have_step)
+  if (!have.world || !have.zero || !have.step)
     throw DataError(source + ": world_size, zero and step are each required");
-  // No two ranges of one file overlap: by offset, each non-empty range
-  // starts at or after the furthest end so far (an empty one between two
-  // overlapping ranges hides nothing), so every byte is read at most once.
-  std::vector<const ShardEntry*> sorted;
-  for (const auto& e : index.entries)
-    if (e.bytes > 0) sorted.push_back(&e);
-  std::sort(sorted.begin(), sorted.end(), [](const ShardEntry* a, const ShardEntry* b) {
-    return a->file != b->file ? a->file < b->file : a->offset < b->offset;
-  });
-  const ShardEntry* furthest = nullptr;
-  for (const ShardEntry* e : sorted) {
-    if (furthest != nullptr && furthest->file == e->file &&
-        furthest->offset + furthest->bytes > e->offset)
-      throw DataError(source + ": '" + furthest->name + "' and '" + e->name + "' overlap in " +
-                      index.files[e->file].name);
-    if (furthest == nullptr || furthest->file != e->file ||
-        e->offset + e->bytes > furthest->offset + furthest->bytes)
-      furthest = e;
-  }
+  check_overlaps(index, source);
   return index;
 }
 

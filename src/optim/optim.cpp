@@ -9,6 +9,20 @@
 #include "lockstep/util/error.h"
 
 namespace lockstep {
+namespace {
+
+// Adam or AdamW from the config: LibTorch's, or its multi-tensor twin.
+template <typename Options, typename Foreach, typename Plain>
+std::unique_ptr<torch::optim::Optimizer> adam_family(const OptimConfig& c,
+                                                     const std::vector<at::Tensor>& params,
+                                                     bool multi_tensor) {
+  const auto options =
+      Options(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+  if (multi_tensor) return std::make_unique<Foreach>(params, options);
+  return std::make_unique<Plain>(params, options);
+}
+
+}  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& c,
                                                           const std::vector<at::Tensor>& params,
@@ -27,22 +41,12 @@ std::unique_ptr<torch::optim::Optimizer> optimizer_create(const OptimConfig& c,
                                                              .momentum(c.momentum)
                                                              .nesterov(c.nesterov)
                                                              .weight_decay(c.weight_decay));
-    case OptimizerKind::kAdam: {
-      const auto options = torch::optim::AdamOptions(c.lr)
-                               .betas({c.beta1, c.beta2})
-                               .eps(c.eps)
-                               .weight_decay(c.weight_decay);
-      if (multi_tensor) return std::make_unique<ForeachAdam>(params, options);
-      return std::make_unique<torch::optim::Adam>(params, options);
-    }
-    case OptimizerKind::kAdamW: {
-      const auto options = torch::optim::AdamWOptions(c.lr)
-                               .betas({c.beta1, c.beta2})
-                               .eps(c.eps)
-                               .weight_decay(c.weight_decay);
-      if (multi_tensor) return std::make_unique<ForeachAdamW>(params, options);
-      return std::make_unique<torch::optim::AdamW>(params, options);
-    }
+    case OptimizerKind::kAdam:
+      return adam_family<torch::optim::AdamOptions, ForeachAdam, torch::optim::Adam>(c, params,
+                                                                                     multi_tensor);
+    case OptimizerKind::kAdamW:
+      return adam_family<torch::optim::AdamWOptions, ForeachAdamW, torch::optim::AdamW>(
+          c, params, multi_tensor);
   }
   throw std::logic_error("optimizer_create: an OptimizerKind outside its name table");
 }

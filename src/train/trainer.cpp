@@ -1,11 +1,20 @@
-// The lifecycle (assembly in order, run directory, data, model, optimizer)
-// and the loop (epochs, after_step, finish) of one run; resume, save and evaluation live in
-// trainer_resume.cpp, trainer_save.cpp and trainer_eval.cpp.
 // The lifecycle and the loop of one run, around the one step (step.cpp):
-// assembling it (recipe.cpp, run_parts.cpp), epochs and what follows each
-// step. Resuming is trainer_resume.cpp, saving trainer_save.cpp,
-// evaluation and the watched metrics trainer_eval.cpp; reports are
-// metrics.cpp, signals stop_signals.cpp.
+//
+//   Trainer(config):  agree on the config; claim the run directory; the data;
+//                     the model, the optimizer (run_parts.cpp); resume
+//                     (trainer_resume.cpp); DDP and the step with its hooks
+//   run():            for each epoch until the stop step:
+//                       train_epoch: for each step of the epoch
+//                         fault injection; token files unchanged
+//                         train_step -> TrainStep::run (step.cpp)
+//                         callbacks' on_step_end
+//                         after_step: metrics; evaluation at an epoch's end or
+//                           train.eval_every (trainer_eval.cpp); early stop;
+//                           checkpoint.every (trainer_save.cpp); a signal
+//                     finish: the last checks, the last save settled, the
+//                       final fingerprint, the memory line
+//
+// Reports are metrics.cpp, signals stop_signals.cpp.
 #include "trainer_impl.h"
 
 #include <ATen/ATen.h>

@@ -110,8 +110,15 @@ struct Trainer::Impl {
   // was trained on. Returns true when the data differ and the user allowed
   // it (checkpoint.allow_data_change); throws ConfigError when not allowed.
   bool check_data_unchanged(const TrainerState& saved, const std::string& folder) const;
-  // checkpoint.resume: reads and checks the checkpoint, takes its position.
+  // checkpoint.resume: reads and checks the checkpoint, takes its position;
+  // its phases below (trainer_resume.cpp).
   void maybe_resume();
+  std::string resume_folder() const;  // "" when there is nothing to resume
+  Checkpointer::Loaded load_resumed(const std::string& folder);
+  void verify_resumed(const Checkpointer::Loaded& loaded, const std::string& folder);
+  // These return what changed, for the "resumed from" line.
+  std::string remap_position(int64_t old_world, bool data_changed);
+  std::string replan_schedule();
   // Then every Stateful part takes its file's state: those that need no
   // DDP wrapper before it is built (`after_ddp` false), the rest after.
   // Each part's entries are released once restored.
@@ -134,6 +141,29 @@ struct Trainer::Impl {
   // `periodic`: a checkpoint.every save, which checkpoint.async may write
   // in the background (the last, best and signal ones are written at once).
   void save_checkpoint(const std::string& best_yaml = "", bool periodic = false);
+  // Its phases (Note [Saving in phases], trainer_save.cpp).
+  struct SaveTiming {
+    std::chrono::steady_clock::time_point began;
+    long resident_at_start_kib = 0;
+    double checked_s = 0;  // the weights' verification
+  };
+  struct GatheredParts {
+    std::vector<SavedPart> saved;  // rank 0's whole parts
+    ShardPieces pieces;            // sharded: this rank's entries of the shardable parts
+  };
+  void fill_saved_state();
+  void verify_weights_before_save();
+  GatheredParts gather_parts(bool sharded);
+  std::vector<std::string> shard_index_order() const;
+  // Sharded: returns true when the save went to the background (a periodic
+  // save with checkpoint.async and its copy to host memory succeeded);
+  // else it was written or `problem` says why not (the same on every rank).
+  bool save_sharded(GatheredParts& gathered, const std::string& best_yaml, bool in_background,
+                    const SaveTiming& timing, std::string& problem);
+  int64_t copy_to_host(ShardPieces& pieces);  // bytes copied
+  void write_in_background(const std::string& staging, GatheredParts gathered,
+                           std::vector<std::string> order,
+                           std::chrono::steady_clock::time_point began);
   // A save's outcome: counted, logged, callbacks told, or checkpoint.on_error
   // applied to `problem` (every rank's the same words).
   void conclude_save(const std::string& problem, const std::string& best_yaml,

@@ -95,39 +95,66 @@ bool Trainer::Impl::check_data_unchanged(const TrainerState& saved,
   return true;
 }
 
+// Resuming, in its phases: the folder found, the checkpoint loaded (and a
+// sharded one's parts read by the ranks that need them), verified against
+// this run (model, values, data), its position re-mapped onto this run's
+// ranks and batches (Note [Elastic resume]) and the schedule re-planned.
+// The parts themselves are restored later (restore_parts).
 void Trainer::Impl::maybe_resume() {
-  std::string folder = config.checkpoint.resume;
+  const std::string folder = resume_folder();
   if (folder.empty()) return;
-  if (folder == "auto") {
-    const auto newest = checkpointer->newest();
-    if (!newest) {
-      spdlog::info("checkpoint.resume: auto: no checkpoint in {}/checkpoints, starting fresh",
-                   run_dir);
-      return;
-    }
-    folder = *newest;
-  }
+  Checkpointer::Loaded loaded = load_resumed(folder);
+  verify_resumed(loaded, folder);
+  const bool data_changed = check_data_unchanged(loaded.state, folder);
+  precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");
+  const int64_t old_world = loaded.state.world_size;
+  state = loaded.state;
+  resumed = std::move(loaded);
+  last_checkpoint = folder;
+  resumed_from_folder = folder;
+  const std::string where = "at step " + std::to_string(state.step) + " (epoch " +
+                            std::to_string(state.epoch + 1) + ", after micro-batch " +
+                            std::to_string(state.batch_in_epoch) + ")";
+  std::string changed = remap_position(old_world, data_changed);
+  changed += replan_schedule();
+  spdlog::info("resumed from {} {}{}", folder, where, changed);
+}
+
+std::string Trainer::Impl::resume_folder() const {
+  const std::string& folder = config.checkpoint.resume;
+  if (folder != "auto") return folder;
+  const auto newest = checkpointer->newest();
+  if (!newest)
+    spdlog::info("checkpoint.resume: auto: no checkpoint in {}/checkpoints, starting fresh",
+                 run_dir);
+  return newest.value_or("");
+}
+
+Checkpointer::Loaded Trainer::Impl::load_resumed(const std::string& folder) {
   auto loaded = reading_key("checkpoint.resume", [&] {
     std::vector<std::string> files;  // only what the parts restore is read
     for (const auto& part : parts) files.push_back(part->file());
     return Checkpointer::load(folder, zero != nullptr ? nullptr : optimizer.get(), files,
                               /*read_shards=*/false);
   });
-  if (loaded.shards) {
-    // Note [Sharded checkpoints]: each shard file hashed on one rank, then
-    // each rank reads the byte ranges it needs (failures agreed).
-    reading_key("checkpoint.resume", [&] {
-      verify_shards(*pg, folder, *loaded.shards);
-      for (const auto& part : parts) {
-        if (!part->shardable()) continue;
-        Stateful& p = *part;
-        loaded.parts[p.file()] =
-            read_sharded_part(*pg, folder, *loaded.shards, p.file(), p.needs_every_entry(),
-                              [&](const std::string& entry) { return p.reads(entry); });
-      }
-      return 0;
-    });
-  }
+  if (!loaded.shards) return loaded;
+  // Note [Sharded checkpoints]: each shard file hashed on one rank, then
+  // each rank reads the byte ranges it needs (failures agreed).
+  reading_key("checkpoint.resume", [&] {
+    verify_shards(*pg, folder, *loaded.shards);
+    for (const auto& part : parts) {
+      if (!part->shardable()) continue;
+      Stateful& p = *part;
+      loaded.parts[p.file()] =
+          read_sharded_part(*pg, folder, *loaded.shards, p.file(), p.needs_every_entry(),
+                            [&](const std::string& entry) { return p.reads(entry); });
+    }
+    return 0;
+  });
+  return loaded;
+}
+
+void Trainer::Impl::verify_resumed(const Checkpointer::Loaded& loaded, const std::string& folder) {
   const int64_t old_world = loaded.state.world_size;
   if (loaded.legacy_optimizer && old_world != world.world_size) {
     throw ConfigError("checkpoint '" + folder +
@@ -140,31 +167,20 @@ void Trainer::Impl::maybe_resume() {
     throw ConfigError("checkpoint '" + folder + "' holds a '" + loaded.state.model +
                       "' model, the config asks for '" + config.model.name + "'");
   }
-  {
-    std::set<std::string> parameters;
-    for (const auto& [name, _] : trainable_parameters(*model)) parameters.insert(name);
-    // A sharded checkpoint's owners check different entries: one verdict.
-    const auto check = [&] {
-      Checkpointer::check_values(loaded, parameters, generator_state().numel());
-    };
-    if (loaded.shards) {
-      reading_key("checkpoint.resume", [&] {
-        agree_on_failure(*pg, check);
-        return 0;
-      });
-    } else {
-      check();
-    }
-  }
-  const bool data_changed = check_data_unchanged(loaded.state, folder);
-  precision->load_state_dict(loaded.state.scaler, folder + "/state.yaml");
-  state = loaded.state;
-  resumed = std::move(loaded);
-  last_checkpoint = folder;
-  resumed_from_folder = folder;
-  const std::string where = "at step " + std::to_string(state.step) + " (epoch " +
-                            std::to_string(state.epoch + 1) + ", after micro-batch " +
-                            std::to_string(state.batch_in_epoch) + ")";
+  std::set<std::string> parameters;
+  for (const auto& [name, _] : trainable_parameters(*model)) parameters.insert(name);
+  // A sharded checkpoint's owners check different entries: one verdict.
+  const auto check = [&] {
+    Checkpointer::check_values(loaded, parameters, generator_state().numel());
+  };
+  if (!loaded.shards) return check();
+  reading_key("checkpoint.resume", [&] {
+    agree_on_failure(*pg, check);
+    return 0;
+  });
+}
+
+std::string Trainer::Impl::remap_position(int64_t old_world, bool data_changed) {
   std::string changed;
   const int64_t old_bs = state.batch_size > 0 ? state.batch_size : config.data.batch_size;
   const int64_t old_acc =
@@ -200,6 +216,10 @@ void Trainer::Impl::maybe_resume() {
     changed +=
         "; optim.zero " + std::to_string(state.zero) + " -> " + std::to_string(config.optim.zero);
   }
+  return changed;
+}
+
+std::string Trainer::Impl::replan_schedule() {
   plan.total_steps = state.step + steps_left();
   // Note [Schedule length] (recipe.cpp): a length optim.decay_steps chose is
   // kept unless this config sets one; otherwise the length is this config's.
@@ -209,17 +229,14 @@ void Trainer::Impl::maybe_resume() {
     plan.schedule_steps = state.total_steps;
     plan.schedule_from = state.schedule_from;
   }
-  if (state.total_steps > 0 && plan.schedule_steps != state.total_steps) {
-    changed +=
-        "; schedule length " + std::to_string(state.total_steps) + " -> " +
-        std::to_string(plan.schedule_steps) + " steps (from " +
-        (plan.schedule_from == ScheduleFrom::kEpochs
-             ? std::string("the epochs")
-             : std::string(plan.schedule_from == ScheduleFrom::kMaxSteps ? "train.max_steps"
-                                                                         : "optim.decay_steps")) +
-        ")";
-  }
-  spdlog::info("resumed from {} {}{}", folder, where, changed);
+  if (state.total_steps <= 0 || plan.schedule_steps == state.total_steps) return "";
+  return "; schedule length " + std::to_string(state.total_steps) + " -> " +
+         std::to_string(plan.schedule_steps) + " steps (from " +
+         (plan.schedule_from == ScheduleFrom::kEpochs
+              ? std::string("the epochs")
+              : std::string(plan.schedule_from == ScheduleFrom::kMaxSteps ? "train.max_steps"
+                                                                          : "optim.decay_steps")) +
+         ")";
 }
 
 void Trainer::Impl::restore_parts(bool after_ddp) {

@@ -70,12 +70,50 @@ std::string folder_of(const std::string& run_dir, int64_t step, bool best) {
 
 }  // namespace
 
+// Note [Saving in phases]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A save runs the same phases in every form: the loop's state filled in,
+// the weights verified (checked across ranks, or the shard seal; never a
+// non-finite one), every Stateful part gathered on every rank in order (its
+// state_dict may be collective), then written: consolidated by rank 0, or
+// sharded (each rank its shard into rank 0's staging folder, rank 0 the
+// index and the rest), or, for a periodic save with checkpoint.async,
+// sharded after a copy to host memory, in the background. Each form's
+// outcome is agreed, then concluded alike (conclude_save).
 void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic) {
   settle_background_save();  // one save in flight at most
   step->finish_checks();
-  const auto began = std::chrono::steady_clock::now();
-  const long resident_at_start = resident_now_kib();
+  SaveTiming timing;
+  timing.began = std::chrono::steady_clock::now();
+  timing.resident_at_start_kib = resident_now_kib();
   reset_resident_peak();  // rank 0's peak during the save, logged below
+  fill_saved_state();
+  verify_weights_before_save();
+  timing.checked_s = seconds_since(timing.began);
+  const bool sharded = config.checkpoint.format == CheckpointFormat::kSharded;
+  GatheredParts parts_now = gather_parts(sharded);
+  std::string problem;
+  if (!sharded) {
+    problem = rank0_outcome(
+        *pg, [&] { checkpointer->save(state, parts_now.saved, config_yaml, best_yaml); });
+  } else if (save_sharded(parts_now, best_yaml, periodic && config.checkpoint.async, timing,
+                          problem)) {
+    return;  // written in the background; settle_background_save concludes it
+  }
+  parts_now = {};
+  release_free_memory();  // the gathered state's peak, not kept resident (Note [Allocator tuning])
+  const std::string how = sharded ? "sharded" : "consolidated";
+  if (problem.empty() && world.rank == 0)
+    spdlog::info(
+        "checkpoint of step {}: {} save took {:.3f} s (weights checked in {:.3f} s; training "
+        "paused throughout); rank 0 resident {:.1f} MiB at its start, peak {:.1f} MiB",
+        state.step, how, seconds_since(timing.began), timing.checked_s,
+        static_cast<double>(timing.resident_at_start_kib) / 1024.0,
+        static_cast<double>(resident_peak_kib()) / 1024.0);
+  conclude_save(problem, best_yaml, state, how);
+}
+
+void Trainer::Impl::fill_saved_state() {
   state.world_size = world.world_size;
   state.zero = config.optim.zero;
   state.batch_size = config.data.batch_size;
@@ -86,129 +124,135 @@ void Trainer::Impl::save_checkpoint(const std::string& best_yaml, bool periodic)
   state.data_size = data.train->size();
   state.data_id = data_id;
   state.scaler = precision->state_dict();
-  // Only weights every rank agrees on are worth keeping.
-  // Under optim.zero 3 there are no replicas to compare: the shard seal,
-  // verified now, guards each weight on its owner.
+}
+
+void Trainer::Impl::verify_weights_before_save() {
+  // Only weights every rank agrees on are worth keeping. Under optim.zero 3
+  // there are no replicas to compare: the shard seal, verified now, guards
+  // each weight on its owner.
   if (run.sharded) {
     step->verify_seal(state.step);
   } else {
     check_weights(state.step, "checkpoint", CheckPolicy::kAbort);
   }
   refuse_nonfinite_weights();
-  const double checked = seconds_since(began);
-  const bool sharded = config.checkpoint.format == CheckpointFormat::kSharded;
-  const bool best = !best_yaml.empty();
+}
+
+Trainer::Impl::GatheredParts Trainer::Impl::gather_parts(bool sharded) {
   // Note [Stateful parts]: every part, every rank, in order (collectives:
   // the optimizer gathered from its owners, the generators, the hook).
   // Note [Sharded checkpoints]: a shardable part gives this rank's entries.
-  std::vector<SavedPart> saved;
-  ShardPieces pieces;
+  GatheredParts out;
   for (const auto& part : parts) {
     if (sharded && part->shardable()) {
       for (auto& [name, t] : part->local_state_dict())
-        pieces.emplace_back(part->file() + "/" + name, std::move(t));
+        out.pieces.emplace_back(part->file() + "/" + name, std::move(t));
       continue;
     }
     StateDict entries = part->state_dict();
     if (world.rank == 0 && (part->required() || !entries.empty()))
-      saved.push_back({part->file(), std::move(entries)});
+      out.saved.push_back({part->file(), std::move(entries)});
   }
-  std::string problem, how;
-  if (!sharded) {
-    problem = rank0_outcome(*pg, [&] { checkpointer->save(state, saved, config_yaml, best_yaml); });
-    how = "consolidated";
-  } else {
-    const std::string staging = checkpointer->staging_folder(state.step, best, staging_pid);
-    problem = rank0_outcome(*pg, [&] { checkpointer->create_staging(staging, state.step, best); });
-    std::vector<std::string> order;  // metadata.txt's order: the state dict's
-    if (world.rank == 0) {
-      for (const auto& [name, t] : state_dict_of(*model)) order.push_back("m:" + name);
-      for (const auto& [name, p] : trainable_parameters(*model)) order.push_back("p:" + name);
-    }
-    const int rank = world.rank, size = world.world_size;
-    const int64_t zero_stage = config.optim.zero, at_step = state.step;
-    const bool deferred = problem.empty() && periodic && config.checkpoint.async;
+  return out;
+}
+
+std::vector<std::string> Trainer::Impl::shard_index_order() const {
+  std::vector<std::string> order;  // metadata.txt's order: the state dict's
+  if (world.rank != 0) return order;
+  for (const auto& [name, t] : state_dict_of(*model)) order.push_back("m:" + name);
+  for (const auto& [name, p] : trainable_parameters(*model)) order.push_back("p:" + name);
+  return order;
+}
+
+bool Trainer::Impl::save_sharded(GatheredParts& gathered, const std::string& best_yaml,
+                                 bool in_background, const SaveTiming& timing,
+                                 std::string& problem) {
+  const bool best = !best_yaml.empty();
+  const std::string staging = checkpointer->staging_folder(state.step, best, staging_pid);
+  problem = rank0_outcome(*pg, [&] { checkpointer->create_staging(staging, state.step, best); });
+  std::vector<std::string> order = shard_index_order();
+  if (in_background && problem.empty()) {
     int64_t bytes = 0;
-    double copy_seconds = 0;
-    if (deferred) {
-      // The pause: this rank's entries copied to host memory.
-      const auto copy_began = std::chrono::steady_clock::now();
-      // Into the arena of the last async save (its write has ended:
-      // settled above), so that only the first save pays for fresh pages;
-      // it stays mapped for the run.
-      // A copy that fails on one rank (memory) fails the save on all.
-      problem = agreed_problem([&] {
-        const auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
-        size_t total = 0;
-        for (const auto& [name, t] : pieces) total += aligned(t.nbytes());
-        char* at = host_arena.reserve(total);
-        for (auto& [name, t] : pieces) {
-          at::Tensor copy = at::from_blob(at, t.sizes(), t.options().device(at::kCPU));
-          copy.copy_(t);
-          t = copy;
-          at += aligned(t.nbytes());
-          bytes += static_cast<int64_t>(t.nbytes());
-        }
-      });
-      copy_seconds = seconds_since(copy_began);
-    }
-    if (deferred && problem.empty()) {
-      in_flight = state;
-      in_flight_since = began;
-      in_flight_staging = staging;
-      Checkpointer* writer = checkpointer.get();
-      BackgroundSave* job = &background;
-      // The thread never removes the staging folder: other ranks may still
-      // write into it; settle_background_save does, once all have ended.
-      background.start([staging, rank, size, zero_stage, at_step, writer, job,
-                        pieces = std::move(pieces), saved = std::move(saved),
-                        order = std::move(order), saved_state = state, yaml = config_yaml] {
-        try {
-          write_rank_shard(staging, rank, zero_stage, at_step, pieces);
-        } catch (...) {
-          job->mark_written(false);
-          throw;
-        }
-        job->mark_written(true);
-        if (rank != 0) return;
-        const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
-                                                   std::chrono::seconds(1800), job->cancelled());
-        writer->save(saved_state, saved, yaml, "", &index, staging);
-      });
+    const auto copy_began = std::chrono::steady_clock::now();
+    problem = agreed_problem([&] { bytes = copy_to_host(gathered.pieces); });
+    const double copy_s = seconds_since(copy_began);
+    if (problem.empty()) {
+      write_in_background(staging, std::move(gathered), std::move(order), timing.began);
       if (world.rank == 0)
         spdlog::info(
             "checkpoint of step {}: training paused {:.3f} s (weights checked in {:.3f} s, this "
             "rank's {:.1f} MiB copied to memory in {:.3f} s); rank 0 resident {:.1f} MiB at its "
             "start, peak {:.1f} MiB; written in the background",
-            at_step, seconds_since(began), checked, static_cast<double>(bytes) / (1 << 20),
-            copy_seconds, static_cast<double>(resident_at_start) / 1024.0,
+            state.step, seconds_since(timing.began), timing.checked_s,
+            static_cast<double>(bytes) / (1 << 20), copy_s,
+            static_cast<double>(timing.resident_at_start_kib) / 1024.0,
             static_cast<double>(resident_peak_kib()) / 1024.0);
-      return;
+      return true;
     }
-    if (problem.empty() && !deferred)
-      problem =
-          agreed_problem([&] { write_rank_shard(staging, rank, zero_stage, at_step, pieces); });
-    pieces.clear();
-    if (problem.empty() && !deferred) {
-      problem = rank0_outcome(*pg, [&] {
-        const ShardIndex index =
-            merge_shard_parts(staging, size, zero_stage, at_step, order, std::chrono::seconds(10));
-        checkpointer->save(state, saved, config_yaml, best_yaml, &index, staging);
-      });
-    }
-    if (!problem.empty() && world.rank == 0) Checkpointer::discard_staging(staging);
-    how = "sharded";
   }
-  saved.clear();
-  release_free_memory();  // the gathered state's peak, not kept resident (Note [Allocator tuning])
-  if (problem.empty() && world.rank == 0)
-    spdlog::info(
-        "checkpoint of step {}: {} save took {:.3f} s (weights checked in {:.3f} s; training "
-        "paused throughout); rank 0 resident {:.1f} MiB at its start, peak {:.1f} MiB",
-        state.step, how, seconds_since(began), checked,
-        static_cast<double>(resident_at_start) / 1024.0,
-        static_cast<double>(resident_peak_kib()) / 1024.0);
-  conclude_save(problem, best_yaml, state, how);
+  const int rank = world.rank, size = world.world_size;
+  const int64_t zero_stage = config.optim.zero, at_step = state.step;
+  if (problem.empty() && !in_background)
+    problem = agreed_problem(
+        [&] { write_rank_shard(staging, rank, zero_stage, at_step, gathered.pieces); });
+  gathered.pieces.clear();
+  if (problem.empty() && !in_background) {
+    problem = rank0_outcome(*pg, [&] {
+      const ShardIndex index =
+          merge_shard_parts(staging, size, zero_stage, at_step, order, std::chrono::seconds(10));
+      checkpointer->save(state, gathered.saved, config_yaml, best_yaml, &index, staging);
+    });
+  }
+  if (!problem.empty() && world.rank == 0) Checkpointer::discard_staging(staging);
+  return false;
+}
+
+int64_t Trainer::Impl::copy_to_host(ShardPieces& pieces) {
+  // The pause: this rank's entries copied to host memory, into the arena of
+  // the last async save (its write has ended: settled before), so that only
+  // the first save pays for fresh pages; it stays mapped for the run.
+  const auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const auto& [name, t] : pieces) total += aligned(t.nbytes());
+  char* at = host_arena.reserve(total);
+  int64_t bytes = 0;
+  for (auto& [name, t] : pieces) {
+    at::Tensor copy = at::from_blob(at, t.sizes(), t.options().device(at::kCPU));
+    copy.copy_(t);
+    t = copy;
+    at += aligned(t.nbytes());
+    bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
+void Trainer::Impl::write_in_background(const std::string& staging, GatheredParts gathered,
+                                        std::vector<std::string> order,
+                                        std::chrono::steady_clock::time_point began) {
+  in_flight = state;
+  in_flight_since = began;
+  in_flight_staging = staging;
+  const int rank = world.rank, size = world.world_size;
+  const int64_t zero_stage = config.optim.zero, at_step = state.step;
+  Checkpointer* writer = checkpointer.get();
+  BackgroundSave* job = &background;
+  // The thread never removes the staging folder: other ranks may still
+  // write into it; settle_background_save does, once all have ended.
+  background.start([staging, rank, size, zero_stage, at_step, writer, job,
+                    pieces = std::move(gathered.pieces), saved = std::move(gathered.saved),
+                    order = std::move(order), saved_state = state, yaml = config_yaml] {
+    try {
+      write_rank_shard(staging, rank, zero_stage, at_step, pieces);
+    } catch (...) {
+      job->mark_written(false);
+      throw;
+    }
+    job->mark_written(true);
+    if (rank != 0) return;
+    const ShardIndex index = merge_shard_parts(staging, size, zero_stage, at_step, order,
+                                               std::chrono::seconds(1800), job->cancelled());
+    writer->save(saved_state, saved, yaml, "", &index, staging);
+  });
 }
 
 std::string Trainer::Impl::agreed_problem(const std::function<void()>& body) {

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "lockstep/ddp/comm_hooks.h"
 
@@ -72,6 +73,13 @@ class PowerSgdHook : public CommHook {
  private:
   HookWork run_plain(ProcessGroup& pg, GradBucket& bucket);
   HookWork run_compressed(ProcessGroup& pg, GradBucket& bucket);
+  // run_compressed's phases, in order (powersgd.cpp).
+  void match_layout(const GradBucket& bucket);
+  at::Tensor add_error(size_t b, const at::Tensor& input);
+  bool claim_q(size_t b, int64_t numel, const at::Tensor& like);
+  void start_qs(std::vector<at::Tensor>& qs, bool randomize, at::ScalarType type);
+  void keep_state(size_t b, const at::Tensor& input, const at::Tensor& input_cp, bool q_finite,
+                  bool last);
   int64_t next_seed();            // numpy RandomState(random_seed).randint(1e9)
   void end_of_bucket(bool last);  // the last bucket of an iteration counts it
 
