@@ -8,7 +8,7 @@
 
 #include "common.h"
 #include "lockstep/checkpoint/checkpoint.h"
-#include "lockstep/train/generate.h"
+#include "lockstep/cli/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/names.h"

@@ -9,7 +9,7 @@
 #include "lockstep/config/config.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/model/gpt_layout.h"
-#include "lockstep/train/generate.h"
+#include "lockstep/cli/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 

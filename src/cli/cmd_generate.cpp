@@ -1,5 +1,5 @@
 // `lockstep generate`: samples from a trained GPT's checkpoint, streaming
-// each token as it is drawn (lockstep/train/generate.h). Byte-level models
+// each token as it is drawn (lockstep/cli/generate.h). Byte-level models
 // (data.name: text) read the prompt as UTF-8 bytes and print text; models
 // trained on token ids (data.name: tokens) take and print text through the
 // tokenizer their config records (data.tokenizer: gpt2 for lockstep
@@ -12,7 +12,7 @@
 
 #include "common.h"
 #include "lockstep/data/bpe.h"
-#include "lockstep/train/generate.h"
+#include "lockstep/cli/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/utf8.h"

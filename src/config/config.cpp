@@ -397,6 +397,17 @@ const std::vector<Field>& fields() {
                  "include buffers (e.g. BatchNorm statistics)"),
       make_field("check", "optimizer_state", &C::check, &CheckConfig::optimizer_state, Type::kBool,
                  "also compare the optimizer state (momentum buffers, Adam moments)"),
+      make_field("check", "grad_screen", &C::check, &CheckConfig::grad_screen, Type::kBool,
+                 "every step, each rank's local gradient before the exchange: a non-finite "
+                 "value or a norm 10x the other ranks' and its own recent ones names the rank"),
+      make_field("check", "replay_every", &C::check, &CheckConfig::replay_every, Type::kInt,
+                 "every N steps each rank also computes its neighbour's local gradient and "
+                 "the two are compared bit for bit (0: off)",
+                 0, 1e15),
+      make_choice("check", "on_corruption", &C::check, &CheckConfig::on_corruption,
+                  kOnCorruptionNames,
+                  "a rank caught by grad_screen or replay_every: stop the job (exit 6), or "
+                  "take the step again (a rank caught twice stops it)"),
       make_field("checkpoint", "every", &C::checkpoint, &CheckpointConfig::every, Type::kInt,
                  "save every N optimizer steps, and always at the end (0: only at the end)", 0,
                  1e15),

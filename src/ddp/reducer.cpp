@@ -256,6 +256,7 @@ void Reducer::mark_ready(size_t index, bool from_hook) {
   // A parameter with no gradient since the last sync contributes zeros.
   const bool has_local_grad = grad.defined() && (from_hook || used_since_sync_[index] != 0);
   const bool divide = options_.hook->predivided() && !bucket.scale_in_reduce;
+  if (has_local_grad && local_grads_) local_grads_->local_grad(index, grad);
   if (!has_local_grad) {
     view.zero_();
   } else if (aliases(grad, view)) {

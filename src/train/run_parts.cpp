@@ -108,6 +108,13 @@ void plug_step_hooks(RunParts& run, const Config& config, ProcessGroup& pg) {
     // gathered from the owners.
     hooks.grad_norms = [zero] { return zero->grad_norms(); };
   }
+  // check.grad_screen, check.replay_every (and a grad-flip fault): each
+  // local gradient is seen before the exchange, by DDP's Reducer or, under
+  // optim.zero 3, by each unit's reduce-scatter (Note [Silent corruption]).
+  if (const auto observer = run.step->local_grad_observer()) {
+    run.ddp->set_local_grad_observer(observer);
+    if (run.sharded) run.sharded->set_local_grad_observer(observer);
+  }
   // optim.zero 3 with check.every: no replicas to compare; each owner seals
   // its weights after the step and verifies them in the next (zero/shard_seal.h).
   if (run.sharded && config.check.every > 0) {

@@ -5,7 +5,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <chrono>
+#include <mutex>
 
 #include "lockstep/check/step_checks.h"
 #include "lockstep/distributed/agree.h"
@@ -63,6 +66,30 @@ TrainStep::TrainStep(ProcessGroup& pg, ClassifierDdp& ddp, Classifier& model,
     throw ConfigError("train.accumulation_steps=" + std::to_string(options_.accumulation_steps) +
                       " must be >= 1");
   }
+  const auto& fault = options_.fault;
+  const bool grad_flip = fault && fault->kind == FaultKind::kGradFlip && fault->rank == pg_.rank();
+  if (!options_.check.grad_screen && options_.check.replay_every == 0 && !grad_flip) return;
+  CorruptionOptions corruption;
+  corruption.screen = options_.check.grad_screen;
+  corruption.replay_every = options_.check.replay_every;
+  std::vector<at::Tensor> buffers;
+  for (const auto& b : model_.buffers()) buffers.push_back(b);
+  const at::Generator generator = device_.is_cuda() ? at::globalContext().defaultGenerator(device_)
+                                                    : at::detail::getDefaultCPUGenerator();
+  corruption_ = std::make_unique<CorruptionChecks>(pg_, trainable_parameters(model_),
+                                                   std::move(buffers), generator, corruption);
+  if (!grad_flip) return;
+  corruption_->set_injector([this](size_t, const at::Tensor& grad) {
+    if (fault_fired_ || computing_ != options_.fault->step) return;
+    fault_fired_ = true;
+    flip_first_element(grad, options_.fault->bit);
+    spdlog::warn("LOCKSTEP_FAULT: flipped a bit of a local gradient on rank {} in step {}",
+                 pg_.rank(), computing_);
+  });
+}
+
+std::shared_ptr<LocalGradObserver> TrainStep::local_grad_observer() const {
+  return corruption_ ? corruption_->observer() : nullptr;
 }
 
 TrainStep::~TrainStep() = default;
@@ -174,7 +201,7 @@ void TrainStep::micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& s
   auto t = Clock::now();
   at::Tensor out, loss;
   const auto forward_and_loss = [&] {
-    out = ddp_.forward(batch.x);
+    out = act_flip_if_due(ddp_.forward(batch.x));
     loss = loss_(out, batch.y);
   };
   if (hooks.around_forward) {
@@ -289,7 +316,9 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
                         std::to_string(options_.accumulation_steps) + "]");
   const int64_t acc = micro_batches > 0 ? micro_batches : options_.accumulation_steps;
   optimizer_.zero_grad();
-  for (int64_t m = 0; m < acc; ++m) {
+  computing_ = step + 1;
+  if (corruption_) stats = checked_backward(next, step, acc);
+  for (int64_t m = 0; m < acc && !corruption_; ++m) {
     auto batch = next();
     if (!batch) {
       throw InternalError("the batches ran out in step " + std::to_string(step + 1) +
@@ -321,6 +350,91 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
   maybe_start_check(done, stats);
   if (hooks.report) hooks.report(stats);
   return stats;
+}
+
+at::Tensor TrainStep::act_flip_if_due(const at::Tensor& out) {
+  const auto& fault = options_.fault;
+  if (!fault || fault->kind != FaultKind::kActFlip || fault->rank != pg_.rank() ||
+      fault->step != computing_ || fault_fired_)
+    return out;
+  fault_fired_ = true;
+  at::Tensor changed = out.detach().clone();
+  flip_first_element(changed, fault->bit);
+  spdlog::warn("LOCKSTEP_FAULT: flipped a bit of an activation on rank {} in step {}", pg_.rank(),
+               computing_);
+  return out + (changed - out.detach());  // the gradient flows through `out` as before
+}
+
+// Note [Silent corruption] (check/corruption.cpp): the step's micro-batches
+// are fetched first and kept with the generator's state, so that a replay
+// recomputes them and check.on_corruption: skip takes the step again from
+// the same batches and dropout masks (the run then ends as one without the
+// fault would). A rank caught twice is faulty: the job stops.
+StepStats TrainStep::checked_backward(const BatchSource& next, int64_t step, int64_t acc) {
+  std::vector<Batch> batches;
+  CorruptionChecks::MicroBatches pairs;
+  for (int64_t m = 0; m < acc; ++m) {
+    auto batch = next();
+    if (!batch)
+      throw InternalError("the batches ran out in step " + std::to_string(step + 1) +
+                          " at micro-batch " + std::to_string(m + 1) + " of " +
+                          std::to_string(acc));
+    pairs.emplace_back(batch->x, batch->y);
+    batches.push_back(std::move(*batch));
+  }
+  at::Generator generator = device_.is_cuda() ? at::globalContext().defaultGenerator(device_)
+                                              : at::detail::getDefaultCPUGenerator();
+  at::Tensor rng;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    rng = generator.get_state();
+  }
+  for (;;) {
+    StepStats stats;
+    corruption_->begin_step(step + 1, hooks.scale_loss != nullptr);
+    for (int64_t m = 0; m < acc; ++m) {
+      Batch batch = batches[m];
+      micro_batch(batch, options_.synchronise && m == acc - 1, acc, stats);
+    }
+    const bool loss_finite = !stats.loss_sum.defined() || stats.loss_sum.isfinite().item<bool>();
+    const CorruptionFinding found =
+        corruption_->verdict(pairs, rng, loss_finite, [this](const auto& mb) { recompute(mb); });
+    if (found.rank < 0) return stats;
+    if (corruption_observer_) corruption_observer_(found);
+    const bool skip = options_.check.on_corruption == OnCorruption::kSkip;
+    if (!skip || ++caught_[found.rank] > 1)
+      throw CorruptionError(found.message() + (skip ? "; caught a second time, so the job "
+                                                      "stops (check.on_corruption: skip)"
+                                                    : ""));
+    spdlog::warn(
+        "silent data corruption: {}; no weight changed: the step is taken again "
+        "(check.on_corruption: skip)",
+        found.message());
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng);
+    }
+    optimizer_.zero_grad();
+  }
+}
+
+// A replay (Note [Silent corruption]): the micro-batches' forward and
+// backward as micro_batch runs them, without the exchange.
+void TrainStep::recompute(const CorruptionChecks::MicroBatches& batches) {
+  auto no_sync = ddp_.no_sync();
+  const double acc = static_cast<double>(batches.size());
+  for (const auto& [x, y] : batches) {
+    at::Tensor loss;
+    const auto forward_and_loss = [&, x = x.to(device_), y = y.to(device_)] {
+      loss = loss_(model_.forward(x), y);
+    };
+    if (hooks.around_forward) {
+      hooks.around_forward(forward_and_loss);
+    } else {
+      forward_and_loss();
+    }
+    ((hooks.scale_loss ? hooks.scale_loss(loss) : loss) / acc).backward();
+  }
 }
 
 }  // namespace lockstep

@@ -33,6 +33,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "lockstep/check/fault.h"
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/checkpoint/run_dir.h"
@@ -41,7 +42,6 @@
 #include "lockstep/model/gpt.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
-#include "lockstep/train/fault.h"
 #include "lockstep/train/precision.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/step.h"
@@ -54,6 +54,7 @@
 #include "lockstep/util/sha256.h"
 #include "lockstep/util/text.h"
 #include "lockstep/util/trace.h"
+#include "lockstep/util/utf8.h"
 #include "lockstep/zero/zero.h"
 #include "metrics.h"
 #include "run_parts.h"
@@ -282,8 +283,17 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
         s.config.ddp.powersgd.start_iter, s.stop_step());
   }
   s.warn_schedule();
-  run_build_step(s.run, s.config, *s.pg, s.data.task,
-                 step_options_from_config(s.config, s.plan.schedule_steps));
+  StepOptions step_options = step_options_from_config(s.config, s.plan.schedule_steps);
+  step_options.fault = s.fault;
+  run_build_step(s.run, s.config, *s.pg, s.data.task, std::move(step_options));
+  s.step->set_corruption_observer([&s](const CorruptionFinding& found) {
+    spdlog::error("silent data corruption: {}", found.message());
+    if (!s.metrics) return;
+    s.metrics->note("\"step\": " + std::to_string(found.step) +
+                    ", \"corruption\": {\"rank\": " + std::to_string(found.rank) +
+                    ", \"other\": " + std::to_string(found.other) + ", \"check\": \"" +
+                    found.check + "\", \"parameter\": " + json_quoted(found.parameter) + "}");
+  });
   s.callbacks = callbacks_create();
   s.open_run_dir();
   if (s.config.log.trace) {

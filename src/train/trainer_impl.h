@@ -20,7 +20,7 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/train/callbacks.h"
-#include "lockstep/train/fault.h"
+#include "lockstep/check/fault.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/trace.h"

@@ -42,6 +42,9 @@ int guarded(const std::string& command, const std::function<int()>& body) {
   } catch (const ConsistencyError& e) {
     report("consistency check failed: ", e.what());
     return kExitCheckFailed;
+  } catch (const CorruptionError& e) {
+    report("silent data corruption: ", e.what());
+    return kExitCorruption;
   } catch (const TrainingError& e) {
     report("", e.what());
     return kExitCheckFailed;

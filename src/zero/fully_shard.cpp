@@ -282,6 +282,9 @@ class Sharded : public FullyShardedParameters,
   }
 
   // FullyShardedParameters
+  void set_local_grad_observer(std::shared_ptr<LocalGradObserver> observer) override {
+    local_grads_ = std::move(observer);
+  }
   void set_gradient_sync(std::function<bool()> synchronised) override {
     synchronised_ = std::move(synchronised);
   }
@@ -564,6 +567,7 @@ class Sharded : public FullyShardedParameters,
       const size_t i = u.params[j];
       at::Tensor& p = named_[i].second;
       const at::Tensor& g = p.grad();
+      if (g.defined() && local_grads_) local_grads_->local_grad(i, g);
       if (g.defined()) {
         at::Tensor place = r.input.narrow(0, u.at[j], g.numel()).view(g.sizes());
         at::mul_out(place, g, divisor_);  // Note [Pre-divided buckets], reducer.cpp
@@ -670,6 +674,7 @@ class Sharded : public FullyShardedParameters,
   int root_forwards_ = 0;  // root forwards running (nested calls count)
   size_t next_reduce_ = 0;
   bool sync_this_pass_ = true;
+  std::shared_ptr<LocalGradObserver> local_grads_;
   std::vector<at::Tensor> stash_;   // owners' .grad from before this backward
   std::vector<char> reduced_grad_;  // .grad holds a reduction's result
   bool finalize_queued_ = false;

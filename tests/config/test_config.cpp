@@ -211,7 +211,7 @@ TEST_CASE("the resolved config prints numbers as written", "[config]") {
   CHECK(yaml.find("0000000") == std::string::npos);
 }
 
-#include "lockstep/train/fault.h"
+#include "lockstep/check/fault.h"
 
 TEST_CASE("LOCKSTEP_FAULT: typed kinds, and every malformed value named", "[config]") {
   auto with = [](const std::string& value) {

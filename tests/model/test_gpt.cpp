@@ -28,7 +28,7 @@
 
 #include "lockstep/model/gpt.h"
 #include "lockstep/model/recompute.h"
-#include "lockstep/train/generate.h"
+#include "lockstep/cli/generate.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/error.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault injection (LOCKSTEP_FAULT, src/train/fault.h) on real processes:
+# Fault injection (LOCKSTEP_FAULT, src/check/fault.h) on real processes:
 # a dead rank and a hung rank are named by the survivors within the bound
 # (timeout + roll call + margin), and leave no process behind; an elastic
 # restart resumes from the last checkpoint and ends bit-identical to an

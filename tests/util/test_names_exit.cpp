@@ -7,11 +7,11 @@
 #include <set>
 
 #include "lockstep/check/check_kinds.h"
+#include "lockstep/check/fault.h"
 #include "lockstep/config/config.h"
 #include "lockstep/ddp/ddp_options.h"
 #include "lockstep/distributed/backend_kind.h"
 #include "lockstep/train/check_run.h"
-#include "lockstep/train/fault.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/exit_codes.h"
 #include "lockstep/util/text.h"
@@ -75,6 +75,7 @@ TEST_CASE("each exception tier maps to its exit code", "[exit]") {
   CHECK(code([] { throw EnvError("x"); }) == kExitBadInput);
   CHECK(code([] { throw UsageError("x"); }) == kExitBadInput);
   CHECK(code([] { throw ConsistencyError("x"); }) == kExitCheckFailed);
+  CHECK(code([] { throw CorruptionError("x"); }) == kExitCorruption);
   CHECK(code([] { throw CommError("x"); }) == kExitCommFailed);
   CHECK(code([] { throw TimeoutError("x"); }) == kExitCommFailed);
   CHECK(code([] { throw InternalError("x"); }) == kExitInternal);

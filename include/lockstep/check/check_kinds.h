@@ -18,4 +18,11 @@ inline constexpr NameTable<CheckPolicy, 3> kCheckPolicyNames{{{CheckPolicy::kAbo
                                                               {CheckPolicy::kWarn, "warn"},
                                                               {CheckPolicy::kResync, "resync"}}};
 
+// check.on_corruption: what a rank caught computing a wrong local gradient
+// does (check/corruption.h): the job stops naming it, or the step is taken
+// again on every rank.
+enum class OnCorruption { kStop, kSkip };
+inline constexpr NameTable<OnCorruption, 2> kOnCorruptionNames{
+    {{OnCorruption::kStop, "stop"}, {OnCorruption::kSkip, "skip"}}};
+
 }  // namespace lockstep

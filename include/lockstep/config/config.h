@@ -150,6 +150,12 @@ struct CheckConfig {
   CheckPolicy policy = CheckPolicy::kAbort;
   bool buffers = false;
   bool optimizer_state = false;
+  // Note [Silent corruption] (check/corruption.cpp): each rank's local
+  // gradient screened before the exchange, every step; replayed by another
+  // rank every N steps (0: off); what a caught rank does.
+  bool grad_screen = false;
+  int64_t replay_every = 0;
+  OnCorruption on_corruption = OnCorruption::kStop;
 };
 
 struct CheckpointConfig {

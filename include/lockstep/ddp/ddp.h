@@ -105,6 +105,11 @@ class DdpCore {
   void set_tracer(std::shared_ptr<Tracer> tracer) {
     if (reducer_) reducer_->set_tracer(std::move(tracer));
   }
+  // Each parameter's local gradient, before the exchange (ddp/local_grads.h;
+  // nothing at world size 1, where nothing is exchanged).
+  void set_local_grad_observer(std::shared_ptr<LocalGradObserver> observer) {
+    if (reducer_) reducer_->set_local_grad_observer(std::move(observer));
+  }
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

@@ -27,6 +27,7 @@
 
 #include "lockstep/ddp/buckets.h"
 #include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/ddp/local_grads.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/distributed/torch_compat.h"
 #include "lockstep/util/trace.h"
@@ -86,6 +87,10 @@ class Reducer {
   // Records each bucket's all-reduce (launch to completion) and the end of
   // backward's wait; nullptr (the default) records nothing.
   void set_tracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
+  // Sees each local gradient before its bucket takes it (ddp/local_grads.h).
+  void set_local_grad_observer(std::shared_ptr<LocalGradObserver> observer) {
+    local_grads_ = std::move(observer);
+  }
   ReducerStats last_stats() const;
 
  private:
@@ -137,6 +142,7 @@ class Reducer {
   size_t next_bucket_ = 0;
   std::vector<char> ready_;
   std::vector<int> used_since_sync_;  // hook fired since the last sync (no_sync too)
+  std::shared_ptr<LocalGradObserver> local_grads_;
   std::shared_ptr<Tracer> tracer_;
   // Note [Bucket rebuild] (reducer.cpp).
   std::vector<size_t> ready_order_;  // first synchronised iteration's arrival order

@@ -4,6 +4,9 @@
 //   for each of train.accumulation_steps micro-batches (no_sync but the last):
 //     hooks.around_forward( forward through DDP, loss )     autocast
 //     backward of hooks.scale_loss(loss) / accumulation     loss scaling
+//   check.grad_screen, check.replay_every: each rank's local gradient
+//     before the exchange, checked (CorruptionChecks); on a finding the
+//     job stops, or the step is taken again (check.on_corruption)
 //   hooks.after_backward                                     ZeRO-2's release
 //   verdicts of earlier checks (StepChecks::before_update), before the
 //     weights change
@@ -22,10 +25,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "lockstep/check/corruption.h"
+#include "lockstep/check/fault.h"
 #include "lockstep/check/fingerprint.h"
 #include "lockstep/config/config.h"
 #include "lockstep/data/loader.h"
@@ -104,6 +110,8 @@ struct StepOptions {
   // when any rank's loss or the gradient norm is not finite, before the
   // optimizer steps (train.stop_on_nonfinite; off under fp16's GradScaler).
   bool stop_on_nonfinite = false;
+  // LOCKSTEP_FAULT's grad-flip or act-flip for this job (fault.h).
+  std::optional<Fault> fault;
 };
 StepOptions step_options_from_config(const Config& config, int64_t total_steps);
 
@@ -141,6 +149,15 @@ class TrainStep {
   // report goes to it, and nothing is enforced (the check mode's table).
   void set_report_observer(std::function<void(const ConsistencyReport&)> observer);
   void set_tracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
+  // check.grad_screen, check.replay_every (and a grad-flip fault): what
+  // must see each local gradient before the exchange (attach it to DDP and
+  // fully sharded parameters); nullptr when nothing does.
+  std::shared_ptr<LocalGradObserver> local_grad_observer() const;
+  // Each finding of the silent-corruption checks, before it stops the job
+  // or the step is taken again (the trainer's metrics.jsonl record).
+  void set_corruption_observer(std::function<void(const CorruptionFinding&)> observer) {
+    corruption_observer_ = std::move(observer);
+  }
 
   // The tensors the per-step check compares: parameters, with check.buffers
   // the buffers, with check.optimizer_state the optimizer's state.
@@ -157,6 +174,11 @@ class TrainStep {
   void trace(const char* name, std::chrono::steady_clock::time_point start);
   // Note [Diverged training]: throws on every rank alike. `step`: 1-based.
   void micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& stats);
+  // Note [Silent corruption]: the step's micro-batches kept, checked, and
+  // taken again under check.on_corruption: skip.
+  StepStats checked_backward(const BatchSource& next, int64_t step, int64_t acc);
+  void recompute(const CorruptionChecks::MicroBatches& batches);
+  at::Tensor act_flip_if_due(const at::Tensor& out);
   void clip_gradients(int64_t step, StepStats& stats);
   void maybe_start_check(int64_t done, StepStats& stats);
   void stop_if_diverged(const at::Tensor& loss_sum, const at::Tensor& grad_norm, int64_t step);
@@ -172,6 +194,11 @@ class TrainStep {
   std::unique_ptr<StepChecks> checks_;
   bool sealed_ = false;  // seal_weights ran: verify_weights is due
   std::function<void(const ConsistencyReport&)> observer_;
+  std::unique_ptr<CorruptionChecks> corruption_;
+  std::function<void(const CorruptionFinding&)> corruption_observer_;
+  std::map<int, int> caught_;  // check.on_corruption: skip: findings per rank
+  int64_t computing_ = 0;      // the 1-based number of the step being computed
+  bool fault_fired_ = false;
   std::shared_ptr<Tracer> tracer_;
 };
 

@@ -46,6 +46,15 @@ class ConsistencyError : public Error {
   using Error::Error;
 };
 
+// A rank computed a wrong local gradient (check.grad_screen,
+// check.replay_every): silent data corruption in its core, memory or GPU,
+// found before its gradient changed any weight; every rank throws it alike,
+// naming that rank. Exit 6.
+class CorruptionError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Training itself failed, every rank alike: the loss diverged (fp16's loss
 // scale fell to nothing with every gradient inf/NaN). Exit 1.
 class TrainingError : public Error {

@@ -14,6 +14,7 @@ constexpr int kExitBadInput = 2;     // option, environment, config, data
 constexpr int kExitCommFailed = 3;   // unreachable peer, timeout, dead or hung rank
 constexpr int kExitInternal = 4;     // our own bug
 constexpr int kExitOutOfMemory = 5;  // an allocation failed (a memory limit, a full machine)
+constexpr int kExitCorruption = 6;   // a rank computed a wrong gradient (silent data corruption)
 // 128 + N: stopped by signal N (after a final checkpoint, checkpoint.on_signal).
 
 // Runs `body` and returns its code; a lockstep exception (or a bad option)

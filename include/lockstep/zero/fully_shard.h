@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/ddp/local_grads.h"
 #include "lockstep/distributed/process_group.h"
 #include "lockstep/util/module_tensors.h"
 
@@ -77,6 +78,9 @@ class FullyShardedParameters {
   // accumulate whole on every rank, reduced at the next synchronised
   // backward). Asked at each unit's reduction.
   virtual void set_gradient_sync(std::function<bool()> synchronised) = 0;
+  // Each parameter's local gradient before its unit's reduce-scatter
+  // (ddp/local_grads.h).
+  virtual void set_local_grad_observer(std::shared_ptr<LocalGradObserver> observer) = 0;
   // Every parameter whole on every rank (collective) until reshard_all():
   // for a state dict, a weight load, or a forward outside call_unit.
   virtual void unshard_all() = 0;

@@ -1,4 +1,4 @@
-#include "lockstep/train/generate.h"
+#include "lockstep/cli/generate.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

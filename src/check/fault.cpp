@@ -1,4 +1,4 @@
-#include "lockstep/train/fault.h"
+#include "lockstep/check/fault.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
 #include "lockstep/util/error.h"
@@ -17,7 +18,8 @@ namespace lockstep {
 std::optional<Fault> fault_from_env(const EnvLookup& env, int world_size) {
   const auto value = env("LOCKSTEP_FAULT");
   if (!value || value->empty()) return std::nullopt;
-  const std::string usage = " (expected crash|hang|exit|flip:rank=R:step=S[:attempt=A])";
+  const std::string usage =
+      " (expected crash|hang|exit|flip|grad-flip|act-flip:rank=R:step=S[:attempt=A][:bit=B])";
   std::stringstream parts(*value);
   Fault fault;
   std::string kind;
@@ -47,6 +49,11 @@ std::optional<Fault> fault_from_env(const EnvLookup& env, int world_size) {
       fault.step = number, has_step = true;
     } else if (key == "attempt") {
       fault.attempt = static_cast<int>(number);
+    } else if (key == "bit") {
+      if (number > 63)
+        throw EnvError("LOCKSTEP_FAULT='" + *value + "': bit=" + std::to_string(number) +
+                       " is out of range [0, 63]" + usage);
+      fault.bit = static_cast<int>(number);
     } else {
       throw EnvError("LOCKSTEP_FAULT='" + *value + "': unknown key '" + key + "'" + usage);
     }
@@ -62,7 +69,7 @@ std::optional<Fault> fault_from_env(const EnvLookup& env, int world_size) {
 
 void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world, int64_t step,
                       const std::function<std::string()>& flip) {
-  if (!fault || fault->rank != world.rank || fault->step != step) return;
+  if (!fault || fault->in_step() || fault->rank != world.rank || fault->step != step) return;
   if (fault->attempt >= 0 && fault->attempt != world.restart_count) return;
   if (fault->kind == FaultKind::kFlip) {
     if (!flip) throw InternalError("LOCKSTEP_FAULT=flip: nothing to flip here");
@@ -84,8 +91,29 @@ void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world,
     case FaultKind::kExit:
       std::_Exit(7);
     case FaultKind::kFlip:
+    case FaultKind::kGradFlip:
+    case FaultKind::kActFlip:
       break;
   }
+}
+
+void flip_first_element(const at::Tensor& t, int bit) {
+  at::NoGradGuard no_grad;
+  const int64_t width = 8 * static_cast<int64_t>(t.element_size());
+  if (bit < 0) bit = t.scalar_type() == at::kBFloat16 ? 6 : t.scalar_type() == at::kHalf ? 9 : 22;
+  const int64_t b = bit % width;
+  at::Tensor first = t.detach().view(width == 64   ? at::kLong
+                                     : width == 32 ? at::kInt
+                                     : width == 16 ? at::kShort
+                                                   : at::kByte);
+  while (first.dim() > 0) first = first.select(0, 0);
+  // The mask as the element's signed type spells it (bit width-1 is its sign).
+  const uint64_t mask = uint64_t{1} << b;
+  const int64_t value = width == 64   ? static_cast<int64_t>(mask)
+                        : width == 32 ? static_cast<int32_t>(static_cast<uint32_t>(mask))
+                        : width == 16 ? static_cast<int16_t>(static_cast<uint16_t>(mask))
+                                      : static_cast<int8_t>(static_cast<uint8_t>(mask));
+  first.bitwise_xor_(value);
 }
 
 }  // namespace lockstep
