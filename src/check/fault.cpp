@@ -97,7 +97,7 @@ void fault_maybe_fire(const std::optional<Fault>& fault, const WorldInfo& world,
   }
 }
 
-void flip_first_element(const at::Tensor& t, int bit) {
+void flip_one_element(const at::Tensor& t, int bit) {
   at::NoGradGuard no_grad;
   const int64_t width = 8 * static_cast<int64_t>(t.element_size());
   if (bit < 0) bit = t.scalar_type() == at::kBFloat16 ? 6 : t.scalar_type() == at::kHalf ? 9 : 22;
@@ -106,7 +106,13 @@ void flip_first_element(const at::Tensor& t, int bit) {
                                      : width == 32 ? at::kInt
                                      : width == 16 ? at::kShort
                                                    : at::kByte);
-  while (first.dim() > 0) first = first.select(0, 0);
+  if (first.is_contiguous() && first.numel() > 0) {
+    // The element of largest magnitude: a change that matters.
+    const int64_t at = t.detach().reshape({-1}).abs().argmax().item<int64_t>();
+    first = first.view({-1}).narrow(0, at, 1);
+  } else {
+    while (first.dim() > 0) first = first.select(0, 0);
+  }
   // The mask as the element's signed type spells it (bit width-1 is its sign).
   const uint64_t mask = uint64_t{1} << b;
   const int64_t value = width == 64   ? static_cast<int64_t>(mask)

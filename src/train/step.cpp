@@ -82,7 +82,7 @@ TrainStep::TrainStep(ProcessGroup& pg, ClassifierDdp& ddp, Classifier& model,
   corruption_->set_injector([this](size_t, const at::Tensor& grad) {
     if (fault_fired_ || computing_ != options_.fault->step) return;
     fault_fired_ = true;
-    flip_first_element(grad, options_.fault->bit);
+    flip_one_element(grad, options_.fault->bit);
     spdlog::warn("LOCKSTEP_FAULT: flipped a bit of a local gradient on rank {} in step {}",
                  pg_.rank(), computing_);
   });
@@ -359,7 +359,7 @@ at::Tensor TrainStep::act_flip_if_due(const at::Tensor& out) {
     return out;
   fault_fired_ = true;
   at::Tensor changed = out.detach().clone();
-  flip_first_element(changed, fault->bit);
+  flip_one_element(changed, fault->bit);
   spdlog::warn("LOCKSTEP_FAULT: flipped a bit of an activation on rank {} in step {}", pg_.rank(),
                computing_);
   return out + (changed - out.detach());  // the gradient flows through `out` as before

@@ -10,10 +10,10 @@
 //           optim.zero 3 its own shard), and train on (a memory error)
 // and, inside step s itself (the s-th optimizer step, 1-based, as the log
 // counts), silent corruption of this rank's own computation, once:
-//   grad-flip - one element of the first local gradient this rank hands to
-//               the exchange (DDP's bucket, ZeRO's reduce-scatter)
-//   act-flip  - one element of this rank's model output (the last activation)
-//               in the step's first forward
+//   grad-flip - the largest element of the first local gradient this rank
+//               hands to the exchange (DDP's bucket, ZeRO's reduce-scatter)
+//   act-flip  - the largest element of this rank's model output (the last
+//               activation) in the step's first forward
 // with :bit=B the bit flipped (default: the highest mantissa bit of the
 // element's type: 22 for float32, 6 for bfloat16, 9 for float16; an
 // exponent bit such as 30 for float32 changes the value by orders of
@@ -51,8 +51,8 @@ struct Fault {
 };
 
 // Flips bit `bit` (-1: the highest mantissa bit; taken modulo the element's
-// width) of the first element of `t`, in place.
-void flip_first_element(const at::Tensor& t, int bit);
+// width) of the element of `t` of largest magnitude, in place.
+void flip_one_element(const at::Tensor& t, int bit);
 
 // nullopt when unset; EnvError naming the variable on a malformed value:
 // numbers out of range, and (when world_size > 0) a rank outside the job.
