@@ -65,7 +65,7 @@ int cmd_check(int argc, char** argv) {
     // clang-format off
     options.add_options()
         ("steps", "with --config: training steps to check", cxxopts::value<int64_t>()->default_value(std::to_string(CheckRunOptions{}.steps)))
-        ("inject", "with --config: fault to inject: none | lr | init | no-buffer-broadcast", cxxopts::value<std::string>()->default_value("none"))
+        ("inject", "with --config: fault to inject: none | lr | init | no-buffer-broadcast | grad-flip | act-flip", cxxopts::value<std::string>()->default_value("none"))
         ("fault-rank", "with --config: the rank that misbehaves (-1: the last)", cxxopts::value<int>()->default_value("-1"))
         ("sizes", "element counts per case, comma-separated", cxxopts::value<std::string>()->default_value("1,1001,1048576"))
         ("device", "--comm: where the tensors live: auto (the backend's: cuda for nccl) | cpu | cuda (GPU LOCAL_RANK; gloo reduces CUDA tensors too)", cxxopts::value<std::string>()->default_value("auto"))

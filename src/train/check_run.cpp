@@ -37,6 +37,8 @@ struct Phase {
   // steps with inf/NaN gradients on every rank, and weights that did not
   // move cannot diverge yet.
   int64_t first_stepped = -1;
+  int64_t corrupted_at = -1;  // check.grad_screen, check.replay_every: the step, or -1
+  std::string corruption;
 };
 
 // K steps of training through the trainer's own step (train/step.h), with
@@ -55,6 +57,11 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   // ranks that never synchronise their gradients still agree on the weights
   // by construction: the negative control checks the unsharded run.
   if (!synchronise) config.optim.zero = 0;
+  // Nothing is exchanged without synchronisation: no local gradient to check.
+  if (!synchronise) config.check.grad_screen = false, config.check.replay_every = 0;
+  const bool corrupt = synchronise && (options.fault == CheckFault::kGradFlip ||
+                                       options.fault == CheckFault::kActFlip);
+  if (corrupt) config.check.replay_every = 1, config.check.on_corruption = OnCorruption::kStop;
   // Note [One run assembly]: the parts lockstep train builds for this config.
   RunParts run;
   run_build_model(run, config, world, *pg, data);
@@ -83,21 +90,35 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   const StepPlan plan = step_plan(config, sampler, data.train->size());
   StepOptions step_options = step_options_from_config(config, plan.schedule_steps);
   step_options.synchronise = synchronise;
+  if (corrupt) {
+    Fault fault;
+    fault.kind =
+        options.fault == CheckFault::kGradFlip ? FaultKind::kGradFlip : FaultKind::kActFlip;
+    fault.rank = fault_rank;
+    fault.step = 2;
+    step_options.fault = fault;
+  }
   run_build_step(run, config, *pg, data.task, step_options);
   TrainStep& step = *run.step;
   Phase phase;
   step.set_report_observer([&](const ConsistencyReport& r) { phase.steps.push_back(r); });
   int64_t done = 0;
-  for (int64_t epoch = 0; done < steps; ++epoch) {
-    sampler.set_epoch(epoch);
-    BatchLoader loader(data.train, sampler.indices(),
-                       LoaderOptions{config.data.batch_size, config.data.drop_last, false});
-    for (int64_t used = 0; used < plan.micro_per_epoch && done < steps;
-         used += config.train.accumulation_steps) {
-      const int64_t window = std::min(config.train.accumulation_steps, plan.micro_per_epoch - used);
-      const StepStats stats = step.run([&] { return loader.next(); }, done++, window);
-      if (!stats.skipped && phase.first_stepped < 0) phase.first_stepped = done;
+  try {
+    for (int64_t epoch = 0; done < steps; ++epoch) {
+      sampler.set_epoch(epoch);
+      BatchLoader loader(data.train, sampler.indices(),
+                         LoaderOptions{config.data.batch_size, config.data.drop_last, false});
+      for (int64_t used = 0; used < plan.micro_per_epoch && done < steps;
+           used += config.train.accumulation_steps) {
+        const int64_t window =
+            std::min(config.train.accumulation_steps, plan.micro_per_epoch - used);
+        const StepStats stats = step.run([&] { return loader.next(); }, done++, window);
+        if (!stats.skipped && phase.first_stepped < 0) phase.first_stepped = done;
+      }
     }
+  } catch (const CorruptionError& e) {  // every rank alike: a collective verdict
+    phase.corrupted_at = done;
+    phase.corruption = e.what();
   }
   step.finish_checks();
   std::sort(phase.steps.begin(), phase.steps.end(),
@@ -154,7 +175,7 @@ CheckRunResult check_run(const Config& asked, const WorldInfo& world,
 
   const bool single = world.world_size == 1;
   const bool a_ok = comm_report.passed();
-  const bool b_ok = healthy.first_divergence < 0;
+  const bool b_ok = healthy.first_divergence < 0 && healthy.corrupted_at < 0;
   // Caught at the first step the optimizer took (step 1 unless fp16's
   // scaler skipped the first ones).
   const bool c_ok =
@@ -201,10 +222,12 @@ CheckRunResult check_run(const Config& asked, const WorldInfo& world,
   std::snprintf(line, sizeof line, "(a) communication self-check       %s (%zu cases)\n",
                 verdict(a_ok).c_str(), comm_report.cases.size());
   out += line;
-  std::snprintf(line, sizeof line, "(b) DDP training, %lld steps        %s%s\n",
-                static_cast<long long>(options.steps), verdict(b_ok).c_str(),
-                b_ok ? " (identical after every step)" : (": " + healthy.first_message).c_str());
+  std::snprintf(line, sizeof line, "(b) DDP training, %lld steps        %s",
+                static_cast<long long>(options.steps), verdict(b_ok).c_str());
   out += line;
+  out += b_ok                        ? " (identical after every step)\n"
+         : healthy.corrupted_at >= 0 ? ": silent data corruption: " + healthy.corruption + "\n"
+                                     : ": " + healthy.first_message + "\n";
   std::string control_text;
   if (single) {
     control_text = "n/a (one rank cannot diverge)";

@@ -66,6 +66,16 @@ train z3replay 2 --set optim.zero=3 --set check.replay_every=5
 expect_eq "$?" 2 "replay under ZeRO-3: exit 2, not yet supported"
 expect_grep "$WORK/z3replay.out" "check.replay_every.*optim.zero: 3" "naming both keys"
 
+# The check mode's negative control: caught at step 2, naming the rank.
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$ROOT/configs/digits.yaml" \
+  --inject grad-flip --steps 4 >"$WORK/check.out" 2>&1
+expect_eq "$?" 1 "lockstep check --inject grad-flip: exit 1 (a fault caught is a FAIL)"
+expect_grep "$WORK/check.out" "\\(b\\) DDP training, 4 steps +FAIL: silent data corruption: step 2: rank 1 .*check.replay_every" \
+  "(b) names rank 1 at step 2"
+"$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$ROOT/configs/digits.yaml" \
+  --inject act-flip --fault-rank 0 --steps 4 >"$WORK/check_act.out" 2>&1
+expect_grep "$WORK/check_act.out" "FAIL: silent data corruption: step 2: rank 0 " "act-flip on rank 0 named"
+
 # 5. Clean runs: nothing found, the weights of the same run without checks.
 every=(--set check.grad_screen=true --set check.replay_every=1)
 train clean3 3 "${every[@]}"

@@ -23,12 +23,17 @@ namespace lockstep {
 // The classic bugs the check mode can inject into (b): a rank with a 1.5x
 // learning rate, a rank that re-initialises a layer after DDP was built
 // (unseeded), BatchNorm statistics never synchronised.
-enum class CheckFault { kNone, kLr, kInit, kNoBufferBroadcast };
-inline constexpr NameTable<CheckFault, 4> kCheckFaultNames{
+// grad-flip and act-flip: silent corruption of the fault rank's own
+// computation at step 2 (check/fault.h), which the weights cannot show; (b)
+// runs with check.replay_every 1 and must catch it.
+enum class CheckFault { kNone, kLr, kInit, kNoBufferBroadcast, kGradFlip, kActFlip };
+inline constexpr NameTable<CheckFault, 6> kCheckFaultNames{
     {{CheckFault::kNone, "none"},
      {CheckFault::kLr, "lr"},
      {CheckFault::kInit, "init"},
-     {CheckFault::kNoBufferBroadcast, "no-buffer-broadcast"}}};
+     {CheckFault::kNoBufferBroadcast, "no-buffer-broadcast"},
+     {CheckFault::kGradFlip, "grad-flip"},
+     {CheckFault::kActFlip, "act-flip"}}};
 
 struct CheckRunOptions {
   int64_t steps = 10;
