@@ -7,12 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
 #include "lockstep/check/fingerprint.h"
+#include "lockstep/distributed/agree.h"
 #include "lockstep/util/error.h"
-#include "lockstep/util/text.h"
 
 namespace lockstep {
 
@@ -49,6 +50,10 @@ namespace lockstep {
 namespace {
 
 constexpr int64_t kDigestWidth = 32;  // bytes per parameter in the exchange
+// The outlier rule needs this many clean steps of a rank's own history (a
+// run's first steps, and the first after a resume: the history is not
+// checkpointed); the non-finite rule applies from the first step.
+constexpr size_t kMinHistory = 10;
 constexpr int64_t kPlaceWidth = 256;  // "host device" per rank
 
 double total_of(const std::vector<double>& norms, size_t count) {
@@ -58,14 +63,23 @@ double total_of(const std::vector<double>& norms, size_t count) {
   return std::sqrt(sum);
 }
 
+// Four significant digits: a figure for a message, not for reading back.
+std::string figure(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", v);
+  return text;
+}
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// + 0.0 makes -0.0 +0.0: a gradient accumulated into zeros (0 + -0.0) and
+// one assigned fresh (-0.0) hold the same value in other bits.
 std::string digest_of(const at::Tensor& grad) {
-  return fingerprint_per_tensor({{"", grad.detach()}}, DigestMode::kXxh3)[0];
+  return fingerprint_per_tensor({{"", at::add(grad.detach(), 0.0)}}, DigestMode::kXxh3)[0];
 }
 
 int64_t first_difference(const std::vector<std::string>& a, const std::vector<std::string>& b) {
@@ -135,8 +149,9 @@ CorruptionFinding screen_verdict(const std::vector<std::vector<double>>& norms,
     f.rank = bad.front();
     for (size_t i = 0; i < count && f.parameter.empty(); ++i)
       if (!std::isfinite(norms[f.rank][i])) f.parameter = names[i];
-    f.detail = "its local gradient is not finite (norm " + number_text(totals[f.rank]) +
-               ") where the other ranks' are";
+    f.detail = "its local gradient is not finite (norm " + figure(totals[f.rank]) +
+               ") where the other ranks' are (a corrupted value, or a NaN its own computation "
+               "made from this batch with a finite loss)";
     return f;
   }
   for (int r = 0; r < world && world > 1; ++r) {
@@ -146,7 +161,10 @@ CorruptionFinding screen_verdict(const std::vector<std::vector<double>>& norms,
     if (!std::isfinite(totals[r]) || others.empty()) continue;
     const double median = median_of(others);
     if (!(median > 0) || totals[r] <= threshold * median) continue;
-    if (r < static_cast<int>(recent.size()) && recent[r] > 0 && totals[r] <= threshold * recent[r])
+    // Its own history is required: a rank's first steps may legitimately
+    // differ from the others' by more (tiny batches, W = 2).
+    if (r >= static_cast<int>(recent.size()) || !(recent[r] > 0) ||
+        totals[r] <= threshold * recent[r])
       continue;
     f.rank = r;
     double worst = 0;
@@ -158,13 +176,9 @@ CorruptionFinding screen_verdict(const std::vector<std::vector<double>>& norms,
       const double ratio = norms[r][i] / std::max(base, 1e-30);
       if (ratio > worst) worst = ratio, f.parameter = names[i];
     }
-    f.detail = "its local gradient norm " + number_text(totals[r]) + " is " +
-               number_text(totals[r] / median) + "x the other ranks' median " +
-               number_text(median) +
-               (r < static_cast<int>(recent.size()) && recent[r] > 0
-                    ? " and " + number_text(totals[r] / recent[r]) +
-                          "x its own largest of the recent steps"
-                    : std::string());
+    f.detail = "its local gradient norm " + figure(totals[r]) + " is " +
+               figure(totals[r] / median) + "x the other ranks' median " + figure(median) +
+               " and " + figure(totals[r] / recent[r]) + "x its own largest of the recent steps";
     return f;
   }
   return f;
@@ -202,6 +216,11 @@ CorruptionFinding replay_verdict(const std::vector<std::vector<std::string>>& ow
       f.detail = "its replay of rank " + std::to_string(o) + "'s batch differs from rank " +
                  std::to_string(o) + "'s own result, which " + std::to_string(with_own) + " of " +
                  of + " reproduce";
+    } else if (with_own == 0 && with_replay == 0) {
+      f.detail = "its local gradient differs from rank " + std::to_string(p) +
+                 "'s replay of its batch, and no recomputation reproduces either: the "
+                 "computation is not deterministic here (on CUDA, deterministic algorithms; "
+                 "the same hosts, builds and thread counts on every rank)";
     } else {
       f.detail =
           "the two ranks compute different gradients for the same weights and batch, "
@@ -276,45 +295,55 @@ bool CorruptionChecks::replay_due() const {
 }
 
 CorruptionFinding CorruptionChecks::verdict(const MicroBatches& batches,
-                                            const at::Tensor& rng_state, bool loss_finite,
+                                            const at::Tensor& rng_state, const at::Tensor& loss,
                                             const Recompute& recompute) {
   CorruptionFinding f;
   if (pg_.size() < 2) return f;
-  if (options_.screen) f = screen(loss_finite);
+  std::vector<double> totals;
+  if (options_.screen) f = screen(loss, totals);
   if (f.rank < 0 && replay_due()) f = replay(batches, rng_state, recompute);
   f.step = step_;
-  if (f.rank >= 0) locate(f);
+  if (f.rank >= 0) {
+    locate(f);
+    return f;
+  }
+  // Only a clean step's figures become history.
+  for (size_t r = 0; r < totals.size() && r < history_.size(); ++r) {
+    if (!std::isfinite(totals[r])) continue;
+    history_[r].push_back(totals[r]);
+    if (static_cast<int64_t>(history_[r].size()) > options_.history)
+      history_[r].erase(history_[r].begin());
+  }
   return f;
 }
 
-CorruptionFinding CorruptionChecks::screen(bool loss_finite) {
+CorruptionFinding CorruptionChecks::screen(const at::Tensor& loss, std::vector<double>& totals) {
   const size_t count = params_.size();
+  const at::Device device =
+      params_.empty() ? at::Device(at::kCPU) : params_.front().second.device();
+  // One tensor on the gradients' device, one copy to the host.
   std::vector<at::Tensor> each;
   for (size_t i = 0; i < count; ++i) {
     const at::Tensor& n = recorder_->norms[i];
-    each.push_back(n.defined() ? n.cpu().reshape({1}) : at::full({1}, -1.0, at::kDouble));
+    each.push_back(n.defined() ? n.to(device).reshape({1})
+                               : at::full({1}, -1.0, at::dtype(at::kDouble).device(device)));
   }
-  each.push_back(at::full({1}, loss_finite ? 1.0 : 0.0, at::kDouble));
+  const at::Tensor finite =
+      loss.defined() ? loss.detach().isfinite().all().to(at::kDouble) : at::ones({}, at::kDouble);
+  each.push_back(finite.to(device).reshape({1}));
   std::vector<std::vector<double>> norms;
   std::vector<bool> loss_ok;
-  for (const auto& t : gather_cpu(pg_, at::cat(each))) {
+  for (const auto& t : gather_cpu(pg_, at::cat(each).cpu())) {
     const double* v = t.data_ptr<double>();
     norms.emplace_back(v, v + count);
     loss_ok.push_back(v[count] != 0);
   }
   std::vector<double> recent;
   for (const auto& h : history_)
-    recent.push_back(h.empty() ? 0 : *std::max_element(h.begin(), h.end()));
+    recent.push_back(h.size() < kMinHistory ? 0 : *std::max_element(h.begin(), h.end()));
   CorruptionFinding f = screen_verdict(norms, recent, scaling_, options_.threshold, names_);
   if (f.rank >= 0 && !loss_ok[f.rank]) f = CorruptionFinding{};  // divergence: not ours
-  if (f.rank >= 0) return f;
-  for (size_t r = 0; r < history_.size(); ++r) {
-    const double total = total_of(norms[r], count);
-    if (!std::isfinite(total)) continue;
-    history_[r].push_back(total);
-    if (static_cast<int64_t>(history_[r].size()) > options_.history)
-      history_[r].erase(history_[r].begin());
-  }
+  for (const auto& n : norms) totals.push_back(total_of(n, count));
   return f;
 }
 
@@ -397,9 +426,13 @@ std::vector<std::string> CorruptionChecks::recompute_digests(const MicroBatches&
     generator_.set_state(now);
   };
   try {
-    recompute(batches);
-    for (const auto& [name, p] : params_)
-      digests.push_back(p.grad().defined() ? digest_of(p.grad()) : std::string());
+    // A failure on one rank (memory) is every rank's: none waits in the
+    // gather that follows.
+    agree_on_failure(pg_, [&] {
+      recompute(batches);
+      for (const auto& [name, p] : params_)
+        digests.push_back(p.grad().defined() ? digest_of(p.grad()) : std::string());
+    });
   } catch (...) {
     restore();
     throw;

@@ -794,6 +794,16 @@ const std::vector<CrossRule>& cross_rules() {
                 "gathered units do not allow yet; use check.grad_screen under optim.zero: 3, or "
                 "optim.zero: 2 with the replay";
        }},
+      {[](const Config& c) {
+         return c.check.on_corruption == OnCorruption::kSkip &&
+                is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd);
+       },
+       [](const Config& c) {
+         return "check.on_corruption: skip" + config_origin(c, "check.on_corruption") +
+                " takes a step again, but ddp.comm_hook: powersgd keeps state across steps (its "
+                "error feedback has absorbed the exchange that is thrown away); use "
+                "check.on_corruption: stop with PowerSGD";
+       }},
       {[](const Config& c) { return c.optim.zero > 0 && c.check.optimizer_state; },
        [](const Config& c) {
          return "check.optimizer_state compares the optimizer state across ranks, but with "

@@ -222,6 +222,7 @@ void Reducer::prepare_for_backward() {
 
 void Reducer::hook(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (ignore_hooks_) return;
   const auto& grad = params_[index].grad();
   if (grad.defined() && grad.layout() != at::kStrided) {
     // Construction refuses the modules that make them (ddp.cpp); this is for

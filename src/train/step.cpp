@@ -92,7 +92,10 @@ std::shared_ptr<LocalGradObserver> TrainStep::local_grad_observer() const {
   return corruption_ ? corruption_->observer() : nullptr;
 }
 
-TrainStep::~TrainStep() = default;
+TrainStep::~TrainStep() {
+  // The observer may outlive the step (DDP holds it): not its injector.
+  if (corruption_) corruption_->set_injector(nullptr);
+}
 
 void TrainStep::set_report_observer(std::function<void(const ConsistencyReport&)> observer) {
   observer_ = std::move(observer);
@@ -389,6 +392,11 @@ StepStats TrainStep::checked_backward(const BatchSource& next, int64_t step, int
     std::lock_guard<std::mutex> lock(generator.mutex());
     rng = generator.get_state();
   }
+  std::vector<at::Tensor> buffers, kept;  // BatchNorm's statistics, for a retake
+  for (const auto& b : model_.buffers()) {
+    buffers.push_back(b);
+    kept.push_back(b.clone());
+  }
   for (;;) {
     StepStats stats;
     corruption_->begin_step(step + 1, hooks.scale_loss != nullptr);
@@ -396,9 +404,8 @@ StepStats TrainStep::checked_backward(const BatchSource& next, int64_t step, int
       Batch batch = batches[m];
       micro_batch(batch, options_.synchronise && m == acc - 1, acc, stats);
     }
-    const bool loss_finite = !stats.loss_sum.defined() || stats.loss_sum.isfinite().item<bool>();
     const CorruptionFinding found =
-        corruption_->verdict(pairs, rng, loss_finite, [this](const auto& mb) { recompute(mb); });
+        corruption_->verdict(pairs, rng, stats.loss_sum, [this](const auto& mb) { recompute(mb); });
     if (found.rank < 0) return stats;
     if (corruption_observer_) corruption_observer_(found);
     const bool skip = options_.check.on_corruption == OnCorruption::kSkip;
@@ -414,6 +421,8 @@ StepStats TrainStep::checked_backward(const BatchSource& next, int64_t step, int
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(rng);
     }
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
     optimizer_.zero_grad();
   }
 }
@@ -421,7 +430,7 @@ StepStats TrainStep::checked_backward(const BatchSource& next, int64_t step, int
 // A replay (Note [Silent corruption]): the micro-batches' forward and
 // backward as micro_batch runs them, without the exchange.
 void TrainStep::recompute(const CorruptionChecks::MicroBatches& batches) {
-  auto no_sync = ddp_.no_sync();
+  auto unseen = ddp_.unseen();
   const double acc = static_cast<double>(batches.size());
   for (const auto& [x, y] : batches) {
     at::Tensor loss;

@@ -287,7 +287,6 @@ Trainer::Trainer(Config config, WorldInfo world, std::shared_ptr<ProcessGroup> p
   step_options.fault = s.fault;
   run_build_step(s.run, s.config, *s.pg, s.data.task, std::move(step_options));
   s.step->set_corruption_observer([&s](const CorruptionFinding& found) {
-    spdlog::error("silent data corruption: {}", found.message());
     if (!s.metrics) return;
     s.metrics->note("\"step\": " + std::to_string(found.step) +
                     ", \"corruption\": {\"rank\": " + std::to_string(found.rank) +

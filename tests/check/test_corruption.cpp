@@ -30,16 +30,19 @@ TEST_CASE("screen: a total over 10x the others' median and its own recent maximu
           "[corruption]") {
   // Totals: rank 0 sqrt(1+4+4) = 3, rank 1 3, rank 2 sqrt(1+1e4+4) ~ 100.02.
   const std::vector<std::vector<double>> norms{{1, 2, 2}, {1, 2, 2}, {1, 100, 2}};
-  auto f = screen_verdict(norms, {0, 0, 0}, false, 10, kNames);
+  auto f = screen_verdict(norms, {3, 3, 3}, false, 10, kNames);
   CHECK(f.rank == 2);
   CHECK(f.parameter == "b");  // 100 / 2: the largest ratio to the others' median
+  CHECK_THAT(f.detail, Contains("33.34x the other ranks' median 3 and 33.34x its own"));
   // Its own recent steps were as large: not an outlier for it.
-  CHECK(screen_verdict(norms, {0, 0, 20}, false, 10, kNames).rank == -1);
-  // 9.9x: under the threshold.
-  CHECK(screen_verdict({{3, 0, 0}, {29.7, 0, 0}}, {0, 0}, false, 10, kNames).rank == -1);
-  CHECK(screen_verdict({{3, 0, 0}, {30.3, 0, 0}}, {0, 0}, false, 10, kNames).rank == 1);
+  CHECK(screen_verdict(norms, {3, 3, 20}, false, 10, kNames).rank == -1);
+  // No history of its own yet (a run's first steps): never named by size.
+  CHECK(screen_verdict(norms, {0, 0, 0}, false, 10, kNames).rank == -1);
+  // 9.9x: under the threshold; 10.1x over it.
+  CHECK(screen_verdict({{3, 0, 0}, {29.7, 0, 0}}, {1, 1}, false, 10, kNames).rank == -1);
+  CHECK(screen_verdict({{3, 0, 0}, {30.3, 0, 0}}, {1, 1}, false, 10, kNames).rank == 1);
   // A parameter without a gradient (negative) counts as none.
-  CHECK(screen_verdict({{3, -1, 0}, {3, -1, 0}}, {0, 0}, false, 10, kNames).rank == -1);
+  CHECK(screen_verdict({{3, -1, 0}, {3, -1, 0}}, {1, 1}, false, 10, kNames).rank == -1);
 }
 
 TEST_CASE("replay: the owner whose result no recomputation reproduces is named, else the replayer",
@@ -65,4 +68,7 @@ TEST_CASE("replay: the owner whose result no recomputation reproduces is named, 
   f = replay_verdict(own2, rep2, {{"a1"}, {"A1"}}, {"a"});
   CHECK((f.rank == 1 && f.other == 0));
   CHECK_THAT(f.detail, Contains("cannot be told with 2 ranks"));
+  // No recomputation reproduces either: not deterministic, said so.
+  f = replay_verdict(own2, rep2, {{"b1"}, {"c1"}}, {"a"});
+  CHECK_THAT(f.detail, Contains("not deterministic"));
 }

@@ -8,7 +8,8 @@
 #    step and names the rank, exit 6: DDP on 2 and 3 ranks, act-flip,
 #    ZeRO-2 with bf16 and accumulation.
 # 3. check.on_corruption: skip takes the step again: the final weights are
-#    the uninjected run's, bit for bit (DDP, ZeRO-2 bf16).
+#    the uninjected run's, bit for bit (DDP, ZeRO-2 bf16, BatchNorm); refused
+#    with PowerSGD, whose state has absorbed the step thrown away.
 # 4. The screen (check.grad_screen) catches an exponent flip at any step,
 #    under DDP and ZeRO-3.
 # 5. No false positive: screen and replay at every step on clean runs
@@ -55,6 +56,15 @@ same skip base "skip: the final weights are the uninjected run's"
 LOCKSTEP_FAULT=act-flip:rank=1:step=20 train z2skip 2 "${Z2[@]}" --set check.replay_every=10 \
   --set check.grad_screen=true --set check.on_corruption=skip
 same z2skip z2base "skip under ZeRO-2, bf16, accumulation: the uninjected run's weights"
+
+BN=(--set model.name=cnn --set model.batch_norm=true)
+train bnbase 2 "${BN[@]}"
+LOCKSTEP_FAULT=grad-flip:rank=0:step=10 train bnskip 2 "${BN[@]}" --set check.replay_every=5 \
+  --set check.on_corruption=skip
+same bnskip bnbase "skip with BatchNorm: its statistics as the uninjected run's too"
+train psgdskip 2 --set ddp.comm_hook=powersgd --set check.on_corruption=skip
+expect_eq "$?" 2 "skip with PowerSGD's state across steps: exit 2"
+expect_grep "$WORK/psgdskip.out" "check.on_corruption: skip.*ddp.comm_hook: powersgd" "naming both keys"
 
 # 4. The screen, at a step that is no replay step.
 LOCKSTEP_FAULT=grad-flip:rank=1:step=13:bit=30 train screen 2 --set check.grad_screen=true

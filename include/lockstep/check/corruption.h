@@ -6,7 +6,7 @@
 //   the screen (check.grad_screen), every step: each parameter's local
 //     gradient norm, exchanged (one small all-gather); a rank with a
 //     non-finite one where the others have none, or a total 10x the other
-//     ranks' median and its own recent maximum, is named;
+//     ranks' median and its own recent maximum (after 10 steps), is named;
 //   the replay (check.replay_every: N), every N steps: rank r also computes
 //     rank r+1's local gradient from the same weights, batch and generator
 //     state, and the two are compared bit for bit (XXH3 per parameter); a
@@ -17,7 +17,7 @@
 //   for each step:
 //     checks.begin_step(step, /*scaling=*/false);
 //     ... forward, backward through DDP ...
-//     auto finding = checks.verdict(batches, rng_at_start, recompute);
+//     auto finding = checks.verdict(batches, rng_at_start, loss, recompute);
 //     if (finding.rank >= 0) ... stop, or zero the gradients and retake the step
 #pragma once
 
@@ -107,14 +107,14 @@ class CorruptionChecks {
   // After the step's exchange, before any weight changes. Collective.
   // `batches`: this rank's micro-batches of the step; `rng_state`: the
   // generator's state before the step's first forward.
-  // `loss_finite`: this rank's loss was finite (a non-finite one is
-  // divergence, Note [Diverged training], not the screen's to name).
+  // `loss`: this rank's loss of the step (a non-finite one is divergence,
+  // Note [Diverged training], not the screen's to name; undefined: finite).
   CorruptionFinding verdict(const MicroBatches& batches, const at::Tensor& rng_state,
-                            bool loss_finite, const Recompute& recompute);
+                            const at::Tensor& loss, const Recompute& recompute);
 
  private:
   struct Recorder;
-  CorruptionFinding screen(bool loss_finite);
+  CorruptionFinding screen(const at::Tensor& loss, std::vector<double>& totals);
   CorruptionFinding replay(const MicroBatches& batches, const at::Tensor& rng_state,
                            const Recompute& recompute);
   std::vector<std::string> recompute_digests(const MicroBatches& batches,

@@ -61,6 +61,25 @@ class DdpCore {
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  // While alive, backward is not DDP's at all: nothing is exchanged and
+  // nothing counts toward the next synchronised backward (a recompute of
+  // another rank's batch, check/corruption.h). Forward the module itself.
+  class UnseenGuard {
+   public:
+    explicit UnseenGuard(DdpCore& ddp) : no_sync_(ddp), reducer_(ddp.reducer_.get()) {
+      if (reducer_) reducer_->set_ignore_hooks(true);
+    }
+    ~UnseenGuard() {
+      if (reducer_) reducer_->set_ignore_hooks(false);
+    }
+    UnseenGuard(const UnseenGuard&) = delete;
+    UnseenGuard& operator=(const UnseenGuard&) = delete;
+
+   private:
+    NoSyncGuard no_sync_;
+    Reducer* reducer_;
+  };
+  [[nodiscard]] UnseenGuard unseen() { return UnseenGuard(*this); }
   bool gradients_synchronised() const { return sync_; }
 
   // Uneven inputs, as PyTorch's Join: ranks may run different numbers of

@@ -87,6 +87,9 @@ class Reducer {
   // Records each bucket's all-reduce (launch to completion) and the end of
   // backward's wait; nullptr (the default) records nothing.
   void set_tracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
+  // While set, backward passes are not DDP's at all (a replay of another
+  // rank's batch, check/corruption.h): no hook marks anything.
+  void set_ignore_hooks(bool ignore) { ignore_hooks_ = ignore; }
   // Sees each local gradient before its bucket takes it (ddp/local_grads.h).
   void set_local_grad_observer(std::shared_ptr<LocalGradObserver> observer) {
     local_grads_ = std::move(observer);
@@ -138,6 +141,7 @@ class Reducer {
 
   mutable std::mutex mu_;
   bool expect_hooks_ = false;
+  bool ignore_hooks_ = false;
   bool finalize_queued_ = false;
   size_t next_bucket_ = 0;
   std::vector<char> ready_;
