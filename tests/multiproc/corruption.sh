@@ -95,5 +95,10 @@ same z2clean z2base "ZeRO-2, bf16, accumulation: nothing found, same weights"
 train psgd 2 --set ddp.comm_hook=powersgd --set ddp.powersgd.start_iter=2 "${every[@]}"
 expect_eq "$?" 0 "PowerSGD: nothing found"
 train fp16 2 --set train.precision=fp16 "${every[@]}"
-expect_eq "$?" 0 "fp16 with its GradScaler: nothing found"
+code=$?
+if [ "$code" = 2 ] && grep -q "float16 autocast on the CPU needs LibTorch 2.4" "$WORK/fp16.out"; then
+  pass "fp16 with its GradScaler: not on this LibTorch's CPU (2.4 or later), nothing to check"
+else
+  expect_eq "$code" 0 "fp16 with its GradScaler: nothing found"
+fi
 finish
