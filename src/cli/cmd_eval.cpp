@@ -7,8 +7,8 @@
 #include <cstdio>
 
 #include "common.h"
-#include "lockstep/train/evaluate.h"
 #include "lockstep/cli/generate.h"
+#include "lockstep/train/evaluate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/utf8.h"

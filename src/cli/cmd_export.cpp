@@ -6,10 +6,10 @@
 
 #include "common.h"
 #include "lockstep/checkpoint/checkpoint.h"
+#include "lockstep/cli/generate.h"
 #include "lockstep/config/config.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/model/gpt_layout.h"
-#include "lockstep/cli/generate.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 

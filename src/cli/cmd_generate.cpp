@@ -11,8 +11,8 @@
 #include <optional>
 
 #include "common.h"
-#include "lockstep/data/bpe.h"
 #include "lockstep/cli/generate.h"
+#include "lockstep/data/bpe.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/utf8.h"

@@ -393,9 +393,11 @@ StepStats TrainStep::checked_backward(const BatchSource& next, int64_t step, int
     rng = generator.get_state();
   }
   std::vector<at::Tensor> buffers, kept;  // BatchNorm's statistics, for a retake
-  for (const auto& b : model_.buffers()) {
-    buffers.push_back(b);
-    kept.push_back(b.clone());
+  if (options_.check.on_corruption == OnCorruption::kSkip) {
+    for (const auto& b : model_.buffers()) {
+      buffers.push_back(b);
+      kept.push_back(b.clone());
+    }
   }
   for (;;) {
     StepStats stats;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/check/fault.h"
 #include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/checkpoint/run_dir.h"
 #include "lockstep/checkpoint/sharded_checkpoint.h"
@@ -20,7 +21,6 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/train/callbacks.h"
-#include "lockstep/check/fault.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/trace.h"

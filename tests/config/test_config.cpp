@@ -228,6 +228,14 @@ TEST_CASE("LOCKSTEP_FAULT: typed kinds, and every malformed value named", "[conf
   CHECK(hang->step == 30);
   CHECK(hang->attempt == 2);
   CHECK(with("exit:step=0:rank=0")->kind == FaultKind::kExit);
+  const auto flip = with("grad-flip:rank=1:step=10:bit=30");
+  REQUIRE(flip);
+  CHECK(flip->kind == FaultKind::kGradFlip);
+  CHECK(flip->bit == 30);
+  CHECK(flip->in_step());
+  CHECK(with("act-flip:rank=0:step=2")->bit == -1);  // the highest mantissa bit
+  REQUIRE_THROWS_WITH(with("grad-flip:rank=0:step=1:bit=64"),
+                      Contains("bit=64 is out of range [0, 63]"));
   REQUIRE_THROWS_WITH(with("explode:rank=0:step=1"), Contains("unknown kind 'explode'"));
   REQUIRE_THROWS_WITH(with("crash:rank=0"), Contains("needs rank= and step="));
   REQUIRE_THROWS_WITH(with("crash:rank=x:step=1"), Contains("'rank=x' is not key=number"));

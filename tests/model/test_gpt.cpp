@@ -26,9 +26,9 @@
 #include "lockstep/data/tokens.h"
 #include "lockstep/distributed/torch_compat.h"
 
+#include "lockstep/cli/generate.h"
 #include "lockstep/model/gpt.h"
 #include "lockstep/model/recompute.h"
-#include "lockstep/cli/generate.h"
 #include "lockstep/train/recipe.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/util/error.h"
