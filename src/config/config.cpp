@@ -787,13 +787,6 @@ const std::vector<CrossRule>& cross_rules() {
                 "from)" +
                 config_origin(c, "check.policy") + "; use check.policy: abort or warn";
        }},
-      {[](const Config& c) { return c.optim.zero == 3 && c.check.replay_every > 0; },
-       [](const Config& c) {
-         return "check.replay_every" + config_origin(c, "check.replay_every") +
-                " recomputes a rank's local gradient outside the exchange, which optim.zero: 3's "
-                "gathered units do not allow yet; use check.grad_screen under optim.zero: 3, or "
-                "optim.zero: 2 with the replay";
-       }},
       {[](const Config& c) {
          return c.check.on_corruption == OnCorruption::kSkip &&
                 is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd);

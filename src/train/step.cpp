@@ -18,6 +18,7 @@
 #include "lockstep/util/module_tensors.h"
 #include "lockstep/util/text.h"
 #include "lockstep/util/trace.h"
+#include "lockstep/util/unit_call.h"
 
 namespace lockstep {
 namespace {
@@ -437,7 +438,9 @@ void TrainStep::recompute(const CorruptionChecks::MicroBatches& batches) {
   for (const auto& [x, y] : batches) {
     at::Tensor loss;
     const auto forward_and_loss = [&, x = x.to(device_), y = y.to(device_)] {
-      loss = loss_(model_.forward(x), y);
+      // Through call_unit, as the module's forward runs under DDP, so that
+      // fully sharded units know the backward that follows (unsynchronised).
+      loss = loss_(call_unit(model_, [&] { return model_.forward(x); }), y);
     };
     if (hooks.around_forward) {
       hooks.around_forward(forward_and_loss);

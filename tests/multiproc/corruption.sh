@@ -11,7 +11,9 @@
 #    the uninjected run's, bit for bit (DDP, ZeRO-2 bf16, BatchNorm); refused
 #    with PowerSGD, whose state has absorbed the step thrown away.
 # 4. The screen (check.grad_screen) catches an exponent flip at any step,
-#    under DDP and ZeRO-3.
+#    under DDP and ZeRO-3; the replay under ZeRO-3 catches both faults
+#    (2 and 3 ranks, bf16), its skip leaves the uninjected run's weights and
+#    a replay every step changes nothing.
 # 5. No false positive: screen and replay at every step on clean runs
 #    (3 ranks, ZeRO-2 bf16 with accumulation, PowerSGD, fp16).
 source "$(dirname "$0")/lib.sh"
@@ -72,9 +74,20 @@ caught screen 1 13 check.grad_screen "an exponent bit"
 LOCKSTEP_FAULT=grad-flip:rank=2:step=7:bit=30 train z3screen 3 --set optim.zero=3 \
   --set check.grad_screen=true
 caught z3screen 2 7 check.grad_screen "ZeRO-3, 3 ranks"
-train z3replay 2 --set optim.zero=3 --set check.replay_every=5
-expect_eq "$?" 2 "replay under ZeRO-3: exit 2, not yet supported"
-expect_grep "$WORK/z3replay.out" "check.replay_every.*optim.zero: 3" "naming both keys"
+
+# ZeRO-3: the replay gathers the units and reduces nothing.
+Z3=(--set optim.zero=3)
+train z3base 2 "${Z3[@]}"
+train z3clean 2 "${Z3[@]}" --set check.replay_every=1
+same z3clean z3base "ZeRO-3, a replay every step: the weights of a run without it"
+LOCKSTEP_FAULT=grad-flip:rank=1:step=10 train z3replay 2 "${Z3[@]}" --set check.replay_every=5
+caught z3replay 1 10 check.replay_every "ZeRO-3, 2 ranks"
+LOCKSTEP_FAULT=act-flip:rank=2:step=10 train z3act 3 "${Z3[@]}" --set train.precision=bf16 \
+  --set check.replay_every=5
+caught z3act 2 10 check.replay_every "ZeRO-3, act-flip, bf16, 3 ranks"
+LOCKSTEP_FAULT=grad-flip:rank=0:step=10 train z3skip 2 "${Z3[@]}" --set check.replay_every=5 \
+  --set check.on_corruption=skip
+same z3skip z3base "skip under ZeRO-3: the uninjected run's weights"
 
 # The check mode's negative control: caught at step 2, naming the rank.
 "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" check --config "$ROOT/configs/digits.yaml" \
