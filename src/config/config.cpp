@@ -199,7 +199,8 @@ const std::vector<Field>& fields() {
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,
                  "seconds to reach the store and for every rank to arrive", 0.001, 1e7),
       make_field("model", "name", &C::model, &ModelConfig::name, Type::kString,
-                 "architecture: mlp, cnn, transformer, gpt (a language model: model.n_*), "
+                 "architecture: mlp, cnn, resnet (model.depth, model.width), transformer, gpt (a "
+                 "language model: model.n_*), "
                  "torchscript (model.path), or a name a "
                  "program registered with lockstep::register_model"),
       make_field("model", "hidden", &C::model, &ModelConfig::hidden, Type::kInt,
@@ -210,6 +211,20 @@ const std::vector<Field>& fields() {
                  "dropout probability", 0, 0.99),
       make_field("model", "batch_norm", &C::model, &ModelConfig::batch_norm, Type::kBool,
                  "cnn: BatchNorm2d after each convolution"),
+      make_field("model", "sync_batchnorm", &C::model, &ModelConfig::sync_batchnorm, Type::kBool,
+                 "every BatchNorm's statistics over the whole global batch "
+                 "(lockstep::SyncBatchNorm, as PyTorch's nn.SyncBatchNorm)"),
+      make_field("model", "depth", &C::model, &ModelConfig::depth, Type::kInt,
+                 "resnet: 10, 18 or 34 layers (BasicBlocks per stage 1,1,1,1 / 2,2,2,2 / "
+                 "3,4,6,3)",
+                 10, 34),
+      make_field("model", "width", &C::model, &ModelConfig::width, Type::kInt,
+                 "resnet: the first stage's channels, doubled at each of the 4 stages "
+                 "(ResNet-18: 64)",
+                 1, 1 << 12),
+      make_choice("model", "stem", &C::model, &ModelConfig::stem, kResNetStemNames,
+                  "resnet: cifar (3x3 convolution, stride 1: small images) or imagenet (7x7, "
+                  "stride 2, max pooling)"),
       make_field("model", "heads", &C::model, &ModelConfig::heads, Type::kInt,
                  "attention heads (transformer; must divide hidden)", 1, 256),
       make_field("model", "token_size", &C::model, &ModelConfig::token_size, Type::kInt,

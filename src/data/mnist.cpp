@@ -1,7 +1,10 @@
 // MNIST's idx files (http://yann.lecun.com/exdb/mnist/ format): a big-endian
 // header (magic 2051 for images, 2049 for labels; then counts and sizes),
-// then unsigned bytes. Read whole, checked against their headers.
+// then unsigned bytes. Read whole (gunzipped when only the .gz is there),
+// checked against their headers.
 #include <ATen/ATen.h>
+#include <sys/stat.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,18 +18,64 @@
 namespace lockstep {
 namespace {
 
+uint32_t big_endian(const std::string& bytes, size_t offset) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + offset;
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+// The bytes an idx file's header promises, header included, once `bytes`
+// holds the header (0: not yet; kNoLimit: not an idx header, let the
+// header check say so).
+constexpr size_t kNoLimit = ~size_t{0};
+size_t promised_size(const std::string& bytes) {
+  if (bytes.size() < 4) return 0;
+  const size_t dims = static_cast<unsigned char>(bytes[3]);
+  if (bytes[0] != 0 || bytes[1] != 0 || dims == 0 || dims > 4) return kNoLimit;
+  if (bytes.size() < 4 + 4 * dims) return 0;
+  uint64_t total = 1;
+  for (size_t d = 0; d < dims; ++d)
+    if (__builtin_mul_overflow(total, uint64_t{big_endian(bytes, 4 + 4 * d)}, &total))
+      return kNoLimit;
+  return total > (uint64_t{1} << 34) ? kNoLimit : 4 + 4 * dims + static_cast<size_t>(total);
+}
+
+// A gzipped idx file (Debian's dataset-fashion-mnist ships them so),
+// decompressed in pieces and never past what its header promises plus one
+// byte (a gzip bomb stops there; idx_header then names the excess).
+std::string gunzip_idx(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) throw DataError(path + ": cannot open: " + std::strerror(errno));
+  std::string bytes;
+  char piece[1 << 16];
+  for (;;) {
+    const size_t limit = promised_size(bytes);
+    if (limit != 0 && limit != kNoLimit && bytes.size() > limit) break;
+    const int n = gzread(file, piece, sizeof piece);
+    if (n < 0) {
+      int code = 0;
+      const std::string why = gzerror(file, &code);
+      gzclose(file);
+      throw DataError(path + ": not a readable gzip file: " + why);
+    }
+    if (n == 0) break;
+    bytes.append(piece, static_cast<size_t>(n));
+    if (promised_size(bytes) == kNoLimit) break;  // the header check says what is wrong
+  }
+  gzclose(file);
+  return bytes;
+}
+
+// `path`, or `path`.gz where only that exists.
 std::string read_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && ::stat((path + ".gz").c_str(), &st) == 0)
+    return gunzip_idx(path + ".gz");
   try {
     return read_regular_file(path);
   } catch (const DataError& e) {
     throw DataError(std::string(e.what()) +
-                    " (MNIST needs the four idx files, uncompressed, in one folder)");
+                    " (MNIST needs the four idx files in one folder, uncompressed or as .gz)");
   }
-}
-
-uint32_t big_endian(const std::string& bytes, size_t offset) {
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + offset;
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
 
 // Returns the header's dimensions after checking magic and size.

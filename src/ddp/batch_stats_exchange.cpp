@@ -34,7 +34,8 @@ class ProcessGroupExchange : public StatsExchange {
     const auto context = [&](const std::exception& e) {
       return what + " failed on rank " + std::to_string(pg_->rank()) +
              " (does every rank run the same layers in training mode, with the same "
-             "channels?): " + what_of(e);
+             "channels?): " +
+             what_of(e);
     };
     try {
       fn();

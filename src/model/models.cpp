@@ -8,8 +8,10 @@
 #include <cmath>
 
 #include "lockstep/model/gpt.h"
+#include "lockstep/model/sync_batchnorm.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/registry.h"
+#include "resnet.h"
 
 namespace lockstep {
 namespace {
@@ -56,11 +58,11 @@ class Cnn : public Classifier {
     const int64_t ch = c.hidden;
     features_ = register_module("features", torch::nn::ModuleList());
     features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(image_[0], ch, 3).padding(1)));
-    if (c.batch_norm) features_->push_back(torch::nn::BatchNorm2d(ch));
+    if (c.batch_norm) add_norm(ch, c.sync_batchnorm);
     features_->push_back(torch::nn::ReLU());
     features_->push_back(
         torch::nn::Conv2d(torch::nn::Conv2dOptions(ch, 2 * ch, 3).padding(1).stride(2)));
-    if (c.batch_norm) features_->push_back(torch::nn::BatchNorm2d(2 * ch));
+    if (c.batch_norm) add_norm(2 * ch, c.sync_batchnorm);
     features_->push_back(torch::nn::ReLU());
     features_->push_back(torch::nn::AdaptiveAvgPool2d(4));
     if (c.dropout > 0) dropout_ = register_module("dropout", torch::nn::Dropout(c.dropout));
@@ -69,11 +71,14 @@ class Cnn : public Classifier {
   }
   at::Tensor forward(at::Tensor x) override {
     auto h = x.reshape({x.size(0), image_[0], image_[1], image_[2]});
+    // (model.sync_batchnorm: lockstep::SyncBatchNorm, the same names.)
     for (const auto& m : *features_) {
       if (auto* conv = m->as<torch::nn::Conv2dImpl>()) {
         h = conv->forward(h);
       } else if (auto* bn = m->as<torch::nn::BatchNorm2dImpl>()) {
         h = bn->forward(h);
+      } else if (auto* sync = m->as<SyncBatchNormImpl>()) {
+        h = sync->forward(h);
       } else if (auto* relu = m->as<torch::nn::ReLUImpl>()) {
         h = relu->forward(h);
       } else {
@@ -87,6 +92,14 @@ class Cnn : public Classifier {
   }
 
  private:
+  void add_norm(int64_t channels, bool sync) {
+    if (sync) {
+      features_->push_back(SyncBatchNorm(channels));
+    } else {
+      features_->push_back(torch::nn::BatchNorm2d(channels));
+    }
+  }
+
   std::vector<int64_t> image_;
   int64_t out_;
   torch::nn::ModuleList features_{nullptr};
@@ -126,13 +139,13 @@ class Transformer : public Classifier {
   torch::nn::Linear head_{nullptr};
 };
 
-std::vector<int64_t> as_image(const std::vector<int64_t>& shape) {
+std::vector<int64_t> as_image(const std::vector<int64_t>& shape, const char* model) {
   if (shape.size() == 3) return shape;
   if (shape.size() == 2) return {1, shape[0], shape[1]};
   const int64_t n = product(shape);
   const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
   if (side * side != n) {
-    throw ConfigError("model.name=cnn needs images: " + std::to_string(n) +
+    throw ConfigError(std::string("model.name=") + model + " needs images: " + std::to_string(n) +
                       " features are not a square (use mlp or transformer)");
   }
   return {1, side, side};
@@ -163,7 +176,9 @@ std::shared_ptr<Classifier> builtin_model_create(BuiltinModel model, const Model
     case BuiltinModel::kMlp:
       return std::make_shared<Mlp>(config, features, classes);
     case BuiltinModel::kCnn:
-      return std::make_shared<Cnn>(config, as_image(sample_shape), classes);
+      return std::make_shared<Cnn>(config, as_image(sample_shape, "cnn"), classes);
+    case BuiltinModel::kResNet:
+      return make_resnet(config, as_image(sample_shape, "resnet"), classes);
     case BuiltinModel::kTransformer: {
       if (features % config.token_size != 0) {
         throw ConfigError("model.token_size=" + std::to_string(config.token_size) +

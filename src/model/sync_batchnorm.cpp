@@ -81,8 +81,8 @@ std::pair<at::Tensor, at::Tensor> combine(const at::Tensor& gathered, SyncState&
                      std::to_string(gathered.size(0)) + " ranks (got " +
                      std::to_string(s.total.item<double>()) + ")");
   }
-  const at::Tensor vars = at::where(present, invstds.square().reciprocal() - s.eps,
-                                    at::zeros_like(invstds));
+  const at::Tensor vars =
+      at::where(present, invstds.square().reciprocal() - s.eps, at::zeros_like(invstds));
   const at::Tensor mean = (counts * means).sum(0) / s.total;
   const at::Tensor var = (counts * (vars + (means - mean).square())).sum(0) / s.total;
   if (s.running_mean.defined()) {
@@ -112,12 +112,11 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     } else {
       local = at::zeros({2 * c + 1}, x.options());
     }
-    const at::Tensor gathered = state->exchange->all_gather(
-        local, state->path + "'s all-gather of batch statistics");
+    const at::Tensor gathered =
+        state->exchange->all_gather(local, state->path + "'s all-gather of batch statistics");
     const auto [mean, invstd] = combine(gathered.to(type), *state);
     at::Tensor y = (x - per_channel(mean, x)) * per_channel(invstd, x);
-    if (state->affine)
-      y = y * per_channel(weight.to(type), x) + per_channel(bias.to(type), x);
+    if (state->affine) y = y * per_channel(weight.to(type), x) + per_channel(bias.to(type), x);
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["state"] = at::IValue::make_capsule(state);
     return y.to(input.scalar_type());
@@ -125,7 +124,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto state = c10::static_intrusive_pointer_cast<SyncState>(ctx->saved_data["state"].toCapsule());
+    auto state =
+        c10::static_intrusive_pointer_cast<SyncState>(ctx->saved_data["state"].toCapsule());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
     const at::ScalarType type = mean.scalar_type();
@@ -147,9 +147,9 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       const at::Tensor mean_dy = sums.narrow(0, 0, c) / state->total;
       const at::Tensor mean_dy_xmu = sums.narrow(0, c, c) / state->total;
       const at::Tensor scale = state->affine ? invstd * weight.to(type) : invstd;
-      grad_input = (dy - per_channel(mean_dy, x) -
-                    xmu * per_channel(invstd.square() * mean_dy_xmu, x)) *
-                   per_channel(scale, x);
+      grad_input =
+          (dy - per_channel(mean_dy, x) - xmu * per_channel(invstd.square() * mean_dy_xmu, x)) *
+          per_channel(scale, x);
       grad_input = grad_input.to(input.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor()};
@@ -307,7 +307,8 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
 }
 
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
-    const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<StatsExchange>& exchange) {
+    const std::shared_ptr<torch::nn::Module>& module,
+    const std::shared_ptr<StatsExchange>& exchange) {
   if (!module) throw UsageError("convert_sync_batchnorm: no module");
   if (is_batchnorm(*module)) {
     auto sync = converted(*module);

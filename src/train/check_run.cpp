@@ -64,7 +64,7 @@ Phase run_phase(const Config& base, const WorldInfo& world, const std::shared_pt
   if (corrupt) config.check.replay_every = 1, config.check.on_corruption = OnCorruption::kStop;
   // Note [One run assembly]: the parts lockstep train builds for this config.
   RunParts run;
-  run_build_model(run, config, world, *pg, data);
+  run_build_model(run, config, world, pg, data);
   Classifier& model = *run.model;
   if (options.fault == CheckFault::kNoBufferBroadcast) {
     if (model.buffers().empty()) {

@@ -1,5 +1,7 @@
 #include "run_parts.h"
 
+#include "lockstep/ddp/batch_stats_exchange.h"
+#include "lockstep/model/sync_batchnorm.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
 #include "lockstep/util/module_tensors.h"
@@ -19,12 +21,22 @@
 
 namespace lockstep {
 
-void run_build_model(RunParts& run, const Config& config, const WorldInfo& world, ProcessGroup& pg,
-                     const TrainData& data) {
+void run_build_model(RunParts& run, const Config& config, const WorldInfo& world,
+                     const std::shared_ptr<ProcessGroup>& pg, const TrainData& data) {
   run.model = model_from_config(config, data);
-  run.device = device_from_config(config, world, pg.kind());
+  // Before the optimizer: a converted layer's parameters are new tensors.
+  if (config.model.sync_batchnorm) {
+    convert_sync_batchnorm(run.model, batch_stats_exchange(pg));
+    if (count_sync_batchnorm(*run.model) == 0)
+      throw ConfigError("model.sync_batchnorm: true" +
+                        config_origin(config, "model.sync_batchnorm") + ", but model.name " +
+                        config.model.name +
+                        " has no batch normalisation to synchronise (cnn needs model.batch_norm: "
+                        "true; resnet has it)");
+  }
+  run.device = device_from_config(config, world, pg->kind());
   run.model->to(run.device);  // before the optimizer and a resume: their state lives there too
-  run.precision = std::make_unique<MixedPrecision>(config.train, run.device, &pg);
+  run.precision = std::make_unique<MixedPrecision>(config.train, run.device, pg.get());
 }
 
 void run_build_optimizer(RunParts& run, const Config& config,

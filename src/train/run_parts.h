@@ -34,8 +34,8 @@ struct RunParts {
 
 // 1. The model fitted to the data (seeded, or model.init_from) on its
 //    device (train.device), and the precision.
-void run_build_model(RunParts& run, const Config& config, const WorldInfo& world, ProcessGroup& pg,
-                     const TrainData& data);
+void run_build_model(RunParts& run, const Config& config, const WorldInfo& world,
+                     const std::shared_ptr<ProcessGroup>& pg, const TrainData& data);
 // 2. The optimizer over the model's trainable parameters (DDP's list and
 //    order): a ZeroOptimizer for optim.zero 1 or 2.
 void run_build_optimizer(RunParts& run, const Config& config,

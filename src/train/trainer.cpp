@@ -176,7 +176,7 @@ void Trainer::Impl::build_model() {
   if (!resume.empty() &&
       (resume != "auto" || Checkpointer(run_dir, config.checkpoint.keep).newest()))
     built.model.init_from.clear();
-  run_build_model(run, built, world, *pg, data);
+  run_build_model(run, built, world, pg, data);
   if (data.task == TaskKind::kLanguage) {
     language_tokens = static_cast<double>(data.sample_shape[0]);
     if (auto* gpt = dynamic_cast<Gpt*>(model.get())) language_flops = gpt->flops_per_token();

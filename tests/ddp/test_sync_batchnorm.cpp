@@ -9,7 +9,10 @@
 // running_var, or that synchronised nothing, fails here.
 #include <torch/nn.h>
 
+#include <map>
+
 #include "lockstep/ddp/batch_stats_exchange.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/model/sync_batchnorm.h"
 #include "lockstep/util/error.h"
 #include "support/catch.h"
@@ -191,9 +194,14 @@ using O3 = torch::nn::BatchNorm3dOptions;
 
 }  // namespace
 
-TEST_CASE("SyncBatchNorm equals one process's BatchNorm on the concatenated batch", "[ddp][sync_bn]") {
-  SECTION("2 ranks, uneven batches (a short last batch)") { compare<BN2, O2>({{5, 3}}, 1e-10); }
-  SECTION("3 ranks, one with an empty batch") { compare<BN2, O2>({{4, 0, 3}}, 1e-10); }
+TEST_CASE("SyncBatchNorm equals one process's BatchNorm on the concatenated batch",
+          "[ddp][sync_bn]") {
+  SECTION("2 ranks, uneven batches (a short last batch)") {
+    compare<BN2, O2>({{5, 3}}, 1e-10);
+  }
+  SECTION("3 ranks, one with an empty batch") {
+    compare<BN2, O2>({{4, 0, 3}}, 1e-10);
+  }
   SECTION("momentum None: a cumulative average") {
     Case c{{2, 3}};
     c.momentum = std::nullopt;
@@ -224,7 +232,8 @@ TEST_CASE("SyncBatchNorm equals one process's BatchNorm on the concatenated batc
   }
 }
 
-TEST_CASE("SyncBatchNorm with bfloat16 input: float statistics, bfloat16 output", "[ddp][sync_bn]") {
+TEST_CASE("SyncBatchNorm with bfloat16 input: float statistics, bfloat16 output",
+          "[ddp][sync_bn]") {
   // The reference: the same layer on the same (bfloat16-rounded) values in
   // float, one process. bfloat16 keeps 8 bits: a tolerance of its epsilon.
   Case c{{3, 5}};
@@ -362,7 +371,8 @@ TEST_CASE("SyncBatchNorm's hostile cases fail with the layer named", "[ddp][sync
           return 0;
         },
         std::chrono::seconds(3));
-    CHECK_THAT(error_text(ranks[0].error), Contains("SyncBatchNorm's all-gather of batch statistics"));
+    CHECK_THAT(error_text(ranks[0].error),
+               Contains("SyncBatchNorm's all-gather of batch statistics"));
     CHECK(error_text(ranks[1].error) == "");
   }
   SECTION("NaN in one rank's batch: NaN statistics on every rank alike") {
@@ -380,4 +390,47 @@ TEST_CASE("SyncBatchNorm's hostile cases fail with the layer named", "[ddp][sync
       CHECK(r.result[1].item<float>() == Approx(0.1));
     }
   }
+}
+
+// tests/multiproc/sync_batchnorm.sh with LOCKSTEP_SYNC_BN_PEER=<folder>: the
+// batches of tests/python/sync_batchnorm_peer.py's data.pt through lockstep's
+// SyncBatchNorm, one thread per rank: lockstep_r<rank>.pt for its compare.
+TEST_CASE("SyncBatchNorm run for tests/python/sync_batchnorm_peer.py", "[.sync_bn_peer]") {
+  const char* folder_env = std::getenv("LOCKSTEP_SYNC_BN_PEER");
+  REQUIRE(folder_env != nullptr);
+  const std::string folder = folder_env;
+  std::map<std::string, at::Tensor> data;
+  for (auto& [k, t] : state_dict_load_file(folder + "/data.pt")) data[k] = t;
+  const at::Tensor rows = data.at("rows");
+  const int world = static_cast<int>(rows.numel());
+  const auto ranks = run_ranks<int>(world, [&](ProcessGroup& pg) {
+    const int64_t first = rows.narrow(0, 0, pg.rank()).sum().item<int64_t>();
+    const int64_t mine = rows[pg.rank()].item<int64_t>();
+    auto bn = SyncBatchNorm(3);
+    bn->to(at::kDouble);
+    {
+      at::NoGradGuard no_grad;
+      bn->weight.copy_(data.at("weight"));
+      bn->bias.copy_(data.at("bias"));
+    }
+    convert_sync_batchnorm(bn.ptr(), batch_stats_exchange(borrowed(pg)));
+    StateDict out;
+    for (int s = 0; s < 3; ++s) {
+      const std::string n = std::to_string(s);
+      at::Tensor x = data.at("x" + n).narrow(0, first, mine).clone().requires_grad_(true);
+      bn->weight.mutable_grad() = at::Tensor();
+      bn->bias.mutable_grad() = at::Tensor();
+      at::Tensor y = bn->forward(x);
+      (y * data.at("g" + n).narrow(0, first, mine)).sum().backward();
+      out.emplace_back("y" + n, y.detach());
+      out.emplace_back("gx" + n, x.grad());
+      out.emplace_back("gw" + n, bn->weight.grad());
+      out.emplace_back("gb" + n, bn->bias.grad());
+    }
+    out.emplace_back("running_mean", bn->running_mean.clone());
+    out.emplace_back("running_var", bn->running_var.clone());
+    state_dict_save_file(out, folder + "/lockstep_r" + std::to_string(pg.rank()) + ".pt");
+    return 0;
+  });
+  for (const auto& r : ranks) REQUIRE(error_text(r.error) == "");
 }

@@ -37,6 +37,9 @@ rebuild mlp mlp '{"hidden": 32, "layers": 2, "dropout": 0.1}' \
 rebuild mlp-plain mlp '{"hidden": 24, "layers": 3}' --set model.hidden=24 --set model.layers=3
 rebuild cnn cnn '{"hidden": 8, "batch_norm": true, "dropout": 0.1}' \
   --set model.hidden=8 --set model.batch_norm=true --set model.dropout=0.1
+rebuild resnet resnet '{"depth": 10, "width": 4}' --set model.depth=10 --set model.width=4
+rebuild resnet-imagenet resnet '{"depth": 18, "width": 2, "stem": "imagenet"}' \
+  --set model.depth=18 --set model.width=2 --set model.stem=imagenet
 rebuild transformer transformer '{"hidden": 16, "layers": 1, "heads": 2, "token_size": 8}' \
   --set model.hidden=16 --set model.layers=1 --set model.heads=2 --set model.token_size=8
 

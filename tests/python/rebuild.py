@@ -4,7 +4,7 @@ loss on the documented split of the digits:
 
     rebuild.py DOC DIGITS_CSV_GZ KIND CHECKPOINT_MODEL_PT 'JSON model arguments'
 
-KIND: mlp | cnn | transformer. Output: "<accuracy> <loss>"."""
+KIND: mlp | cnn | resnet | transformer. Output: "<accuracy> <loss>"."""
 import json
 import re
 import sys
@@ -20,6 +20,8 @@ if kind == "mlp":
     model = ns["Mlp"](64, 10, **args)
 elif kind == "cnn":
     model = ns["Cnn"]([1, 8, 8], 10, **args)
+elif kind == "resnet":
+    model = ns["ResNet"]([1, 8, 8], 10, **args)
 else:
     model = ns["Transformer"](64, 10, **args)
 loss, accuracy = ns["evaluate"](model, checkpoint, vx, vy)

@@ -12,13 +12,14 @@ namespace lockstep {
 
 // The built-in models (model.name); a program adds its own with
 // register_model (model/models.h), which never takes these names.
-enum class BuiltinModel { kMlp, kCnn, kTransformer, kGpt, kTorchScript };
-inline constexpr NameTable<BuiltinModel, 5> kBuiltinModelNames{
+enum class BuiltinModel { kMlp, kCnn, kTransformer, kGpt, kTorchScript, kResNet };
+inline constexpr NameTable<BuiltinModel, 6> kBuiltinModelNames{
     {{BuiltinModel::kMlp, "mlp"},
      {BuiltinModel::kCnn, "cnn"},
      {BuiltinModel::kTransformer, "transformer"},
      {BuiltinModel::kGpt, "gpt"},
-     {BuiltinModel::kTorchScript, "torchscript"}}};
+     {BuiltinModel::kTorchScript, "torchscript"},
+     {BuiltinModel::kResNet, "resnet"}}};
 // The built-in model `name` names; nullopt: a registered (or unknown) one.
 inline std::optional<BuiltinModel> builtin_model(const std::string& name) {
   return value_named(kBuiltinModelNames, name);
@@ -27,12 +28,24 @@ inline bool is_model(const std::string& name, BuiltinModel model) {
   return builtin_model(name) == model;
 }
 
+// resnet's first layers: for small images, or ImageNet's.
+enum class ResNetStem { kCifar, kImageNet };
+inline constexpr NameTable<ResNetStem, 2> kResNetStemNames{
+    {{ResNetStem::kCifar, "cifar"}, {ResNetStem::kImageNet, "imagenet"}}};
+
 struct ModelConfig {
   std::string name = "mlp";
   int64_t hidden = 128;
   int64_t layers = 2;
   double dropout = 0;
   bool batch_norm = false;
+  // Every BatchNorm synchronised over the ranks (model/sync_batchnorm.h).
+  bool sync_batchnorm = false;
+  // resnet (model/resnet.cpp): 10, 18 or 34 layers; the first stage's
+  // channels (ResNet-18: 64); the stem.
+  int64_t depth = 18;
+  int64_t width = 64;
+  ResNetStem stem = ResNetStem::kCifar;
   int64_t heads = 4;
   int64_t token_size = 8;
   std::string path;  // torchscript: the saved module

@@ -73,7 +73,8 @@ TORCH_MODULE(SyncBatchNorm);
 // lockstep::SyncBatchNorm instead. A TorchScript module's BatchNorms are
 // out of reach.
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
-    const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<StatsExchange>& exchange);
+    const std::shared_ptr<torch::nn::Module>& module,
+    const std::shared_ptr<StatsExchange>& exchange);
 
 // The SyncBatchNorm layers of `module`'s tree.
 int64_t count_sync_batchnorm(const torch::nn::Module& module);
