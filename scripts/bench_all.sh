@@ -7,7 +7,8 @@
 # with MFU), shm's all-reduce against this machine's memory copy (and Open
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # the DDP overhead of the small MLP rung (ddp against local, and local
-# with a barrier per step), and ZeRO 0-3 and sharded checkpoints beside
+# with a barrier per step), the ResNet with SyncBatchNorm beside PyTorch's
+# (scripts/bench_resnet.sh), and ZeRO 0-3 and sharded checkpoints beside
 # PyTorch's DDP, ZeroRedundancyOptimizer, FSDP2 and DCP (scripts/bench_peers.sh,
 # where PYTHON's torch has FSDP2).
 # The peer is today's PyTorch where the pip platform exists
@@ -117,6 +118,10 @@ for r in $(seq "${DDP_ROUNDS:-3}"); do
     --modes "$modes" --steps 3000 --warmup 100 --interleave 50 2>/dev/null |
     sed -n 's/^\[rank0\]: //p' | grep '"bench"' | sed "s/^{/{\"job\": $r, /" >>"$out/ddp"
 done
+
+echo "== ResNet with SyncBatchNorm" >&2
+PYTHON=$PYTHON ROUNDS=$ROUNDS scripts/bench_resnet.sh >"$out/resnet" 2>"$out/resnet.err" ||
+  { echo "scripts/bench_resnet.sh failed (exit $?); its last lines:"; tail -n 12 "$out/resnet.err"; } >>"$out/resnet"
 
 if "$PYTHON" -c 'from torch.distributed.fsdp import fully_shard' 2>/dev/null; then
   echo "== ZeRO and checkpoints beside PyTorch" >&2
@@ -228,6 +233,8 @@ print(f"ddp / local, median of the jobs' ratios: x{median(over):.3f} "
       f"local {median(ms[(k, 'local')] for k in jobs):.4f}, "
       f"local+barrier {median(ms[(k, 'local+barrier')] for k in jobs):.4f}, "
       f"ddp {median(ms[(k, 'ddp')] for k in jobs):.4f}")
+print("\n### ResNet with synchronised batch normalisation beside PyTorch (scripts/bench_resnet.sh)")
+print("".join("    " + l for l in open(f"{out}/resnet")))
 print("\n### ZeRO and sharded checkpoints beside PyTorch (scripts/bench_peers.sh)")
 if os.path.exists(f"{out}/peers"):
     print("".join("    " + l for l in open(f"{out}/peers")))

@@ -30,6 +30,7 @@ COMMON=(
   python3-pip python3-venv  # PyPI: GPT-2's ranks, the tests' tiktoken (scripts/python_tools.sh)
   iproute2 procps       # pgrep and ip, used by the multi-process tests
   bible-kjv             # the GPT demo's text (scripts/make_text.sh: data/kjv.txt)
+  dataset-fashion-mnist # configs/fashion-resnet.yaml (/usr/share/datasets/fashion-mnist)
 )
 case "$release" in
   # clang with its sanitizer/libFuzzer runtime: tests/fuzz/run.sh.

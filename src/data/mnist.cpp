@@ -57,7 +57,15 @@ std::string gunzip_idx(const std::string& path) {
       gzclose(file);
       throw DataError(path + ": not a readable gzip file: " + why);
     }
-    if (n == 0) break;
+    if (n == 0) {
+      int code = Z_OK;
+      const std::string why = gzerror(file, &code);
+      if (code != Z_OK) {  // cut short: zlib says so only here
+        gzclose(file);
+        throw DataError(path + ": not a readable gzip file: " + why);
+      }
+      break;
+    }
     bytes.append(piece, static_cast<size_t>(n));
     if (promised_size(bytes) == kNoLimit) break;  // the header check says what is wrong
   }
@@ -65,11 +73,16 @@ std::string gunzip_idx(const std::string& path) {
   return bytes;
 }
 
-// `path`, or `path`.gz where only that exists.
-std::string read_file(const std::string& path) {
+// `path`, or `path`.gz where only that exists: the file read.
+std::string present(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 && ::stat((path + ".gz").c_str(), &st) == 0)
-    return gunzip_idx(path + ".gz");
+    return path + ".gz";
+  return path;
+}
+
+std::string read_file(const std::string& path) {
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) return gunzip_idx(path);
   try {
     return read_regular_file(path);
   } catch (const DataError& e) {
@@ -108,8 +121,8 @@ std::vector<int64_t> idx_header(const std::string& bytes, const std::string& pat
 
 TensorDataset dataset_mnist(const std::string& dir, bool train) {
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");
-  const std::string images_path = prefix + "-images-idx3-ubyte";
-  const std::string labels_path = prefix + "-labels-idx1-ubyte";
+  const std::string images_path = present(prefix + "-images-idx3-ubyte");
+  const std::string labels_path = present(prefix + "-labels-idx1-ubyte");
   const std::string images = read_file(images_path);
   const std::string labels = read_file(labels_path);
   const auto shape = idx_header(images, images_path, 2051, 3);

@@ -4,6 +4,10 @@
 #include "support/catch.h"
 #include "support/temp_dir.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -135,6 +139,59 @@ TEST_CASE("MNIST idx files: read, and bad files named", "[datasets]") {
   dir.write("t10k-images-idx3-ubyte", be32(2051) + be32(2) + be32(0) + be32(28));
   REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false),
                       Contains("header dimension 1 is 0 (empty images or no examples)"));
+}
+
+namespace {
+void write_gz(const std::string& path, const std::string& bytes, size_t cut = std::string::npos) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) ==
+          static_cast<int>(bytes.size()));
+  gzclose(f);
+  if (cut != std::string::npos) REQUIRE(::truncate(path.c_str(), static_cast<off_t>(cut)) == 0);
+}
+}  // namespace
+
+TEST_CASE("MNIST idx files gzipped: read as they are, hostile ones bounded", "[datasets]") {
+  TempDir dir;
+  std::string images = be32(2051) + be32(2) + be32(28) + be32(28);
+  for (int i = 0; i < 2 * 28 * 28; ++i) images.push_back(static_cast<char>(i % 251));
+  const std::string labels = be32(2049) + be32(2) + std::string{4, 9};
+  write_gz(dir.path + "/train-images-idx3-ubyte.gz", images);
+  write_gz(dir.path + "/train-labels-idx1-ubyte.gz", labels);
+  const auto data = dataset_mnist(dir.path, true);
+  CHECK(data.features.sizes() == at::IntArrayRef{2, 1, 28, 28});
+  CHECK(data.features[1][0][0][0].item<float>() == Approx(((28 * 28) % 251) / 255.0));
+  CHECK(at::equal(data.targets, at::tensor({4, 9}, at::kLong)));
+  // A bomb: 64 MiB of zeros behind a header that promises 1,568 bytes.
+  // Reading stops a piece past the promise, and the excess is named.
+  std::string bomb = images + std::string(64 << 20, '\0');
+  write_gz(dir.path + "/t10k-images-idx3-ubyte.gz", bomb);
+  write_gz(dir.path + "/t10k-labels-idx1-ubyte.gz", labels);
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("its header promises 1568"));
+  // Cut short, and not gzip at all.
+  write_gz(dir.path + "/t10k-images-idx3-ubyte.gz", images, 200);
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("t10k-images-idx3-ubyte.gz: not a readable gzip file"));
+  dir.write("t10k-images-idx3-ubyte.gz", std::string("\x1f\x8b\x08\x00garbage", 12) + std::string(64, 'x'));
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("not a readable gzip file"));
+  // The plain file wins where both are there.
+  dir.write("t10k-images-idx3-ubyte", images);
+  CHECK(dataset_mnist(dir.path, false).size() == 2);
+}
+
+TEST_CASE("Fashion-MNIST from Debian's dataset-fashion-mnist", "[datasets]") {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  struct stat st {};
+  if (::stat((dir + "/train-images-idx3-ubyte.gz").c_str(), &st) != 0) {
+    WARN("dataset-fashion-mnist is not installed (scripts/setup.sh installs it)");
+    return;
+  }
+  const auto train = dataset_mnist(dir, true), test = dataset_mnist(dir, false);
+  CHECK(train.features.sizes() == at::IntArrayRef{60000, 1, 28, 28});
+  CHECK(test.features.sizes() == at::IntArrayRef{10000, 1, 28, 28});
+  // Balanced: 6,000 and 1,000 of each of the 10 classes.
+  CHECK(at::equal(at::bincount(train.targets), at::full({10}, 6000, at::kLong)));
+  CHECK(at::equal(at::bincount(test.targets), at::full({10}, 1000, at::kLong)));
 }
 
 TEST_CASE("the embedded digits: 1,797 images of 64 pixels, 10 classes", "[datasets]") {
