@@ -67,9 +67,13 @@ std::vector<int64_t> reduced_dims(const at::Tensor& x) {
   return dims;
 }
 
-// The global mean and invstd from every rank's, weighted by count; the
+struct Global {
+  at::Tensor mean, var;  // biased
+};
+
+// The global mean and variance from every rank's, weighted by count; the
 // running statistics updated.
-std::pair<at::Tensor, at::Tensor> combine(const at::Tensor& gathered, SyncState& s) {
+Global combine(const at::Tensor& gathered, SyncState& s) {
   const int64_t c = s.channels;
   const at::Tensor means = gathered.narrow(1, 0, c);
   const at::Tensor invstds = gathered.narrow(1, c, c);
@@ -91,7 +95,7 @@ std::pair<at::Tensor, at::Tensor> combine(const at::Tensor& gathered, SyncState&
     s.running_mean.mul_(1 - s.momentum).add_(mean.to(s.running_mean.scalar_type()), s.momentum);
     s.running_var.mul_(1 - s.momentum).add_(unbiased.to(s.running_var.scalar_type()), s.momentum);
   }
-  return {mean, (var + s.eps).rsqrt()};
+  return {mean, var};
 }
 
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
@@ -105,19 +109,21 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const int64_t count = input.numel() / c;
     at::Tensor local;
     if (count > 0) {
-      const auto dims = reduced_dims(x);
-      const at::Tensor mean = x.mean(dims);
-      const at::Tensor var = (x - per_channel(mean, x)).square().mean(dims);
+      const auto [var, mean] = at::var_mean(x, reduced_dims(x), /*unbiased=*/false);
       local = at::cat({mean, (var + state->eps).rsqrt(), at::full({1}, count, mean.options())});
     } else {
       local = at::zeros({2 * c + 1}, x.options());
     }
     const at::Tensor gathered =
         state->exchange->all_gather(local, state->path + "'s all-gather of batch statistics");
-    const auto [mean, invstd] = combine(gathered.to(type), *state);
-    at::Tensor y = (x - per_channel(mean, x)) * per_channel(invstd, x);
-    if (state->affine) y = y * per_channel(weight.to(type), x) + per_channel(bias.to(type), x);
-    ctx->save_for_backward({input, weight, mean, invstd});
+    const Global global = combine(gathered.to(type), *state);
+    // Normalised with the global figures: ATen's fused kernel, given them
+    // as the statistics to use.
+    const at::Tensor w = state->affine ? weight.to(type) : at::Tensor();
+    const at::Tensor b = state->affine ? bias.to(type) : at::Tensor();
+    const at::Tensor y = at::batch_norm(x, w, b, global.mean, global.var, /*training=*/false, 0.0,
+                                       state->eps, /*cudnn_enabled=*/false);
+    ctx->save_for_backward({input, weight, global.mean, global.var});
     ctx->saved_data["state"] = at::IValue::make_capsule(state);
     return y.to(input.scalar_type());
   }
@@ -127,14 +133,24 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     auto state =
         c10::static_intrusive_pointer_cast<SyncState>(ctx->saved_data["state"].toCapsule());
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
+    const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &var = saved[3];
     const at::ScalarType type = mean.scalar_type();
+    const int64_t c = state->channels;
     const at::Tensor x = input.to(type);
     const at::Tensor dy = grads[0].defined() ? grads[0].to(type) : at::zeros_like(x);
-    const at::Tensor xmu = x - per_channel(mean, x);
-    const auto dims = reduced_dims(x);
-    const at::Tensor sum_dy = dy.sum(dims);
-    const at::Tensor sum_dy_xmu = (dy * xmu).sum(dims);
+    const at::Tensor w = state->affine ? weight.to(type) : at::ones({c}, mean.options());
+    const at::Tensor invstd = (var + state->eps).rsqrt();
+    // One fused pass (ATen's backward with the statistics held fixed):
+    // dy invstd w, sum(dy (x - mean)) invstd and sum(dy).
+    at::Tensor local_grad = at::zeros_like(x), sum_dy = at::zeros({c}, mean.options()),
+               sum_dy_xmu = at::zeros({c}, mean.options());
+    if (x.numel() > 0) {
+      const auto r = at::native_batch_norm_backward(dy, x, w, mean, var, {}, {}, /*train=*/false,
+                                                    state->eps, {true, true, true});
+      local_grad = std::get<0>(r);
+      sum_dy = std::get<2>(r);
+      sum_dy_xmu = std::get<1>(r) / invstd;
+    }
     at::Tensor grad_input, grad_weight, grad_bias;
     if (state->affine) {
       grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
@@ -143,13 +159,13 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     if (ctx->needs_input_grad(0)) {
       at::Tensor sums = at::cat({sum_dy, sum_dy_xmu});
       state->exchange->all_reduce_sum(sums, state->path + "'s all-reduce of gradient sums");
-      const int64_t c = state->channels;
       const at::Tensor mean_dy = sums.narrow(0, 0, c) / state->total;
       const at::Tensor mean_dy_xmu = sums.narrow(0, c, c) / state->total;
-      const at::Tensor scale = state->affine ? invstd * weight.to(type) : invstd;
-      grad_input =
-          (dy - per_channel(mean_dy, x) - xmu * per_channel(invstd.square() * mean_dy_xmu, x)) *
-          per_channel(scale, x);
+      // dy invstd w - invstd w mean_dy - (x - mean) invstd^3 w mean_dy_xmu,
+      // the last two as x k + shift per channel.
+      const at::Tensor k = -invstd.pow(3) * w * mean_dy_xmu;
+      const at::Tensor shift = -invstd * w * mean_dy - mean * k;
+      grad_input = local_grad.add_(at::addcmul(per_channel(shift, x), x, per_channel(k, x)));
       grad_input = grad_input.to(input.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor()};

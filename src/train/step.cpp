@@ -45,6 +45,13 @@ StepOptions step_options_from_config(const Config& config, int64_t total_steps) 
   options.total_steps = total_steps;
   options.check = config.check;
   options.broadcast_buffers = config.ddp.broadcast_buffers;
+  // Synchronised statistics are every rank's alike after each forward: the
+  // per-step check compares them as they are (under ZeRO-3 each rank's
+  // weights are its own shards: no check of buffers there).
+  if (config.model.sync_batchnorm && config.optim.zero != 3) {
+    options.check.buffers = true;
+    options.buffers_alike = true;
+  }
   options.stop_on_nonfinite =
       config.train.stop_on_nonfinite && config.train.precision != Precision::kFp16;
   return options;
@@ -116,7 +123,7 @@ std::vector<NamedTensor> TrainStep::checked_tensors() const {
 }
 
 void TrainStep::sync_buffers_for_check() {
-  if (!options_.check.buffers || !options_.broadcast_buffers) return;
+  if (!options_.check.buffers || !options_.broadcast_buffers || options_.buffers_alike) return;
   std::vector<at::Tensor> buffers;
   for (const auto& b : model_.buffers()) buffers.push_back(b);
   broadcast_coalesced(pg_, buffers, 0);

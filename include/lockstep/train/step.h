@@ -103,6 +103,9 @@ struct StepOptions {
   int64_t total_steps = 1;  // the schedule's length
   CheckConfig check;        // check.every 0: no per-step check
   bool broadcast_buffers = true;
+  // The buffers are the same on every rank after a forward (SyncBatchNorm):
+  // check.buffers compares them without DDP's broadcast first.
+  bool buffers_alike = false;
   // false: every backward runs under no_sync (the check mode's negative
   // control: ranks that never synchronise must be caught).
   bool synchronise = true;
