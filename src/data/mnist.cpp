@@ -40,15 +40,33 @@ size_t promised_size(const std::string& bytes) {
 }
 
 // A gzipped idx file (Debian's dataset-fashion-mnist ships them so),
-// decompressed in pieces and never past what its header promises plus one
-// byte (a gzip bomb stops there; idx_header then names the excess).
+// decompressed in pieces of 64 KiB, stopping at the first piece past what
+// its header promises (a gzip bomb stops there; idx_header then names the
+// excess); a promise no gzip file of this size can keep is refused unread.
 std::string gunzip_idx(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw DataError(path + ": cannot open: " + std::strerror(errno));
+  // Deflate expands at most 1032:1: a header that promises more than the
+  // file can hold is refused before anything is inflated or reserved.
+  const size_t most = 1032 * static_cast<size_t>(st.st_size) + (1 << 20);
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr) throw DataError(path + ": cannot open: " + std::strerror(errno));
   std::string bytes;
   char piece[1 << 16];
+  bool reserved = false;
   for (;;) {
     const size_t limit = promised_size(bytes);
+    if (limit != 0 && limit != kNoLimit && !reserved) {
+      if (limit > most) {
+        gzclose(file);
+        throw DataError(path + ": its idx header promises " + std::to_string(limit) +
+                        " bytes, more than a gzip file of " + std::to_string(st.st_size) +
+                        " bytes can hold");
+      }
+      bytes.reserve(limit + sizeof piece);
+      reserved = true;
+    }
     if (limit != 0 && limit != kNoLimit && bytes.size() > limit) break;
     const int n = gzread(file, piece, sizeof piece);
     if (n < 0) {

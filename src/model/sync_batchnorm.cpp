@@ -122,7 +122,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const at::Tensor w = state->affine ? weight.to(type) : at::Tensor();
     const at::Tensor b = state->affine ? bias.to(type) : at::Tensor();
     const at::Tensor y = at::batch_norm(x, w, b, global.mean, global.var, /*training=*/false, 0.0,
-                                       state->eps, /*cudnn_enabled=*/false);
+                                        state->eps, /*cudnn_enabled=*/false);
     ctx->save_for_backward({input, weight, global.mean, global.var});
     ctx->saved_data["state"] = at::IValue::make_capsule(state);
     return y.to(input.scalar_type());
@@ -197,6 +197,13 @@ std::shared_ptr<SyncBatchNormImpl> from(const Impl& bn) {
   copy(sync->running_var, bn.running_var);
   copy(sync->num_batches_tracked, bn.num_batches_tracked);
   sync->train(bn.is_training());
+  // The old layer's device, dtype and frozen parameters.
+  const at::Tensor& like = bn.weight.defined() ? bn.weight : bn.running_mean;
+  if (like.defined()) sync->to(like.device(), like.scalar_type());
+  if (bn.weight.defined()) {
+    sync->weight.set_requires_grad(bn.weight.requires_grad());
+    sync->bias.set_requires_grad(bn.bias.requires_grad());
+  }
   return sync;
 }
 
@@ -218,6 +225,42 @@ void find_held(const torch::nn::Module& m, const std::string& prefix,
     } else {
       find_held(*item.value(), path, held);
     }
+  }
+}
+
+// Every rank's layers, in order: their paths and channels, hashed (FNV-1a).
+uint64_t layout_hash(const torch::nn::Module& m, const std::string& prefix, uint64_t h) {
+  const auto mix = [&h](const std::string& text) {
+    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  };
+  if (const auto* sync = m.as<SyncBatchNormImpl>())
+    mix(prefix + ":" + std::to_string(sync->options.num_features) + ";");
+  for (const auto& item : m.named_children())
+    h = layout_hash(*item.value(), prefix.empty() ? item.key() : prefix + "." + item.key(), h);
+  return h;
+}
+
+// The ranks must hold the same SyncBatchNorm layers with the same channels:
+// each forward all-gathers 2C + 1 values per layer, and rows of other
+// lengths are not caught by every backend (shm would read a longer row's
+// prefix, Gloo aborts). One all-gather of the layout's hash, once.
+void agree_on_layers(const torch::nn::Module& module,
+                     const std::shared_ptr<StatsExchange>& exchange) {
+  if (!exchange || exchange->size() < 2) return;
+  const uint64_t h = layout_hash(module, "", 1469598103934665603ULL);
+  const at::Tensor mine =
+      at::tensor({static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffULL),
+                  static_cast<double>(count_sync_batchnorm(module))},
+                 at::kDouble);
+  const at::Tensor all = exchange->all_gather(mine, "convert_sync_batchnorm's check of the layers");
+  for (int64_t r = 1; r < all.size(0); ++r) {
+    if (!all[r].equal(all[0]))
+      throw UsageError("convert_sync_batchnorm: rank " + std::to_string(r) + " holds other " +
+                       "SyncBatchNorm layers than rank 0 (" +
+                       std::to_string(static_cast<int64_t>(all[r][2].item<double>())) +
+                       " against " +
+                       std::to_string(static_cast<int64_t>(all[0][2].item<double>())) +
+                       ", or other paths or channels): every rank must convert the same model");
   }
 }
 
@@ -298,7 +341,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   const bool batch_stats = is_training() || !options.track_running_stats;
   const bool sync = is_training() && exchange_ && exchange_->size() > 1;
   if (!sync) {
-    if (batch_stats && input.numel() / input.size(1) <= 1)
+    if (batch_stats && input.numel() / input.size(1) == 1)
       throw UsageError(path_ + ": expected more than 1 value per channel in training, got input " +
                        "of shape " + c10::str(input.sizes()));
     return at::batch_norm(input, weight, bias, running_mean, running_var, batch_stats, factor,
@@ -329,10 +372,12 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
   if (is_batchnorm(*module)) {
     auto sync = converted(*module);
     sync->set_exchange(exchange);
+    agree_on_layers(*sync, exchange);
     return sync;
   }
   if (auto* sync = module->as<SyncBatchNormImpl>()) {
     sync->set_exchange(exchange);
+    agree_on_layers(*module, exchange);
     return module;
   }
   std::vector<std::string> held;
@@ -349,6 +394,7 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
         "state dict names); nothing was converted");
   }
   convert_tree(*module, "", exchange);
+  agree_on_layers(*module, exchange);
   return module;
 }
 

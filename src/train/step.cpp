@@ -46,10 +46,11 @@ StepOptions step_options_from_config(const Config& config, int64_t total_steps) 
   options.check = config.check;
   options.broadcast_buffers = config.ddp.broadcast_buffers;
   // Synchronised statistics are every rank's alike after each forward: the
-  // per-step check compares them as they are (under ZeRO-3 each rank's
-  // weights are its own shards: no check of buffers there).
+  // per-step check compares them as they are, unless check.buffers was set
+  // false (under ZeRO-3 each rank's weights are its own shards: no check of
+  // buffers there).
   if (config.model.sync_batchnorm && config.optim.zero != 3) {
-    options.check.buffers = true;
+    if (config.origin.count("check.buffers") == 0) options.check.buffers = true;
     options.buffers_alike = true;
   }
   options.stop_on_nonfinite =

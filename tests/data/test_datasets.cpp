@@ -169,10 +169,16 @@ TEST_CASE("MNIST idx files gzipped: read as they are, hostile ones bounded", "[d
   write_gz(dir.path + "/t10k-images-idx3-ubyte.gz", bomb);
   write_gz(dir.path + "/t10k-labels-idx1-ubyte.gz", labels);
   REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("its header promises 1568"));
+  // A header promising more than deflate can expand this file to: refused unread.
+  write_gz(dir.path + "/t10k-images-idx3-ubyte.gz",
+           be32(2051) + be32(1 << 20) + be32(100) + be32(100) + std::string(4096, '\0'));
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("more than a gzip file of"));
   // Cut short, and not gzip at all.
   write_gz(dir.path + "/t10k-images-idx3-ubyte.gz", images, 200);
-  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("t10k-images-idx3-ubyte.gz: not a readable gzip file"));
-  dir.write("t10k-images-idx3-ubyte.gz", std::string("\x1f\x8b\x08\x00garbage", 12) + std::string(64, 'x'));
+  REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false),
+                      Contains("t10k-images-idx3-ubyte.gz: not a readable gzip file"));
+  dir.write("t10k-images-idx3-ubyte.gz",
+            std::string("\x1f\x8b\x08\x00garbage", 12) + std::string(64, 'x'));
   REQUIRE_THROWS_WITH(dataset_mnist(dir.path, false), Contains("not a readable gzip file"));
   // The plain file wins where both are there.
   dir.write("t10k-images-idx3-ubyte", images);

@@ -347,6 +347,26 @@ TEST_CASE("convert_sync_batchnorm", "[ddp][sync_bn]") {
   CHECK(typed->named_children()["bn"]->as<torch::nn::BatchNorm2dImpl>() != nullptr);
   auto root = convert_sync_batchnorm(torch::nn::BatchNorm1d(5).ptr(), nullptr);
   CHECK(root->as<SyncBatchNormImpl>() != nullptr);
+  // The old layer's dtype and frozen parameters are kept.
+  auto frozen = torch::nn::BatchNorm2d(3);
+  frozen->to(at::kDouble);
+  frozen->weight.set_requires_grad(false);
+  const auto converted = convert_sync_batchnorm(frozen.ptr(), nullptr);
+  auto* kept = converted->as<SyncBatchNormImpl>();
+  REQUIRE(kept != nullptr);
+  CHECK(kept->weight.scalar_type() == at::kDouble);
+  CHECK(kept->running_var.scalar_type() == at::kDouble);
+  CHECK_FALSE(kept->weight.requires_grad());
+  CHECK(kept->bias.requires_grad());
+  // Ranks holding other layers are refused at the conversion, on every rank.
+  const auto mismatched = run_ranks<int>(2, [&](ProcessGroup& pg) {
+    auto bn = SyncBatchNorm(pg.rank() == 0 ? 3 : 4);
+    convert_sync_batchnorm(bn.ptr(), batch_stats_exchange(borrowed(pg)));
+    return 0;
+  });
+  for (const auto& r : mismatched)
+    CHECK_THAT(error_text(r.error),
+               Contains("rank 1 holds other SyncBatchNorm layers than rank 0"));
 }
 
 TEST_CASE("SyncBatchNorm's hostile cases fail with the layer named", "[ddp][sync_bn]") {

@@ -10,7 +10,8 @@
 #    1e-4, and without synchronisation it does not;
 # 3. the every-step check covers the running statistics (buffers) and the
 #    check mode passes with them; ZeRO-3 and bf16 run with it;
-# 4. model.sync_batchnorm on a model without BatchNorm: exit 2 naming the key.
+# 4. model.sync_batchnorm on a model without BatchNorm, and with the replay
+#    (a rank's gradient depends on every rank's batch): exit 2 naming the keys.
 #   sync_batchnorm.sh LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS
 source "$(dirname "$0")/lib.sh"
 TESTS=${3:?usage: $0 LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS}
@@ -67,4 +68,8 @@ TRAIN_ARGS=(--set train.max_steps=5)
 train mlp 2 --set model.sync_batchnorm=true
 expect_eq "$?" 2 "model.sync_batchnorm on an MLP: exit 2"
 expect_grep "$WORK/mlp.out" "model.sync_batchnorm: true.*has no batch normalisation" "naming the key"
+train replay 2 --set model.sync_batchnorm=true --set model.name=cnn --set model.batch_norm=true \
+  --set check.replay_every=2
+expect_eq "$?" 2 "check.replay_every with model.sync_batchnorm: exit 2"
+expect_grep "$WORK/replay.out" "check.replay_every.*model.sync_batchnorm" "naming both keys"
 finish

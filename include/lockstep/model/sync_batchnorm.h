@@ -9,6 +9,8 @@
 // Input [N, C, *] of any rank >= 2 (1d, 2d, 3d), any memory format
 // (channels_last kept); half and bfloat16 inputs (autocast) are normalised
 // with float statistics and returned in their own dtype, as PyTorch does.
+// A converted layer keeps the BatchNorm's device, dtype and frozen
+// (requires_grad false) parameters.
 // Parameter and buffer names are BatchNorm's (weight, bias, running_mean,
 // running_var, num_batches_tracked): state dicts move both ways.
 //
@@ -71,7 +73,9 @@ TORCH_MODULE(SyncBatchNorm);
 // a Sequential or a ModuleList also holds would go on running unchanged, so
 // nothing is converted and a UsageError names those paths: declare them as
 // lockstep::SyncBatchNorm instead. A TorchScript module's BatchNorms are
-// out of reach.
+// out of reach. With an exchange of more than one rank it is collective:
+// every rank calls it, and the ranks' SyncBatchNorm layers (paths and
+// channels) are compared once (UsageError when they differ).
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
     const std::shared_ptr<torch::nn::Module>& module,
     const std::shared_ptr<StatsExchange>& exchange);
