@@ -10,6 +10,7 @@
 #include "lockstep/config/config.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/model/gpt_layout.h"
+#include "lockstep/model/llama_layout.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 
@@ -24,7 +25,7 @@ int cmd_export(int argc, char** argv) {
     options.add_options()
         ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
         ("format", "safetensors", cxxopts::value<std::string>()->default_value("safetensors"))
-        ("layout", "hf: GPT2LMHeadModel's names, Conv1D weights, config.json (model.name: gpt); lockstep: lockstep's own names", cxxopts::value<std::string>()->default_value("hf"))
+        ("layout", "hf: Hugging Face's names and config.json (GPT2LMHeadModel's, Conv1D weights, for model.name: gpt; LlamaForCausalLM's for llama); lockstep: lockstep's own names", cxxopts::value<std::string>()->default_value("hf"))
         ("out", "the folder to write model.safetensors and config.json (or config.yaml) into", cxxopts::value<std::string>());
     // clang-format on
     const auto parsed = parse_command_line(options, argc, argv);
@@ -43,8 +44,9 @@ int cmd_export(int argc, char** argv) {
     const StateDict& weights = loaded.part("model.pt");
     const Config config = config_load(folder + "/config.yaml");
     const std::string out = args["out"].as<std::string>();
-    if (layout == "hf" && !is_model(config.model.name, BuiltinModel::kGpt))
-      throw ConfigError("--layout hf is GPT-2's; checkpoint '" + folder + "' holds a " +
+    const bool llama = is_model(config.model.name, BuiltinModel::kLlama);
+    if (layout == "hf" && !is_model(config.model.name, BuiltinModel::kGpt) && !llama)
+      throw ConfigError("--layout hf is GPT-2's or Llama's; checkpoint '" + folder + "' holds a " +
                         config.model.name + " model: use --layout lockstep");
     // Nothing is overwritten: not an earlier export, not a checkpoint or a
     // run folder (whose MANIFEST would no longer match).
@@ -57,7 +59,15 @@ int cmd_export(int argc, char** argv) {
     std::map<std::string, std::string> metadata{{"format", "pt"}};
     // The config first, each file through a temporary: a failure leaves no
     // model without its config, and no half file.
-    if (layout == "hf") {
+    if (layout == "hf" && llama) {
+      // lockstep's names are LlamaForCausalLM's (model/llama.h).
+      int64_t vocab = 0;
+      for (const auto& [name, t] : weights)
+        if (name == "model.embed_tokens.weight" && t.dim() == 2) vocab = t.size(0);
+      write_file_replacing(out + "/config.json",
+                           llama_hf_config_json(llama_options(config.model, vocab)));
+      safetensors_save(weights, out + "/model.safetensors", metadata);
+    } else if (layout == "hf") {
       int64_t vocab = 0;
       for (const auto& [name, t] : weights)
         if (name == "transformer.wte.weight" && t.dim() == 2) vocab = t.size(0);

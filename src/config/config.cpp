@@ -5,6 +5,7 @@
 // documentation are all walks over this table.
 #include "lockstep/config/config.h"
 #include "lockstep/model/gpt.h"
+#include "lockstep/model/llama.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -235,21 +236,34 @@ const std::vector<Field>& fields() {
                  "state dict to start from (torch.save(model.state_dict()) or a lockstep "
                  "checkpoint's model.pt); empty: random init"),
       make_field("model", "n_layer", &C::model, &ModelConfig::n_layer, Type::kInt,
-                 "gpt: transformer blocks", 1, 256),
+                 "gpt, llama: transformer blocks", 1, 256),
       make_field("model", "n_head", &C::model, &ModelConfig::n_head, Type::kInt,
-                 "gpt: attention heads (must divide n_embd)", 1, 256),
+                 "gpt, llama: attention heads (must divide n_embd)", 1, 256),
       make_field("model", "n_embd", &C::model, &ModelConfig::n_embd, Type::kInt,
-                 "gpt: embedding width", 1, 1 << 16),
+                 "gpt, llama: embedding width", 1, 1 << 16),
       make_field("model", "block_size", &C::model, &ModelConfig::block_size, Type::kInt,
-                 "gpt: context length in tokens; text and tokens data come in windows of it", 1,
-                 1 << 20),
+                 "gpt, llama: context length in tokens; text and tokens data come in windows of it",
+                 1, 1 << 20),
       make_field("model", "bias", &C::model, &ModelConfig::bias, Type::kBool,
                  "gpt: biases in the Linear layers and LayerNorms (GPT-2: true)"),
-      make_field("model", "activation_checkpointing", &C::model,
-                 &ModelConfig::activation_checkpointing, Type::kBool,
-                 "gpt: keep only each block's input and recompute its activations in backward "
-                 "(torch.utils.checkpoint; less memory, one more forward per block; gradients "
-                 "bit-identical)"),
+      make_field(
+          "model", "activation_checkpointing", &C::model, &ModelConfig::activation_checkpointing,
+          Type::kBool,
+          "gpt, llama: keep only each block's input and recompute its activations in backward "
+          "(torch.utils.checkpoint; less memory, one more forward per block; gradients "
+          "bit-identical)"),
+      make_field("model", "n_kv_head", &C::model, &ModelConfig::n_kv_head, Type::kInt,
+                 "llama: key/value heads, each serving n_head / n_kv_head query heads "
+                 "(grouped-query attention; 0: n_head)",
+                 0, 256),
+      make_field("model", "intermediate_size", &C::model, &ModelConfig::intermediate_size,
+                 Type::kInt, "llama: the SwiGLU MLP's width (0: 4 x n_embd)", 0, 1 << 20),
+      make_field("model", "rope_theta", &C::model, &ModelConfig::rope_theta, Type::kDouble,
+                 "llama: the rotary embeddings' base (Llama 2: 10000, Llama 3: 500000)", 1, 1e12),
+      make_field("model", "rms_norm_eps", &C::model, &ModelConfig::rms_norm_eps, Type::kDouble,
+                 "llama: RMSNorm's epsilon", 1e-12, 1),
+      make_field("model", "tie_embeddings", &C::model, &ModelConfig::tie_embeddings, Type::kBool,
+                 "llama: the output head is the token embedding (no lm_head.weight)"),
       make_choice("data", "name", &C::data, &DataConfig::name, kDatasetKindNames, "dataset"),
       make_field("data", "path", &C::data, &DataConfig::path, Type::kString,
                  "csv: the file; mnist: the folder of idx files; text: any file, read as bytes; "
@@ -802,6 +816,15 @@ const std::vector<CrossRule>& cross_rules() {
                 "from)" +
                 config_origin(c, "check.policy") + "; use check.policy: abort or warn";
        }},
+      {[](const Config& c) { return c.model.sync_batchnorm && c.check.replay_every > 0; },
+       [](const Config& c) {
+         return "check.replay_every" + config_origin(c, "check.replay_every") +
+                " recomputes one rank's gradient from its batch alone, but with "
+                "model.sync_batchnorm" +
+                config_origin(c, "model.sync_batchnorm") +
+                " every rank's gradient depends on every rank's batch (the statistics are "
+                "shared): the replay would name healthy ranks; use check.grad_screen";
+       }},
       {[](const Config& c) {
          return c.check.on_corruption == OnCorruption::kSkip &&
                 is_comm_hook(c.ddp.comm_hook, CommHookKind::kPowerSgd);
@@ -836,18 +859,19 @@ void config_validate(const Config& c, int world_size) {
   // The GPT's shape rules have one home (gpt_options), checked here early.
   const auto builtin = builtin_model(c.model.name);
   if (builtin == BuiltinModel::kGpt) (void)gpt_options(c.model, 256);
-  if (builtin == BuiltinModel::kGpt && c.data.name != DatasetKind::kText &&
-      c.data.name != DatasetKind::kTokens) {
-    throw ConfigError(std::string("model.name: gpt is a language model: it needs data.name: text "
-                                  "or tokens (not ") +
+  if (builtin == BuiltinModel::kLlama) (void)llama_options(c.model, 256);
+  const bool language = is_language_model(c.model.name);
+  if (language && c.data.name != DatasetKind::kText && c.data.name != DatasetKind::kTokens) {
+    throw ConfigError("model.name: " + c.model.name +
+                      " is a language model: it needs data.name: text or tokens (not " +
                       name_of(kDatasetKindNames, c.data.name) + config_origin(c, "data.name") +
                       ")");
   }
   const bool tokens = c.data.name == DatasetKind::kText || c.data.name == DatasetKind::kTokens;
-  if (tokens && builtin && builtin != BuiltinModel::kGpt) {
+  if (tokens && builtin && !language) {
     throw ConfigError(std::string("data.name: ") + name_of(kDatasetKindNames, c.data.name) +
-                      " gives windows of token ids for a language model: model.name: gpt (or "
-                      "one a program registered), not " +
+                      " gives windows of token ids for a language model: model.name: gpt or "
+                      "llama (or one a program registered), not " +
                       c.model.name);
   }
   if (builtin == BuiltinModel::kTransformer && c.model.hidden % c.model.heads != 0) {

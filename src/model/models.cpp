@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "lockstep/model/gpt.h"
+#include "lockstep/model/llama.h"
 #include "lockstep/model/sync_batchnorm.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/registry.h"
@@ -196,6 +197,13 @@ std::shared_ptr<Classifier> builtin_model_create(BuiltinModel model, const Model
                           std::to_string(config.block_size) +
                           " tokens (data.name: text or tokens)");
       return std::make_shared<Gpt>(gpt_options(config, classes));
+    }
+    case BuiltinModel::kLlama: {
+      if (sample_shape.size() != 1 || sample_shape[0] > config.block_size)
+        throw ConfigError("model.name: llama reads windows of at most model.block_size=" +
+                          std::to_string(config.block_size) +
+                          " tokens (data.name: text or tokens)");
+      return std::make_shared<Llama>(llama_options(config, classes));
     }
     case BuiltinModel::kTorchScript: {
       if (config.path.empty()) {

@@ -11,9 +11,11 @@
 
 #include "lockstep/data/tokens.h"
 #include "lockstep/ddp/comm_hooks.h"
+#include "lockstep/io/hf_folder.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/io/state_dict.h"
 #include "lockstep/model/gpt_layout.h"
+#include "lockstep/model/llama_layout.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 #include "lockstep/util/sha256.h"
@@ -192,6 +194,16 @@ std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainD
   if (!config.model.init_from.empty()) {
     reading_key("model.init_from", [&] {
       const std::string& from = config.model.init_from;
+      if (is_hf_folder(from)) {  // Note [Llama's config.json]
+        auto* llama = dynamic_cast<Llama*>(model.get());
+        if (llama == nullptr)
+          throw ConfigError("'" + from + "' is a Hugging Face folder (config.json): model.name: " +
+                            "llama reads those, not " + config.model.name);
+        llama_check_hf_config(hf_config_text(from), llama->options(), from + "/config.json");
+        state_dict_load(*model,
+                        llama_state_from_hf(hf_folder_weights(from), llama->options(), from), from);
+        return 0;
+      }
       const bool safetensors =
           from.size() > 12 && from.compare(from.size() - 12, 12, ".safetensors") == 0;
       if (!safetensors) {

@@ -40,6 +40,7 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/model/gpt.h"
+#include "lockstep/model/llama.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/train/callbacks.h"
 #include "lockstep/train/precision.h"
@@ -180,6 +181,7 @@ void Trainer::Impl::build_model() {
   if (data.task == TaskKind::kLanguage) {
     language_tokens = static_cast<double>(data.sample_shape[0]);
     if (auto* gpt = dynamic_cast<Gpt*>(model.get())) language_flops = gpt->flops_per_token();
+    if (auto* llama = dynamic_cast<Llama*>(model.get())) language_flops = llama->flops_per_token();
   }
   int64_t count = 0;
   for (const auto& p : model->parameters()) count += p.numel();

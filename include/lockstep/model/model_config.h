@@ -12,20 +12,25 @@ namespace lockstep {
 
 // The built-in models (model.name); a program adds its own with
 // register_model (model/models.h), which never takes these names.
-enum class BuiltinModel { kMlp, kCnn, kTransformer, kGpt, kTorchScript, kResNet };
-inline constexpr NameTable<BuiltinModel, 6> kBuiltinModelNames{
+enum class BuiltinModel { kMlp, kCnn, kTransformer, kGpt, kTorchScript, kResNet, kLlama };
+inline constexpr NameTable<BuiltinModel, 7> kBuiltinModelNames{
     {{BuiltinModel::kMlp, "mlp"},
      {BuiltinModel::kCnn, "cnn"},
      {BuiltinModel::kTransformer, "transformer"},
      {BuiltinModel::kGpt, "gpt"},
      {BuiltinModel::kTorchScript, "torchscript"},
-     {BuiltinModel::kResNet, "resnet"}}};
+     {BuiltinModel::kResNet, "resnet"},
+     {BuiltinModel::kLlama, "llama"}}};
 // The built-in model `name` names; nullopt: a registered (or unknown) one.
 inline std::optional<BuiltinModel> builtin_model(const std::string& name) {
   return value_named(kBuiltinModelNames, name);
 }
 inline bool is_model(const std::string& name, BuiltinModel model) {
   return builtin_model(name) == model;
+}
+// The language models: token windows in, next-token logits out.
+inline bool is_language_model(const std::string& name) {
+  return is_model(name, BuiltinModel::kGpt) || is_model(name, BuiltinModel::kLlama);
 }
 
 // resnet's first layers: for small images, or ImageNet's.
@@ -56,9 +61,17 @@ struct ModelConfig {
   int64_t n_embd = 128;
   int64_t block_size = 128;  // context length; also the data's window (text, tokens)
   bool bias = true;          // biases in Linear layers and LayerNorms
-  // gpt: each block's activations recomputed in backward instead of kept
-  // (model/recompute.h); gradients bit-identical.
+  // gpt, llama: each block's activations recomputed in backward instead of
+  // kept (model/recompute.h); gradients bit-identical.
   bool activation_checkpointing = false;
+  // llama (model/llama.h): key/value heads (0: n_head), the MLP's width (0:
+  // 4 n_embd), the rotary base, RMSNorm's epsilon, the head tied to the
+  // token embedding.
+  int64_t n_kv_head = 0;
+  int64_t intermediate_size = 0;
+  double rope_theta = 10000;
+  double rms_norm_eps = 1e-5;
+  bool tie_embeddings = false;
 };
 
 }  // namespace lockstep

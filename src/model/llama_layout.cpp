@@ -1,0 +1,163 @@
+#include "lockstep/model/llama_layout.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "lockstep/util/error.h"
+#include "lockstep/util/json.h"
+
+namespace lockstep {
+
+// Note [Llama's config.json]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// LlamaConfig's fields and the model.* keys they must equal:
+//   hidden_size n_embd, num_hidden_layers n_layer, num_attention_heads
+//   n_head, num_key_value_heads n_kv_head (absent: n_head),
+//   intermediate_size, vocab_size (the data's vocabulary), rope_theta,
+//   rms_norm_eps, tie_word_embeddings tie_embeddings (absent: false, as
+//   LlamaConfig's default).
+// And what lockstep's Llama is, refused otherwise: model_type "llama",
+// hidden_act "silu", no attention or MLP biases, no rope_scaling and a
+// rope_parameters.rope_type of "default" (transformers 5 keeps rope_theta
+// there; Llama 3.1's long-context scaling is not implemented),
+// pretraining_tp 1, head_dim (when given) hidden_size / num_attention_heads.
+// max_position_embeddings only bounds the positions: model.block_size may be at most it.
+namespace {
+
+struct Field {
+  const char* json;
+  const char* key;  // the model.* key, "" for the data's vocabulary
+  double want;
+};
+
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", v);
+  return text;
+}
+
+}  // namespace
+
+void llama_check_hf_config(const std::string& text, const LlamaOptions& o,
+                           const std::string& source) {
+  const JsonDocument doc(text, source);
+  const JsonValue root = doc.root();
+  if (!root.is(JsonKind::kObject)) throw ConfigError(source + ": not a JSON object");
+  const auto refuse = [&](const std::string& why) { throw ConfigError(source + ": " + why); };
+  const JsonValue type = root.get("model_type");
+  if (type.text() != "llama") refuse("model_type is '" + std::string(type.text()) + "', not llama");
+  const JsonValue act = root.get("hidden_act");
+  if (!act.missing() && act.text() != "silu")
+    refuse("hidden_act '" + std::string(act.text()) + "': lockstep's Llama is SwiGLU (silu)");
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (root.get(bias).boolean())
+      refuse(std::string(bias) + " is true: lockstep's Llama has no biases");
+  if (!root.get("rope_scaling").missing() && !root.get("rope_scaling").is(JsonKind::kNull))
+    refuse(
+        "rope_scaling is set: lockstep's Llama has plain rotary embeddings (no Llama 3.1 "
+        "scaling)");
+  // transformers 5 writes rope_parameters {rope_theta, rope_type}; 4.x
+  // rope_theta (and rope_scaling) at the top.
+  const JsonValue rope = root.get("rope_parameters");
+  const JsonValue rope_type = rope.get("rope_type");
+  if (!rope_type.missing() && rope_type.text() != "default")
+    refuse("rope_parameters.rope_type is '" + std::string(rope_type.text()) +
+           "': lockstep's Llama has plain rotary embeddings (default)");
+  const JsonValue tp = root.get("pretraining_tp");
+  if (tp.is(JsonKind::kNumber) && tp.number() != 1)
+    refuse("pretraining_tp is " + number(tp.number()) + ", not 1");
+  const int64_t hd = o.n_embd / o.n_head;
+  const JsonValue head_dim = root.get("head_dim");
+  if (!head_dim.missing() && !head_dim.is(JsonKind::kNull) && head_dim.number() != hd)
+    refuse("head_dim " + number(head_dim.number()) + " is not hidden_size / num_attention_heads (" +
+           std::to_string(hd) + ")");
+  const Field fields[] = {
+      {"hidden_size", "model.n_embd", static_cast<double>(o.n_embd)},
+      {"num_hidden_layers", "model.n_layer", static_cast<double>(o.n_layer)},
+      {"num_attention_heads", "model.n_head", static_cast<double>(o.n_head)},
+      {"num_key_value_heads", "model.n_kv_head", static_cast<double>(o.n_kv_head)},
+      {"intermediate_size", "model.intermediate_size", static_cast<double>(o.intermediate_size)},
+      {"vocab_size", "", static_cast<double>(o.vocab_size)},
+      {"rope_theta", "model.rope_theta", o.rope_theta},
+      {"rms_norm_eps", "model.rms_norm_eps", o.rms_norm_eps},
+  };
+  for (const auto& f : fields) {
+    JsonValue v = root.get(f.json);
+    if (v.missing() && std::string(f.json) == "num_key_value_heads")
+      v = root.get("num_attention_heads");
+    if (v.missing() && std::string(f.json) == "rope_theta") v = rope.get("rope_theta");
+    if (!v.is(JsonKind::kNumber)) refuse(std::string(f.json) + " is missing or not a number");
+    const double got = v.number();
+    if (std::fabs(got - f.want) > 1e-9 * std::fabs(f.want)) {
+      refuse(std::string(f.json) + " is " + number(got) + ", but " +
+             (*f.key ? std::string(f.key) + " is " + number(f.want) + " (--set " + f.key + "=" +
+                           number(got) + ")"
+                     : "the data's vocabulary has " + number(f.want) +
+                           " tokens (data.vocab_size, or the tokenizer)"));
+    }
+  }
+  const JsonValue tied = root.get("tie_word_embeddings");
+  if (tied.boolean() != o.tie_embeddings)
+    refuse(std::string("tie_word_embeddings is ") + (tied.boolean() ? "true" : "false") +
+           ", but model.tie_embeddings is " + (o.tie_embeddings ? "true" : "false") +
+           " (--set model.tie_embeddings=" + (tied.boolean() ? "true" : "false") + ")");
+  const JsonValue positions = root.get("max_position_embeddings");
+  if (positions.is(JsonKind::kNumber) && positions.number() < o.block_size)
+    refuse("max_position_embeddings " + number(positions.number()) + " is below model.block_size " +
+           std::to_string(o.block_size));
+}
+
+NamedTensors llama_state_from_hf(NamedTensors hf, const LlamaOptions& o,
+                                 const std::string& source) {
+  NamedTensors out;
+  at::Tensor embed, head;
+  for (auto& [name, t] : hf) {
+    if (!at::isFloatingType(t.scalar_type()))
+      throw DataError(source + ": '" + name + "' holds " +
+                      std::string(c10::toString(t.scalar_type())) + ", not floating-point weights");
+    t = t.to(at::kFloat);
+    if (name == "model.embed_tokens.weight") embed = t;
+    if (name == "lm_head.weight") head = t;
+  }
+  for (auto& [name, t] : hf) {
+    if (o.tie_embeddings && name == "lm_head.weight") {
+      if (!embed.defined() || !t.equal(embed))
+        throw DataError(source +
+                        ": lm_head.weight differs from model.embed_tokens.weight, but "
+                        "the head is tied (tie_word_embeddings)");
+      continue;
+    }
+    out.emplace_back(name, std::move(t));
+  }
+  return out;
+}
+
+std::string llama_hf_config_json(const LlamaOptions& o) {
+  std::string j = "{\n";
+  const auto add = [&](const std::string& key, const std::string& value, bool last = false) {
+    j += "  \"" + key + "\": " + value + (last ? "\n" : ",\n");
+  };
+  add("architectures", "[\"LlamaForCausalLM\"]");
+  add("model_type", "\"llama\"");
+  add("hidden_act", "\"silu\"");
+  add("hidden_size", std::to_string(o.n_embd));
+  add("intermediate_size", std::to_string(o.intermediate_size));
+  add("num_hidden_layers", std::to_string(o.n_layer));
+  add("num_attention_heads", std::to_string(o.n_head));
+  add("num_key_value_heads", std::to_string(o.n_kv_head));
+  add("head_dim", std::to_string(o.n_embd / o.n_head));
+  add("vocab_size", std::to_string(o.vocab_size));
+  add("max_position_embeddings", std::to_string(o.block_size));
+  add("rope_theta", number(o.rope_theta));
+  add("rms_norm_eps", number(o.rms_norm_eps));
+  add("tie_word_embeddings", o.tie_embeddings ? "true" : "false");
+  add("attention_bias", "false");
+  add("mlp_bias", "false");
+  add("initializer_range", "0.02");
+  add("torch_dtype", "\"float32\"", true);
+  return j + "}\n";
+}
+
+}  // namespace lockstep
