@@ -37,7 +37,7 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 
 // The model's logits at every position of `prompt`, as float32 bytes: what
 // another implementation (transformers, a Python twin) is compared with.
-void write_logits(Gpt& model, const std::vector<int64_t>& prompt, const std::string& path) {
+void write_logits(Classifier& model, const std::vector<int64_t>& prompt, const std::string& path) {
   at::NoGradGuard no_grad;
   const at::Tensor idx = at::tensor(prompt, at::kLong).unsqueeze(0);
   const at::Tensor logits = model.forward(idx).squeeze(0).to(at::kFloat).contiguous().cpu();
@@ -47,8 +47,9 @@ void write_logits(Gpt& model, const std::vector<int64_t>& prompt, const std::str
 
 // The command's options and their help.
 cxxopts::Options generate_options() {
-  cxxopts::Options options("lockstep generate",
-                           "Samples text from a GPT checkpoint (model.name: gpt).");
+  cxxopts::Options options(
+      "lockstep generate",
+      "Samples text from a language model's checkpoint (model.name: gpt or llama).");
   // clang-format off
   options.add_options()
       ("checkpoint", "a checkpoint folder, or a run folder (its newest checkpoint)", cxxopts::value<std::string>())
@@ -65,7 +66,7 @@ cxxopts::Options generate_options() {
 
 // data.tokenizer: the BPE that made the model's token files (text in and
 // out); none for byte-level models and models of bare ids.
-std::optional<Gpt2Bpe> load_tokenizer(const LoadedGpt& loaded) {
+std::optional<Gpt2Bpe> load_tokenizer(const LoadedLanguageModel& loaded) {
   std::optional<Gpt2Bpe> bpe;
   if (loaded.bytes || loaded.config.data.tokenizer.empty()) return bpe;
   try {
@@ -74,7 +75,7 @@ std::optional<Gpt2Bpe> load_tokenizer(const LoadedGpt& loaded) {
     throw ConfigError(std::string("data.tokenizer '") + loaded.config.data.tokenizer +
                       "' of checkpoint '" + loaded.folder + "': " + e.what());
   }
-  const int64_t vocab = loaded.model->options().vocab_size;
+  const int64_t vocab = loaded.vocab_size;
   if (bpe->vocab_size() > vocab)
     throw ConfigError("data.tokenizer '" + loaded.config.data.tokenizer + "' has " +
                       std::to_string(bpe->vocab_size()) + " tokens, more than the model's " +
@@ -84,7 +85,8 @@ std::optional<Gpt2Bpe> load_tokenizer(const LoadedGpt& loaded) {
 
 // The prompt as token ids: --prompt through the tokenizer or as bytes, or
 // --prompt-tokens, as the model was trained.
-std::vector<int64_t> prompt_from_args(const cxxopts::ParseResult& args, const LoadedGpt& loaded,
+std::vector<int64_t> prompt_from_args(const cxxopts::ParseResult& args,
+                                      const LoadedLanguageModel& loaded,
                                       const std::optional<Gpt2Bpe>& bpe) {
   std::vector<int64_t> prompt;
   if (bpe && args.count("prompt") != 0) {
@@ -118,7 +120,7 @@ struct Job {
   std::string shown;                  // the prompt as given, when as_text
 };
 
-Job job_from_args(const cxxopts::ParseResult& args, const LoadedGpt& loaded,
+Job job_from_args(const cxxopts::ParseResult& args, const LoadedLanguageModel& loaded,
                   const std::optional<Gpt2Bpe>& bpe) {
   Job job;
   job.prompt = prompt_from_args(args, loaded, bpe);
@@ -135,7 +137,8 @@ Job job_from_args(const cxxopts::ParseResult& args, const LoadedGpt& loaded,
 
 // Prints the prompt, then each token as it is drawn: text as valid UTF-8
 // (Utf8Stream), ids space-separated.
-void generate(const LoadedGpt& loaded, const std::optional<Gpt2Bpe>& bpe, const Job& job) {
+void generate(const LoadedLanguageModel& loaded, const std::optional<Gpt2Bpe>& bpe,
+              const Job& job) {
   Utf8Stream text([](const std::string& s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
@@ -147,16 +150,17 @@ void generate(const LoadedGpt& loaded, const std::optional<Gpt2Bpe>& bpe, const 
       std::printf("%s%lld", i ? " " : "", static_cast<long long>(job.prompt[i]));
   }
   std::fflush(stdout);
-  gpt_sample(*loaded.model, job.prompt, job.sample, [&](int64_t token) {
-    if (loaded.bytes) {
-      text.put(static_cast<unsigned char>(token));
-    } else if (job.as_text) {
-      for (const char c : bpe->token_bytes(token)) text.put(static_cast<unsigned char>(c));
-    } else {
-      std::printf(" %lld", static_cast<long long>(token));
-      std::fflush(stdout);
-    }
-  });
+  sample(*loaded.model, loaded.vocab_size, loaded.block_size, job.prompt, job.sample,
+         [&](int64_t token) {
+           if (loaded.bytes) {
+             text.put(static_cast<unsigned char>(token));
+           } else if (job.as_text) {
+             for (const char c : bpe->token_bytes(token)) text.put(static_cast<unsigned char>(c));
+           } else {
+             std::printf(" %lld", static_cast<long long>(token));
+             std::fflush(stdout);
+           }
+         });
   text.finish();
   std::fputs("\n", stdout);
   if (text.replaced() > 0)
@@ -176,10 +180,11 @@ int cmd_generate(int argc, char** argv) {
     const cxxopts::ParseResult& args = *parsed;
     if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
     const auto loaded =
-        gpt_load_checkpoint(checkpoint_folder(args["checkpoint"].as<std::string>()));
+        load_language_model(checkpoint_folder(args["checkpoint"].as<std::string>()));
     const std::optional<Gpt2Bpe> bpe = load_tokenizer(loaded);
     const Job job = job_from_args(args, loaded, bpe);
-    gpt_sample_check(*loaded.model, job.prompt, job.sample);  // before any output
+    sample_check(loaded.vocab_size, loaded.block_size, job.prompt,
+                 job.sample);  // before any output
     if (job.logits) {
       write_logits(*loaded.model, job.prompt, *job.logits);
       return kExitOk;

@@ -9,6 +9,7 @@
 
 #include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/io/state_dict.h"
+#include "lockstep/model/llama.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/fs.h"
 
@@ -26,16 +27,40 @@ std::string checkpoint_folder(const std::string& path) {
       (path_exists(path) ? "" : ": it does not exist"));
 }
 
-LoadedGpt gpt_load_checkpoint(const std::string& folder) {
+namespace {
+
+std::string shape_text(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// The vocabulary: the token embedding's rows.
+int64_t vocabulary(const StateDict& state, const std::string& embedding,
+                   const std::string& folder) {
+  int64_t vocab = 0;
+  for (const auto& [name, tensor] : state)
+    if (name == embedding && tensor.dim() == 2) vocab = tensor.size(0);
+  if (vocab == 0) throw DataError("checkpoint '" + folder + "': model.pt has no 2-D " + embedding);
+  if (vocab > (int64_t{1} << 24))
+    throw DataError("checkpoint '" + folder + "': model.pt's " + embedding + " has " +
+                    std::to_string(vocab) + " rows, over the 2^24 tokens data.vocab_size allows");
+  return vocab;
+}
+
+}  // namespace
+
+LoadedLanguageModel load_language_model(const std::string& folder) {
   // Sharded or not: model.pt's entries (every shard file verified and read).
   const Checkpointer::Loaded checkpoint = Checkpointer::load(folder, nullptr, {"model.pt"});
-  LoadedGpt loaded;
+  LoadedLanguageModel loaded;
   loaded.folder = folder;
   loaded.config = config_load(folder + "/config.yaml");
   const auto& m = loaded.config.model;
-  if (!is_model(m.name, BuiltinModel::kGpt))
+  if (!is_language_model(m.name))
     throw ConfigError("checkpoint '" + folder + "' holds a " + m.name +
-                      " model: lockstep generate samples from model.name: gpt");
+                      " model: lockstep generate samples from model.name: gpt or llama");
+  const bool llama = is_model(m.name, BuiltinModel::kLlama);
   loaded.bytes = loaded.config.data.name == DatasetKind::kText;
   const StateDict& state = checkpoint.part("model.pt");
   // Note [Untrusted model shapes]: the config comes from the checkpoint
@@ -44,24 +69,13 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
   // before anything is built, every parameter the config implies must be in
   // model.pt with exactly its shape: the model then costs what the file
   // holds. The vocabulary is the token embedding's first dimension.
-  int64_t vocab = 0;
-  for (const auto& [name, tensor] : state)
-    if (name == "transformer.wte.weight" && tensor.dim() == 2) vocab = tensor.size(0);
-  if (vocab == 0)
-    throw DataError("checkpoint '" + folder + "': model.pt has no 2-D transformer.wte.weight");
-  if (vocab > (int64_t{1} << 24))
-    throw DataError("checkpoint '" + folder + "': model.pt's transformer.wte.weight has " +
-                    std::to_string(vocab) + " rows, over the 2^24 tokens data.vocab_size allows");
-  const GptOptions options = gpt_options(m, vocab);
+  const int64_t vocab =
+      vocabulary(state, llama ? "model.embed_tokens.weight" : "transformer.wte.weight", folder);
+  const auto shapes = llama ? llama_parameter_shapes(llama_options(m, vocab))
+                            : gpt_parameter_shapes(gpt_options(m, vocab));
   std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
   std::set<std::string> parameters;
-  const auto shape_text = [](at::IntArrayRef shape) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < shape.size(); ++i)
-      out += (i ? ", " : "") + std::to_string(shape[i]);
-    return out + "]";
-  };
-  for (const auto& [name, shape] : gpt_parameter_shapes(options)) {
+  for (const auto& [name, shape] : shapes) {
     parameters.insert(name);
     const auto it = by_name.find(name);
     if (it == by_name.end())
@@ -77,24 +91,29 @@ LoadedGpt gpt_load_checkpoint(const std::string& folder) {
   }
   // Then the values, as a resume reads them (Note [Checkpoint values]).
   Checkpointer::check_model_values(state, parameters, folder + "/model.pt");
-  loaded.model = std::make_shared<Gpt>(options);
+  if (llama) {
+    loaded.model = std::make_shared<Llama>(llama_options(m, vocab));
+  } else {
+    loaded.model = std::make_shared<Gpt>(gpt_options(m, vocab));
+  }
+  loaded.vocab_size = vocab;
+  loaded.block_size = m.block_size;
   state_dict_load(*loaded.model, state, folder + "/model.pt");
   loaded.model->eval();
   return loaded;
 }
 
-void gpt_sample_check(const Gpt& model, const std::vector<int64_t>& prompt,
-                      const SampleOptions& options) {
-  const auto& o = model.options();
+void sample_check(int64_t vocab_size, int64_t block_size, const std::vector<int64_t>& prompt,
+                  const SampleOptions& options) {
   if (prompt.empty()) throw ConfigError("the prompt is empty: give at least one token");
-  if (static_cast<int64_t>(prompt.size()) > o.block_size)
+  if (static_cast<int64_t>(prompt.size()) > block_size)
     throw ConfigError("the prompt is " + std::to_string(prompt.size()) +
                       " tokens, longer than the model's context of model.block_size=" +
-                      std::to_string(o.block_size));
+                      std::to_string(block_size));
   for (int64_t t : prompt)
-    if (t < 0 || t >= o.vocab_size)
+    if (t < 0 || t >= vocab_size)
       throw ConfigError("prompt token " + std::to_string(t) + " is outside the vocabulary of " +
-                        std::to_string(o.vocab_size));
+                        std::to_string(vocab_size));
   if (!(options.temperature >= 0) || options.temperature > 100)
     throw ConfigError("--temperature must be in [0, 100] (0: greedy)");
   if (options.top_k < 0) throw ConfigError("--top-k must be >= 0 (0: every token)");
@@ -104,8 +123,14 @@ void gpt_sample_check(const Gpt& model, const std::vector<int64_t>& prompt,
 std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
                                 const SampleOptions& options,
                                 const std::function<void(int64_t)>& emit) {
-  const auto& o = model.options();
-  gpt_sample_check(model, prompt, options);
+  return sample(model, model.options().vocab_size, model.options().block_size, prompt, options,
+                emit);
+}
+
+std::vector<int64_t> sample(Classifier& model, int64_t vocab_size, int64_t block_size,
+                            const std::vector<int64_t>& prompt, const SampleOptions& options,
+                            const std::function<void(int64_t)>& emit) {
+  sample_check(vocab_size, block_size, prompt, options);
   // Below this a temperature only sharpens the distribution onto its
   // maximum, and dividing by it overflows: greedy, as 0 is.
   const bool greedy = options.temperature < kGreedyBelow;
@@ -113,8 +138,8 @@ std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   std::vector<int64_t> context = prompt, drawn;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
-    const auto begin = context.size() > static_cast<std::size_t>(o.block_size)
-                           ? context.end() - o.block_size
+    const auto begin = context.size() > static_cast<std::size_t>(block_size)
+                           ? context.end() - block_size
                            : context.begin();
     const std::vector<int64_t> window(begin, context.end());
     const auto idx = at::tensor(window, at::kLong).unsqueeze(0);
@@ -135,8 +160,8 @@ std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
       next = at::multinomial(at::softmax(logits, 0), 1, false, generator).item<int64_t>();
     }
     context.push_back(next);
-    if (context.size() > static_cast<std::size_t>(2 * o.block_size))  // only the last block is read
-      context.erase(context.begin(), context.end() - o.block_size);
+    if (context.size() > static_cast<std::size_t>(2 * block_size))  // only the last block is read
+      context.erase(context.begin(), context.end() - block_size);
     drawn.push_back(next);
     if (emit) emit(next);
   }

@@ -384,9 +384,9 @@ TEST_CASE("gpt: two ranks learn a text through the trainer, far below ln(256)", 
   // checkpoint, which loads as the model trained.
   const std::string folder = checkpoint_folder(dir.path + "/gpt");
   CHECK_THAT(folder, Contains("step_00000060"));
-  const LoadedGpt loaded = gpt_load_checkpoint(folder);
+  const LoadedLanguageModel loaded = load_language_model(folder);
   CHECK(loaded.bytes);
-  CHECK(loaded.model->options().vocab_size == 256);
+  CHECK(loaded.vocab_size == 256);
   // Greedy: each token the argmax of the model's own next-token logits.
   const std::string prompt = "the quick brown ";
   std::vector<int64_t> context(prompt.begin(), prompt.end());
@@ -394,8 +394,8 @@ TEST_CASE("gpt: two ranks learn a text through the trainer, far below ln(256)", 
   greedy.temperature = 0;
   greedy.max_new_tokens = 12;
   std::vector<int64_t> streamed;
-  const auto drawn =
-      gpt_sample(*loaded.model, context, greedy, [&](int64_t t) { streamed.push_back(t); });
+  const auto drawn = sample(*loaded.model, loaded.vocab_size, loaded.block_size, context, greedy,
+                            [&](int64_t t) { streamed.push_back(t); });
   CHECK(drawn == streamed);
   at::NoGradGuard no_grad;
   for (int64_t t : drawn) {

@@ -11,6 +11,7 @@
 #    (relative);
 # 3. `lockstep export` of the trained checkpoint loads into transformers
 #    (from_pretrained) with lockstep's logits within 1e-5;
+# 4. greedy generation: `lockstep generate` equals transformers' generate();
 # Everywhere: 2 ranks under ZeRO-3 end with the weights of 2 ranks under
 # DDP, activation checkpointing changes no weight, and a config.json that
 # describes another model is exit 2 naming the field and the key.
@@ -74,6 +75,18 @@ fi
 "$LOCKSTEP" export --checkpoint "$RUNS/parity/checkpoints/step_00000020" --out "$WORK/export" >"$WORK/export.out" 2>&1
 expect_eq "$?" 0 "lockstep export writes a Hugging Face folder"
 logits "$WORK/export" "lockstep's export"
+
+# 4. Greedy generation, lockstep's and transformers' (the prompt and the
+#    tokens within the 32-token context: transformers does not crop).
+prompt="And God said, Let"
+"$LOCKSTEP" generate --checkpoint "$RUNS/parity/checkpoints/step_00000020" --prompt "$prompt" \
+  --temperature 0 --max-new-tokens 15 >"$WORK/generated" 2>"$WORK/gen.err"
+expect_eq "$?" 0 "lockstep generate from the Llama, greedy"
+if out=$($PY "$P" greedy "$WORK/export" "$prompt" 15 "$WORK/generated" 2>/dev/null); then
+  pass "transformers' generate(): $out"
+else
+  fail "transformers' generate(): $out"
+fi
 
 # A config.json of another shape: exit 2, the field and the key named.
 "$LOCKSTEP" train "${TRAIN_ARGS[@]}" --set run.dir="$RUNS" --set run.name=deeper --set model.n_layer=3 \

@@ -6,6 +6,9 @@
                                            shards with an index; DIR/ids.pt: token ids
   llama_parity.py logits FOLDER IDS OUT    transformers' logits of FOLDER on IDS, in OUT
   llama_parity.py close A B TOL            the largest difference of two logits files
+  llama_parity.py greedy FOLDER PROMPT N GENERATED
+                                           transformers' greedy generate() of N bytes after
+                                           PROMPT from FOLDER, against lockstep generate's text
   llama_parity.py train DIR --text F --metrics M --steps N --batch B --block T --seed S
                                            transformers trains N steps from DIR/hf on the text's
                                            windows in DistributedSampler's order (as lockstep's
@@ -44,6 +47,17 @@ def close(a, b, tolerance):
     diff = (x - y).abs().max().item() if x.shape == y.shape else float("inf")
     print(f"logits {tuple(x.shape)}: largest difference {diff:.3g} (tolerance {tolerance:g})")
     return 0 if diff <= tolerance else 1
+
+
+def greedy(folder, prompt, n, generated):
+    model = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    ids = torch.tensor([list(prompt.encode())], dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+    python = bytes(out[0].tolist()).decode("utf-8", "replace")
+    ours = open(generated, "rb").read().decode("utf-8").rstrip("\n")
+    print("greedy: " + ("equal" if python == ours else f"DIFFERENT: python {python!r}, lockstep {ours!r}"))
+    return 0 if python == ours else 1
 
 
 def train(folder, text, metrics, steps, batch, block, seed):
@@ -87,6 +101,8 @@ if __name__ == "__main__":
         init(sys.argv[2])
     elif mode == "logits":
         logits(*sys.argv[2:5])
+    elif mode == "greedy":
+        sys.exit(greedy(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]))
     elif mode == "close":
         sys.exit(close(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     else:

@@ -1,5 +1,6 @@
-// Sampling from a trained GPT (`lockstep generate`): the checkpoint found
-// and loaded as the model it holds, and tokens drawn one at a time.
+// Sampling from a trained language model, GPT or Llama (`lockstep
+// generate`): the checkpoint found and loaded as the model it holds, and
+// tokens drawn one at a time.
 #pragma once
 
 #include <cstdint>
@@ -17,17 +18,20 @@ namespace lockstep {
 // newest checkpoint. Throws ConfigError naming the path when it is neither.
 std::string checkpoint_folder(const std::string& path);
 
-struct LoadedGpt {
-  std::shared_ptr<Gpt> model;  // in eval mode
-  Config config;               // the run's, from the checkpoint's config.yaml
+struct LoadedLanguageModel {
+  std::shared_ptr<Classifier> model;  // a Gpt or a Llama, in eval mode
+  int64_t vocab_size = 0;
+  int64_t block_size = 0;  // the longest context
+  Config config;           // the run's, from the checkpoint's config.yaml
   std::string folder;
   bool bytes = true;  // trained on data.name: text (tokens are bytes)
 };
 
 // Verifies the checkpoint's manifest, reads its config and weights. Throws
-// ConfigError when the checkpoint holds another model than gpt, DataError
-// for a corrupt or truncated checkpoint.
-LoadedGpt gpt_load_checkpoint(const std::string& folder);
+// ConfigError when the checkpoint holds another model than gpt or llama,
+// DataError for a corrupt or truncated checkpoint or one whose weights do
+// not have the shapes its config.yaml implies.
+LoadedLanguageModel load_language_model(const std::string& folder);
 
 // A temperature below this samples greedily (argmax), as 0 does: dividing
 // logits by it would overflow, and the distribution is its maximum anyway.
@@ -46,10 +50,15 @@ struct SampleOptions {
 // block_size tokens as the context grows), calling `emit` with each as it is
 // chosen; returns them. ConfigError for an empty prompt, one longer than the
 // context, a token outside the vocabulary or options out of range.
-// The checks gpt_sample makes first, alone: so that a command refuses bad
+// The checks sample() makes first, alone: so that a command refuses bad
 // options before it prints anything.
-void gpt_sample_check(const Gpt& model, const std::vector<int64_t>& prompt,
-                      const SampleOptions& options);
+void sample_check(int64_t vocab_size, int64_t block_size, const std::vector<int64_t>& prompt,
+                  const SampleOptions& options);
+// `model` maps [1, t <= block_size] ids to [1, t, vocab_size] logits.
+std::vector<int64_t> sample(Classifier& model, int64_t vocab_size, int64_t block_size,
+                            const std::vector<int64_t>& prompt, const SampleOptions& options,
+                            const std::function<void(int64_t)>& emit = {});
+// The same for a Gpt, its shape from its options.
 std::vector<int64_t> gpt_sample(Gpt& model, const std::vector<int64_t>& prompt,
                                 const SampleOptions& options,
                                 const std::function<void(int64_t)>& emit = {});
