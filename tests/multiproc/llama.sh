@@ -13,8 +13,10 @@
 #    (from_pretrained) with lockstep's logits within 1e-5;
 # 4. greedy generation: `lockstep generate` equals transformers' generate();
 # Everywhere: 2 ranks under ZeRO-3 end with the weights of 2 ranks under
-# DDP, activation checkpointing changes no weight, and a config.json that
-# describes another model is exit 2 naming the field and the key.
+# DDP, activation checkpointing changes no weight, configs/llama-tiny.yaml
+# (on bytes) trains on 2 ranks with sharded checkpoints, resumes on 3 and
+# generates; with transformers, a config.json that describes another model
+# is exit 2 naming the field and the key.
 #   llama.sh LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS
 source "$(dirname "$0")/lib.sh"
 TESTS=${3:?usage: $0 LOCKSTEP LOCKSTEP_RUN LOCKSTEP_TESTS}
@@ -36,6 +38,24 @@ same z3 ddp "2 ranks, ZeRO-3 (each decoder layer a unit): the DDP run's weights"
 train recompute 2 --set model.activation_checkpointing=true
 same recompute ddp "activation checkpointing: the same weights"
 expect_grep "$WORK/ddp.out" "model: llama with" "the model is built"
+# configs/llama-tiny.yaml on bytes (its BPE tokens need the GPT-2 vocabulary):
+# 2 ranks, ZeRO-3, sharded checkpoints; resumed on 3 ranks; generate.
+TINY=(--config "$root/configs/llama-tiny.yaml" --set data.name=text --set data.path="$WORK/text.txt"
+      --set data.tokenizer= --set data.vocab_size=0 --set checkpoint.every=10)
+TRAIN_ARGS=()
+train tiny 2 "${TINY[@]}" --set train.max_steps=20
+expect_eq "$?" 0 "configs/llama-tiny.yaml: 2 ranks, ZeRO-3, sharded checkpoints"
+expect_grep "$WORK/tiny.out" "step_00000020 \(sharded\)" "... a sharded checkpoint at step 20"
+APPEND=1 train tiny 3 "${TINY[@]}" --set train.max_steps=30 --set checkpoint.resume=auto
+expect_eq "$?" 0 "... resumed on 3 ranks"
+expect_grep "$WORK/tiny.out" "resumed from .*step_00000020 at step 20.*written by 2 rank\(s\).*now 3" \
+  "... from step 20, written by 2 ranks"
+"$LOCKSTEP" generate --checkpoint "$RUNS/tiny" --prompt "In the beginning" --max-new-tokens 20 \
+  >"$WORK/tiny.gen" 2>&1
+expect_eq "$?" 0 "... and generates"
+expect_grep "$WORK/tiny.gen" "^In the beginning" "... continuing the prompt"
+TRAIN_ARGS=(--config "$root/configs/gpt-text.yaml" "${SHAPE[@]}" --set checkpoint.every=0
+            --set train.max_steps=10)
 
 if ! "$PY" -c 'import transformers' 2>/dev/null; then
   echo "SKIP: $PY lacks transformers (the pip platform's environment has it: scripts/test_pip.sh)"
