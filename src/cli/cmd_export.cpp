@@ -50,7 +50,8 @@ int cmd_export(int argc, char** argv) {
                         config.model.name + " model: use --layout lockstep");
     // Nothing is overwritten: not an earlier export, not a checkpoint or a
     // run folder (whose MANIFEST would no longer match).
-    for (const char* name : {"model.safetensors", "config.json", "config.yaml", "MANIFEST"}) {
+    for (const char* name : {"model.safetensors", "model.safetensors.index.json", "config.json",
+                             "config.yaml", "MANIFEST"}) {
       if (path_exists(out + "/" + name))
         throw ConfigError("--out '" + out + "' already holds " + name +
                           ": give an empty or new folder (lockstep export overwrites nothing)");
@@ -59,18 +60,15 @@ int cmd_export(int argc, char** argv) {
     std::map<std::string, std::string> metadata{{"format", "pt"}};
     // The config first, each file through a temporary: a failure leaves no
     // model without its config, and no half file.
+    // Note [Untrusted model shapes]: config.json says what the weights are.
+    int64_t vocab = 0;
+    if (layout == "hf") check_language_model_shapes(weights, config.model, folder, &vocab);
     if (layout == "hf" && llama) {
       // lockstep's names are LlamaForCausalLM's (model/llama.h).
-      int64_t vocab = 0;
-      for (const auto& [name, t] : weights)
-        if (name == "model.embed_tokens.weight" && t.dim() == 2) vocab = t.size(0);
       write_file_replacing(out + "/config.json",
                            llama_hf_config_json(llama_options(config.model, vocab)));
       safetensors_save(weights, out + "/model.safetensors", metadata);
     } else if (layout == "hf") {
-      int64_t vocab = 0;
-      for (const auto& [name, t] : weights)
-        if (name == "transformer.wte.weight" && t.dim() == 2) vocab = t.size(0);
       const GptOptions gpt = gpt_options(config.model, vocab);
       const StateDict hf = gpt_state_to_hf(weights, gpt);
       write_file_replacing(out + "/config.json", gpt_hf_config_json(gpt));

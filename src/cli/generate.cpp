@@ -50,6 +50,43 @@ int64_t vocabulary(const StateDict& state, const std::string& embedding,
 
 }  // namespace
 
+std::set<std::string> check_language_model_shapes(const StateDict& state, const ModelConfig& m,
+                                                  const std::string& folder, int64_t* vocab_out) {
+  const bool llama = is_model(m.name, BuiltinModel::kLlama);
+  // Note [Untrusted model shapes]: the config comes from the checkpoint
+  // folder like the weights, and a model built from it allocates what it
+  // says (n_embd 4096 x block_size 131072: 3 GB from a 304 KiB file). So
+  // before anything is built or written, every parameter the config
+  // implies must be in model.pt with exactly its shape: the model then
+  // costs what the file holds. The vocabulary is the token embedding's
+  // first dimension.
+  const int64_t vocab =
+      vocabulary(state, llama ? "model.embed_tokens.weight" : "transformer.wte.weight", folder);
+  const auto shapes = llama ? llama_parameter_shapes(llama_options(m, vocab))
+                            : gpt_parameter_shapes(gpt_options(m, vocab));
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  std::set<std::string> parameters;
+  for (const auto& [name, shape] : shapes) {
+    parameters.insert(name);
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw DataError("checkpoint '" + folder + "': model.pt has no '" + name +
+                      "', which the model of its config.yaml (model.name " + m.name + ", n_layer " +
+                      std::to_string(m.n_layer) + ") needs");
+    if (it->second.sizes() != at::IntArrayRef(shape))
+      throw DataError("checkpoint '" + folder + "': model.pt's '" + name + "' is " +
+                      shape_text(it->second.sizes()) + ", the model of its config.yaml needs " +
+                      shape_text(shape) + " (its model section was edited, or is another run's)");
+  }
+  if (state.size() != parameters.size())
+    for (const auto& [name, t] : state)
+      if (!parameters.count(name))
+        throw DataError("checkpoint '" + folder + "': model.pt holds '" + name +
+                        "', which the model of its config.yaml does not have");
+  if (vocab_out != nullptr) *vocab_out = vocab;
+  return parameters;
+}
+
 LoadedLanguageModel load_language_model(const std::string& folder) {
   // Sharded or not: model.pt's entries (every shard file verified and read).
   const Checkpointer::Loaded checkpoint = Checkpointer::load(folder, nullptr, {"model.pt"});
@@ -63,32 +100,8 @@ LoadedLanguageModel load_language_model(const std::string& folder) {
   const bool llama = is_model(m.name, BuiltinModel::kLlama);
   loaded.bytes = loaded.config.data.name == DatasetKind::kText;
   const StateDict& state = checkpoint.part("model.pt");
-  // Note [Untrusted model shapes]: the config comes from the checkpoint
-  // folder like the weights, and a model built from it allocates what it
-  // says (n_embd 4096 x block_size 131072: 3 GB from a 304 KiB file). So
-  // before anything is built, every parameter the config implies must be in
-  // model.pt with exactly its shape: the model then costs what the file
-  // holds. The vocabulary is the token embedding's first dimension.
-  const int64_t vocab =
-      vocabulary(state, llama ? "model.embed_tokens.weight" : "transformer.wte.weight", folder);
-  const auto shapes = llama ? llama_parameter_shapes(llama_options(m, vocab))
-                            : gpt_parameter_shapes(gpt_options(m, vocab));
-  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
-  std::set<std::string> parameters;
-  for (const auto& [name, shape] : shapes) {
-    parameters.insert(name);
-    const auto it = by_name.find(name);
-    if (it == by_name.end())
-      throw DataError("checkpoint '" + folder + "': model.pt has no '" + name +
-                      "', which its config.yaml's model (n_layer " + std::to_string(m.n_layer) +
-                      ", n_embd " + std::to_string(m.n_embd) + ", bias " +
-                      (m.bias ? "true" : "false") + ") needs");
-    if (it->second.sizes() != at::IntArrayRef(shape))
-      throw DataError("checkpoint '" + folder + "': model.pt's '" + name + "' is " +
-                      shape_text(it->second.sizes()) + ", its config.yaml's model (block_size " +
-                      std::to_string(m.block_size) + ", n_embd " + std::to_string(m.n_embd) +
-                      ") needs " + shape_text(shape));
-  }
+  int64_t vocab = 0;
+  const std::set<std::string> parameters = check_language_model_shapes(state, m, folder, &vocab);
   // Then the values, as a resume reads them (Note [Checkpoint values]).
   Checkpointer::check_model_values(state, parameters, folder + "/model.pt");
   if (llama) {

@@ -33,6 +33,10 @@ std::string hf_config_text(const std::string& folder) {
 StateDict hf_folder_weights(const std::string& folder) {
   const std::string single = folder + "/model.safetensors";
   const std::string index_path = folder + "/model.safetensors.index.json";
+  if (path_exists(index_path) && path_exists(single))
+    throw DataError("'" + folder + "' holds both model.safetensors and " +
+                    "model.safetensors.index.json: which weights are meant is ambiguous (remove "
+                    "the one that is stale)");
   if (!path_exists(index_path)) {
     if (!path_exists(single))
       throw DataError("'" + folder + "' holds neither model.safetensors nor " +

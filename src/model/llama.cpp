@@ -179,6 +179,10 @@ LlamaOptions llama_options(const ModelConfig& c, int64_t vocab_size) {
                       " must divide model.n_head=" + std::to_string(c.n_head) +
                       " (each key/value head serves a group of query heads)");
   if (vocab_size < 1) throw ConfigError("model.name: llama needs a vocabulary from the data");
+  if (c.dropout > 0)
+    throw ConfigError(
+        "model.dropout: lockstep's Llama has no dropout (as transformers' "
+        "attention_dropout 0); leave it 0");
   LlamaOptions o;
   o.vocab_size = vocab_size;
   o.block_size = c.block_size;

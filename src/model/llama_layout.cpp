@@ -59,15 +59,41 @@ void llama_check_hf_config(const std::string& text, const LlamaOptions& o,
         "rope_scaling is set: lockstep's Llama has plain rotary embeddings (no Llama 3.1 "
         "scaling)");
   // transformers 5 writes rope_parameters {rope_theta, rope_type}; 4.x
-  // rope_theta (and rope_scaling) at the top.
+  // rope_theta (and rope_scaling) at the top. transformers takes
+  // rope_parameters' values first and reads an old "type" as rope_type.
   const JsonValue rope = root.get("rope_parameters");
-  const JsonValue rope_type = rope.get("rope_type");
-  if (!rope_type.missing() && rope_type.text() != "default")
-    refuse("rope_parameters.rope_type is '" + std::string(rope_type.text()) +
-           "': lockstep's Llama has plain rotary embeddings (default)");
+  if (!rope.missing() && !rope.is(JsonKind::kNull)) {
+    if (!rope.is(JsonKind::kObject)) refuse("rope_parameters is not an object");
+    for (const JsonValue v : rope) {
+      const std::string key(v.key());
+      if (key == "rope_theta") continue;
+      if ((key == "rope_type" || key == "type") && v.text() == "default") continue;
+      refuse("rope_parameters." + key +
+             (v.is(JsonKind::kString) ? " is '" + std::string(v.text()) + "'" : " is set") +
+             ": lockstep's Llama has plain rotary embeddings (rope_type default, rope_theta)");
+    }
+    const JsonValue inner = rope.get("rope_theta"), top = root.get("rope_theta");
+    if (inner.is(JsonKind::kNumber) && top.is(JsonKind::kNumber) && inner.number() != top.number())
+      refuse("rope_theta " + number(top.number()) + " and rope_parameters.rope_theta " +
+             number(inner.number()) + " differ (transformers uses the latter)");
+  }
+  const auto strict = [&](const char* key, JsonKind kind) {
+    const JsonValue v = root.get(key);
+    if (!v.missing() && !v.is(JsonKind::kNull) && !v.is(kind))
+      refuse(std::string(key) + " is not a " + (kind == JsonKind::kBool ? "boolean" : "number"));
+  };
+  for (const char* key : {"tie_word_embeddings", "attention_bias", "mlp_bias"})
+    strict(key, JsonKind::kBool);
+  for (const char* key :
+       {"pretraining_tp", "max_position_embeddings", "head_dim", "attention_dropout"})
+    strict(key, JsonKind::kNumber);
   const JsonValue tp = root.get("pretraining_tp");
   if (tp.is(JsonKind::kNumber) && tp.number() != 1)
     refuse("pretraining_tp is " + number(tp.number()) + ", not 1");
+  const JsonValue dropout = root.get("attention_dropout");
+  if (dropout.is(JsonKind::kNumber) && dropout.number() != 0)
+    refuse("attention_dropout is " + number(dropout.number()) +
+           ": lockstep's Llama has no dropout");
   const int64_t hd = o.n_embd / o.n_head;
   const JsonValue head_dim = root.get("head_dim");
   if (!head_dim.missing() && !head_dim.is(JsonKind::kNull) && head_dim.number() != hd)
@@ -85,15 +111,19 @@ void llama_check_hf_config(const std::string& text, const LlamaOptions& o,
   };
   for (const auto& f : fields) {
     JsonValue v = root.get(f.json);
-    if (v.missing() && std::string(f.json) == "num_key_value_heads")
+    if (std::string(f.json) == "num_key_value_heads" && (v.missing() || v.is(JsonKind::kNull)))
       v = root.get("num_attention_heads");
-    if (v.missing() && std::string(f.json) == "rope_theta") v = rope.get("rope_theta");
+    if (std::string(f.json) == "rope_theta" && rope.get("rope_theta").is(JsonKind::kNumber))
+      v = rope.get("rope_theta");
     if (!v.is(JsonKind::kNumber)) refuse(std::string(f.json) + " is missing or not a number");
     const double got = v.number();
-    if (std::fabs(got - f.want) > 1e-9 * std::fabs(f.want)) {
+    if (!(std::fabs(got - f.want) <= 1e-9 * std::fabs(f.want))) {
+      // A hint only where the value could be the key's.
+      const bool settable = std::isfinite(got) && got > 0;
       refuse(std::string(f.json) + " is " + number(got) + ", but " +
-             (*f.key ? std::string(f.key) + " is " + number(f.want) + " (--set " + f.key + "=" +
-                           number(got) + ")"
+             (*f.key ? std::string(f.key) + " is " + number(f.want) +
+                           (settable ? " (--set " + std::string(f.key) + "=" + number(got) + ")"
+                                     : std::string())
                      : "the data's vocabulary has " + number(f.want) +
                            " tokens (data.vocab_size, or the tokenizer)"));
     }
@@ -123,7 +153,9 @@ NamedTensors llama_state_from_hf(NamedTensors hf, const LlamaOptions& o,
   }
   for (auto& [name, t] : hf) {
     if (o.tie_embeddings && name == "lm_head.weight") {
-      if (!embed.defined() || !t.equal(embed))
+      if (!embed.defined())
+        throw DataError(source + ": holds lm_head.weight but no model.embed_tokens.weight");
+      if (t.sizes() != embed.sizes() || !at::equal(t.nan_to_num(0), embed.nan_to_num(0)))
         throw DataError(source +
                         ": lm_head.weight differs from model.embed_tokens.weight, but "
                         "the head is tied (tie_word_embeddings)");

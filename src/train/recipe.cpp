@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <mutex>
+#include <set>
 
+#include "lockstep/checkpoint/checkpoint.h"
 #include "lockstep/data/tokens.h"
 #include "lockstep/ddp/comm_hooks.h"
 #include "lockstep/io/hf_folder.h"
@@ -200,10 +202,18 @@ std::shared_ptr<Classifier> model_from_config(const Config& config, const TrainD
           throw ConfigError("'" + from + "' is a Hugging Face folder (config.json): model.name: " +
                             "llama reads those, not " + config.model.name);
         llama_check_hf_config(hf_config_text(from), llama->options(), from + "/config.json");
-        state_dict_load(*model,
-                        llama_state_from_hf(hf_folder_weights(from), llama->options(), from), from);
+        const StateDict state =
+            llama_state_from_hf(hf_folder_weights(from), llama->options(), from);
+        std::set<std::string> names;
+        for (const auto& entry : state) names.insert(entry.first);
+        Checkpointer::check_model_values(state, names, from);  // no NaN or inf trained on
+        state_dict_load(*model, state, from);
         return 0;
       }
+      if (is_directory(from))
+        throw ConfigError("'" + from + "' is a folder without config.json: model.init_from " +
+                          "takes a Hugging Face folder (config.json and its safetensors), a " +
+                          "model.pt or a .safetensors file");
       const bool safetensors =
           from.size() > 12 && from.compare(from.size() - 12, 12, ".safetensors") == 0;
       if (!safetensors) {

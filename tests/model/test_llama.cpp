@@ -97,6 +97,34 @@ TEST_CASE("Llama's config.json: checked field by field, written back", "[llama]"
       llama_check_hf_config(edited("\"vocab_size\": 50", "\"vocab_size\": 49152"), o, "c"),
       Contains("the data's vocabulary has 50 tokens"));
   CHECK_THROWS_WITH(llama_check_hf_config("[1]", o, "c"), Contains("c: not a JSON object"));
+  // transformers 5's rope_parameters: its rope_theta wins, an old "type"
+  // is a rope_type, anything but default is refused.
+  const auto rope = [&](const std::string& parameters) {
+    return edited("\"rope_theta\": 10000",
+                  "\"rope_theta\": 10000, \"rope_parameters\": " + parameters);
+  };
+  CHECK_NOTHROW(
+      llama_check_hf_config(rope("{\"rope_theta\": 10000, \"rope_type\": \"default\"}"), o, "c"));
+  CHECK_THROWS_WITH(llama_check_hf_config(rope("{\"rope_theta\": 500000}"), o, "c"),
+                    Contains("rope_theta 10000 and rope_parameters.rope_theta 500000 differ"));
+  CHECK_THROWS_WITH(llama_check_hf_config(rope("{\"type\": \"linear\", \"factor\": 4}"), o, "c"),
+                    Contains("rope_parameters.type is 'linear'"));
+  CHECK_THROWS_WITH(
+      llama_check_hf_config(
+          edited("\"tie_word_embeddings\": false", "\"tie_word_embeddings\": \"false\""), o, "c"),
+      Contains("tie_word_embeddings is not a boolean"));
+  CHECK_THROWS_WITH(
+      llama_check_hf_config(
+          edited("\"mlp_bias\": false", "\"mlp_bias\": false, \"attention_dropout\": 0.5"), o, "c"),
+      Contains("attention_dropout is 0.5"));
+  LlamaOptions all_heads = o;
+  all_heads.n_kv_head = o.n_head;
+  CHECK_NOTHROW(llama_check_hf_config(
+      edited("\"num_key_value_heads\": 2", "\"num_key_value_heads\": null"), all_heads, "c"));
+  CHECK_THROWS_WITH(
+      llama_check_hf_config(edited("\"num_hidden_layers\": 2", "\"num_hidden_layers\": -2"), o,
+                            "c"),
+      Contains("num_hidden_layers is -2, but model.n_layer is 2") && !Contains("--set"));
 }
 
 TEST_CASE("Hugging Face folders: one file, a sharded index, hostile indexes", "[llama]") {
@@ -126,6 +154,8 @@ TEST_CASE("Hugging Face folders: one file, a sharded index, hostile indexes", "[
   CHECK_THROWS_WITH(hf_folder_weights(f), Contains("'d' is said to be in two.safetensors"));
   index("");
   CHECK_THROWS_WITH(hf_folder_weights(f), Contains("no weight_map"));
+  safetensors_save({{"a", at::ones({2})}}, f + "/model.safetensors");
+  CHECK_THROWS_WITH(hf_folder_weights(f), Contains("holds both model.safetensors and"));
 }
 
 // tests/multiproc/llama.sh with LOCKSTEP_LLAMA_FOLDER (a Hugging Face folder),

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "lockstep/config/config.h"
+#include "lockstep/io/state_dict.h"
 #include "lockstep/model/gpt.h"
 
 namespace lockstep {
@@ -32,6 +34,12 @@ struct LoadedLanguageModel {
 // DataError for a corrupt or truncated checkpoint or one whose weights do
 // not have the shapes its config.yaml implies.
 LoadedLanguageModel load_language_model(const std::string& folder);
+// Note [Untrusted model shapes]: every parameter the model section (gpt or
+// llama) implies is in `state` with exactly its shape, and nothing else;
+// DataError naming `folder` and the tensor otherwise. Returns the
+// parameters' names; *vocab (when given) the embedding's rows.
+std::set<std::string> check_language_model_shapes(const StateDict& state, const ModelConfig& model,
+                                                  const std::string& folder, int64_t* vocab);
 
 // A temperature below this samples greedily (argmax), as 0 does: dividing
 // logits by it would overflow, and the distribution is its maximum anyway.

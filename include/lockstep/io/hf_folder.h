@@ -2,7 +2,8 @@
 // the weights in model.safetensors or in several files named by
 // model.safetensors.index.json's weight_map. Read as hostile: the index
 // may name only plain file names in the folder, each tensor once, and
-// every file holds exactly the tensors the index gives it.
+// every file holds exactly the tensors the index gives it; a folder with
+// both model.safetensors and an index is refused (ambiguous).
 #pragma once
 
 #include <string>
