@@ -200,8 +200,8 @@ const std::vector<Field>& fields() {
       make_field("dist", "rdzv_timeout_s", &C::dist, &DistConfig::rdzv_timeout_s, Type::kDouble,
                  "seconds to reach the store and for every rank to arrive", 0.001, 1e7),
       make_field("model", "name", &C::model, &ModelConfig::name, Type::kString,
-                 "architecture: mlp, cnn, resnet (model.depth, model.width), transformer, gpt (a "
-                 "language model: model.n_*), "
+                 "architecture: mlp, cnn, resnet (model.depth, model.width), transformer, gpt or "
+                 "llama (language models: model.n_*), "
                  "torchscript (model.path), or a name a "
                  "program registered with lockstep::register_model"),
       make_field("model", "hidden", &C::model, &ModelConfig::hidden, Type::kInt,
