@@ -8,7 +8,8 @@
 # MPI's, where mpirun and an MPI-enabled build exist: the Debian 13 root),
 # the DDP overhead of the small MLP rung (ddp against local, and local
 # with a barrier per step), the ResNet with SyncBatchNorm beside PyTorch's
-# (scripts/bench_resnet.sh), and ZeRO 0-3 and sharded checkpoints beside
+# (scripts/bench_resnet.sh), a small Llama beside transformers' under
+# PyTorch's DDP (scripts/bench_llama.sh, where PYTHON has transformers), and ZeRO 0-3 and sharded checkpoints beside
 # PyTorch's DDP, ZeroRedundancyOptimizer, FSDP2 and DCP (scripts/bench_peers.sh,
 # where PYTHON's torch has FSDP2).
 # The peer is today's PyTorch where the pip platform exists
@@ -123,6 +124,12 @@ echo "== ResNet with SyncBatchNorm" >&2
 PYTHON=$PYTHON ROUNDS=$ROUNDS scripts/bench_resnet.sh >"$out/resnet" 2>"$out/resnet.err" ||
   { echo "scripts/bench_resnet.sh failed (exit $?); its last lines:"; tail -n 12 "$out/resnet.err"; } >>"$out/resnet"
 
+if "$PYTHON" -c 'import transformers' 2>/dev/null; then
+  echo "== Llama beside transformers' under PyTorch's DDP" >&2
+  PYTHON=$PYTHON ROUNDS=$ROUNDS scripts/bench_llama.sh >"$out/llama" 2>"$out/llama.err" ||
+    { echo "scripts/bench_llama.sh failed (exit $?); its last lines:"; tail -n 12 "$out/llama.err"; } >>"$out/llama"
+fi
+
 if "$PYTHON" -c 'from torch.distributed.fsdp import fully_shard' 2>/dev/null; then
   echo "== ZeRO and checkpoints beside PyTorch" >&2
   # A failure here is reported in its section; the figures above stand.
@@ -235,6 +242,11 @@ print(f"ddp / local, median of the jobs' ratios: x{median(over):.3f} "
       f"ddp {median(ms[(k, 'ddp')] for k in jobs):.4f}")
 print("\n### ResNet with synchronised batch normalisation beside PyTorch (scripts/bench_resnet.sh)")
 print("".join("    " + l for l in open(f"{out}/resnet")))
+print("\n### The tiny Llama beside transformers' under PyTorch's DDP (scripts/bench_llama.sh)")
+if os.path.exists(f"{out}/llama"):
+    print("".join("    " + l for l in open(f"{out}/llama")))
+else:
+    print("(no peer: this Python has no transformers; scripts/test_pip.sh makes one that has)")
 print("\n### ZeRO and sharded checkpoints beside PyTorch (scripts/bench_peers.sh)")
 if os.path.exists(f"{out}/peers"):
     print("".join("    " + l for l in open(f"{out}/peers")))

@@ -75,8 +75,10 @@ std::set<std::string> check_language_model_shapes(const StateDict& state, const 
                       std::to_string(m.n_layer) + ") needs");
     if (it->second.sizes() != at::IntArrayRef(shape))
       throw DataError("checkpoint '" + folder + "': model.pt's '" + name + "' is " +
-                      shape_text(it->second.sizes()) + ", the model of its config.yaml needs " +
-                      shape_text(shape) + " (its model section was edited, or is another run's)");
+                      shape_text(it->second.sizes()) + ", its config.yaml's model (block_size " +
+                      std::to_string(m.block_size) + ", n_embd " + std::to_string(m.n_embd) +
+                      ") needs " + shape_text(shape) +
+                      " (its model section was edited, or is another run's)");
   }
   if (state.size() != parameters.size())
     for (const auto& [name, t] : state)

@@ -89,8 +89,9 @@ TEST_CASE("a registered model is created by name - names are unique", "[models]"
   c.name = "nope";
   CHECK_THROWS_WITH(
       model_create(c, {64}, 10),
-      Contains("unknown model 'nope' (valid: mlp, cnn, transformer, gpt, torchscript, "
-               "probe-model)"));
+      Contains(
+          "unknown model 'nope' (valid: mlp, cnn, transformer, gpt, torchscript, resnet, llama, "
+          "probe-model)"));
   c.name = "gtp";  // a typo: the nearest name, registered ones included
   CHECK_THROWS_WITH(model_create(c, {64}, 10),
                     Contains("unknown model 'gtp' (did you mean 'gpt'?)"));
