@@ -189,6 +189,7 @@ VocabSource read_tokenizer_json(const std::string& path) {
 // GPT-2's (recognised by its SHA-256, tiktoken's "gpt2"/"r50k_base") gets
 // <|endoftext|> as 50256, as tiktoken adds it.
 constexpr size_t kMaxRankTokenBytes = 1024;
+constexpr size_t kOtherPatternRanks = 100000;  // GPT-2's and p50k's have ~50,000
 constexpr double kMaxRecoveryWork = 2e8;
 constexpr const char* kGpt2RanksSha256 =
     "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930";
@@ -287,6 +288,16 @@ VocabSource read_tiktoken(const std::string& path) {
   src.vocab_file = src.merges_file = path;
   const std::string text = read_regular_file(path, kMaxVocabFileBytes);
   const std::vector<std::string> by_rank = read_ranks(path, text);
+  // Note [Rank files]: the files of today's tokenizers (cl100k_base's
+  // 100,256 ranks, Llama 3's 128,000, o200k_base's 199,998) split text with
+  // other patterns than GPT-2's before merging; read with GPT-2's, they
+  // would give other ids than their tokenizers, silently.
+  if (by_rank.size() >= kOtherPatternRanks)
+    throw DataError(path + ": " + std::to_string(by_rank.size()) +
+                    " ranks: a rank file of this size (cl100k_base, o200k_base, Llama 3's "
+                    "tokenizer.model) belongs to a tokenizer that splits text with another "
+                    "pattern than GPT-2's, which lockstep's BPE does not implement: its ids "
+                    "would differ from that tokenizer's");
   std::unordered_map<std::string, int64_t> ranks;
   for (size_t r = 0; r < by_rank.size(); ++r)
     if (!ranks.emplace(by_rank[r], static_cast<int64_t>(r)).second)

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "lockstep/data/bpe.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/util/error.h"
@@ -198,6 +199,35 @@ TEST_CASE("Fashion-MNIST from Debian's dataset-fashion-mnist", "[datasets]") {
   // Balanced: 6,000 and 1,000 of each of the 10 classes.
   CHECK(at::equal(at::bincount(train.targets), at::full({10}, 6000, at::kLong)));
   CHECK(at::equal(at::bincount(test.targets), at::full({10}, 1000, at::kLong)));
+}
+
+TEST_CASE("a rank file of today's tokenizers is refused, not split with GPT-2's pattern",
+          "[datasets]") {
+  // 100,000 ranks, the size of cl100k_base's and Llama 3's files, whose
+  // pre-tokenising patterns lockstep does not implement.
+  const auto base64 = [](const std::string& in) {
+    static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (size_t i = 0; i < in.size(); i += 3) {
+      uint32_t v = static_cast<unsigned char>(in[i]) << 16;
+      if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+      if (i + 2 < in.size()) v |= static_cast<unsigned char>(in[i + 2]);
+      out += table[(v >> 18) & 63];
+      out += table[(v >> 12) & 63];
+      out += i + 1 < in.size() ? table[(v >> 6) & 63] : '=';
+      out += i + 2 < in.size() ? table[v & 63] : '=';
+    }
+    return out;
+  };
+  std::string text;
+  for (uint32_t r = 0; r < 100000; ++r) {
+    std::string token = r < 256 ? std::string(1, static_cast<char>(r))
+                                : std::string(reinterpret_cast<const char*>(&r), 4);
+    text += base64(token) + " " + std::to_string(r) + "\n";
+  }
+  TempDir dir;
+  const std::string path = dir.write("big.tiktoken", text);
+  CHECK_THROWS_WITH(Gpt2Bpe::load(path), Contains("100000 ranks: a rank file of this size"));
 }
 
 TEST_CASE("the embedded digits: 1,797 images of 64 pixels, 10 classes", "[datasets]") {
