@@ -17,9 +17,12 @@ namespace lockstep {
 // PyTorch's recipe (torch/nn/modules/_functions.py), on any device: ATen's
 // batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt
 // and batch_norm_backward_{reduce,elemt} have CUDA kernels only, in 1.13 as
-// in 2.15, so the same figures are composed here from ATen's reductions and
-// element-wise operations, in float for half and bfloat16 inputs (double
-// for double):
+// in 2.15, so the same figures come here from what every device has: the
+// local statistics from var_mean, the normalisation and its backward from
+// ATen's fused batch_norm and native_batch_norm_backward in their
+// eval form (the global statistics given, held fixed), and only the
+// cross-rank terms composed by hand; in float for half and bfloat16 inputs
+// (double for double):
 //   forward: each rank's per-channel mean and 1/sqrt(var + eps) (biased
 //     variance) and its count n_r are all-gathered (one collective of
 //     2C + 1 values; a rank with an empty batch sends n_r = 0); the global
@@ -34,7 +37,7 @@ namespace lockstep {
 //     the weight's and bias's gradients are this rank's own sums (DDP
 //     averages them with the other parameters' gradients).
 // The combined statistics equal one process's BatchNorm over the
-// concatenated batch up to float rounding (tests/model/
+// concatenated batch up to float rounding (tests/ddp/
 // test_sync_batchnorm.cpp); PyTorch's own SyncBatchNorm is the Python
 // peer's reference (tests/python/sync_batchnorm_peer.py).
 namespace {

@@ -127,6 +127,27 @@ TEST_CASE("Llama's config.json: checked field by field, written back", "[llama]"
       Contains("num_hidden_layers is -2, but model.n_layer is 2") && !Contains("--set"));
 }
 
+TEST_CASE("Llama weights from a folder: integers, a tied head that differs", "[llama]") {
+  const LlamaOptions tied = tiny(true);
+  const at::Tensor embed = at::ones({50, 32});
+  CHECK_THROWS_WITH(
+      llama_state_from_hf({{"model.embed_tokens.weight", at::ones({50, 32}, at::kChar)}}, tied,
+                          "f"),
+      Contains("f: 'model.embed_tokens.weight' holds Char, not floating-point weights"));
+  CHECK_THROWS_WITH(llama_state_from_hf({{"model.embed_tokens.weight", embed},
+                                         {"lm_head.weight", at::zeros({50, 32})}},
+                                        tied, "f"),
+                    Contains("lm_head.weight differs from model.embed_tokens.weight"));
+  CHECK_THROWS_WITH(llama_state_from_hf({{"lm_head.weight", embed}}, tied, "f"),
+                    Contains("holds lm_head.weight but no model.embed_tokens.weight"));
+  // A stored head equal to the embedding is dropped; bfloat16 becomes float32.
+  const auto state = llama_state_from_hf(
+      {{"model.embed_tokens.weight", embed.to(at::kBFloat16)}, {"lm_head.weight", embed}}, tied,
+      "f");
+  REQUIRE(state.size() == 1);
+  CHECK(state[0].second.scalar_type() == at::kFloat);
+}
+
 TEST_CASE("Hugging Face folders: one file, a sharded index, hostile indexes", "[llama]") {
   TempDir dir;
   const std::string f = dir.path;
