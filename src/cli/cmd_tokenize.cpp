@@ -1,6 +1,7 @@
 // `lockstep tokenize INPUT... --out DIR`: text files (or folders of them)
-// as GPT-2 BPE tokens in nanoGPT's train.bin/val.bin (uint16) or llm.c's
-// header format, streamed (Note [Streamed tokenizing]) and on every core.
+// as byte-level BPE tokens (GPT-2's, Llama 3's) in nanoGPT's train.bin/
+// val.bin (uint16) or llm.c's header format (uint16, or uint32 for Llama 3),
+// streamed (Note [Streamed tokenizing]) and on every core.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,8 +27,9 @@
 // Note [Streamed tokenizing]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The input is read in chunks of about 1 MiB, each ending at a safe cut
-// (gpt2_safe_cut: before an ASCII space, tab or line end that follows a
-// character other than a space, where GPT-2's pre-tokenizer starts afresh),
+// (bpe_safe_cut: before an ASCII space or tab, and for GPT-2's pattern a
+// line end, that follows a character other than a space, where the
+// pre-tokenizer starts afresh),
 // so that chunks encode
 // independently, on as many threads as --threads, and are written in
 // order. At most 2 x threads chunks are in memory: memory does not grow with
@@ -70,19 +72,20 @@ class TokenWriter {
  public:
   // Written as PATH.tmp and renamed by finish(): a failed run leaves no
   // train.bin or val.bin behind (nor anything a rerun would refuse).
-  TokenWriter(const std::string& path, bool llmc)
-      : path_(path), tmp_(path + ".tmp"), llmc_(llmc), file_(tmp_) {
+  // `wide`: uint32 tokens under llm.c's Llama 3 header, else uint16.
+  TokenWriter(const std::string& path, bool llmc, bool wide)
+      : path_(path), tmp_(path + ".tmp"), llmc_(llmc), width_(wide ? 4 : 2), file_(tmp_) {
     if (llmc_) {
       const std::vector<char> header(256 * 4, 0);
       file_.append(header.data(), header.size());
     }
   }
   void append(const std::vector<int32_t>& ids) {
-    buffer_.resize(ids.size() * 2);
-    for (size_t k = 0; k < ids.size(); ++k) {
-      buffer_[2 * k] = static_cast<char>(ids[k] & 0xFF);
-      buffer_[2 * k + 1] = static_cast<char>((ids[k] >> 8) & 0xFF);
-    }
+    buffer_.resize(ids.size() * width_);
+    for (size_t k = 0; k < ids.size(); ++k)
+      for (size_t b = 0; b < width_; ++b)
+        buffer_[width_ * k + b] =
+            static_cast<char>((static_cast<uint32_t>(ids[k]) >> (8 * b)) & 0xFF);
     file_.append(buffer_.data(), buffer_.size());
     count_ += static_cast<int64_t>(ids.size());
   }
@@ -101,8 +104,10 @@ class TokenWriter {
     if (count_ > INT32_MAX)
       throw ConfigError(path_ + ": " + std::to_string(count_) +
                         " tokens, more than llm.c's header can count (2^31 - 1)");
-    // llm.c's header: magic 20240520, version 1 (uint16 tokens), the count.
-    const int32_t head[3] = {20240520, 1, static_cast<int32_t>(count_)};
+    // llm.c's header: magic 20240520, version 1 (uint16 tokens, GPT-2's) or
+    // magic 20240801, version 7 (uint32 tokens, Llama 3's), the count.
+    const int32_t head[3] = {width_ == 2 ? 20240520 : 20240801, width_ == 2 ? 1 : 7,
+                             static_cast<int32_t>(count_)};
     std::fstream f(tmp_, std::ios::in | std::ios::out | std::ios::binary);
     f.write(reinterpret_cast<const char*>(head), sizeof head);
     f.flush();
@@ -113,6 +118,7 @@ class TokenWriter {
  private:
   std::string path_, tmp_;
   bool llmc_;
+  size_t width_;  // bytes a token
   bool renamed_ = false;
   FileWriter file_;
   std::vector<char> buffer_;
@@ -132,7 +138,7 @@ std::string with_commas(int64_t n) {
 // (data/tokens.h: nanoGPT's headerless uint16, or either llm.c header, its
 // count checked), in pieces: memory stays flat whatever the file's size. An
 // empty file (tokenize's val.bin at --val-fraction 0) is no tokens.
-int decode_file(const Gpt2Bpe& bpe, const std::string& path) {
+int decode_file(const BpeTokenizer& bpe, const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) return kExitOk;
   const auto file = TokenFile::open(path, TokenFormat::kUint16);
@@ -167,7 +173,7 @@ struct Job {
   int threads = 1;
 };
 
-Job job_from_args(const cxxopts::ParseResult& args, const Gpt2Bpe& bpe) {
+Job job_from_args(const cxxopts::ParseResult& args, const BpeTokenizer& bpe) {
   Job job;
   if (args.count("inputs") == 0) throw ConfigError("no input: give text files or folders");
   if (args.count("out") == 0) throw ConfigError("--out FOLDER is required");
@@ -177,12 +183,13 @@ Job job_from_args(const cxxopts::ParseResult& args, const Gpt2Bpe& bpe) {
   job.format = args["format"].as<std::string>();
   if (job.format != "nanogpt" && job.format != "llmc")
     throw ConfigError("--format: '" + shown_name(job.format) + "' is not one of nanogpt, llmc");
-  if (bpe.vocab_size() > 65536)
+  if (bpe.vocab_size() > 65536 && job.format != "llmc")
     throw ConfigError("the vocabulary has " + std::to_string(bpe.vocab_size()) +
-                      " tokens: more than uint16 token files hold");
+                      " tokens: more than nanoGPT's uint16 files hold; give --format llmc "
+                      "(llm.c's uint32 layout, as for Llama 3)");
   job.eot = args.count("eot") != 0;
   if (job.eot && bpe.end_of_text() < 0)
-    throw ConfigError("--eot: the vocabulary has no <|endoftext|> token");
+    throw ConfigError("--eot: the vocabulary has no <|endoftext|> or <|end_of_text|> token");
   job.threads = args.count("threads") != 0 ? args["threads"].as<int>()
                                            : static_cast<int>(std::thread::hardware_concurrency());
   if (args.count("threads") != 0 && (job.threads < 1 || job.threads > 1024))
@@ -203,7 +210,7 @@ Job job_from_args(const cxxopts::ParseResult& args, const Gpt2Bpe& bpe) {
 // The destructor lets them finish what was submitted, then joins them.
 class EncoderPool {
  public:
-  EncoderPool(const Gpt2Bpe& bpe, int threads) : bpe_(bpe) {
+  EncoderPool(const BpeTokenizer& bpe, int threads) : bpe_(bpe) {
     try {
       for (int w = 0; w < threads; ++w) workers_.emplace_back([this] { work(); });
     } catch (...) {
@@ -264,7 +271,7 @@ class EncoderPool {
     workers_.clear();
   }
 
-  const Gpt2Bpe& bpe_;
+  const BpeTokenizer& bpe_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<Task> tasks_;
@@ -341,8 +348,9 @@ class OrderedOutput {
 class Cutter {
  public:
   using Emit = std::function<void(std::string text, bool to_val, bool end_of_file)>;
-  Cutter(uint64_t split_at, double val_fraction)
-      : split_at_(split_at),
+  Cutter(const BpeTokenizer& bpe, uint64_t split_at, double val_fraction)
+      : bpe_(bpe),
+        split_at_(split_at),
         val_fraction_(val_fraction),
         in_val_(val_fraction > 0 && split_at == 0) {}
 
@@ -370,8 +378,10 @@ class Cutter {
         if (buffer.size() >= kMaxUncut)
           throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) + " MiB from byte " +
                           std::to_string(position_) +
-                          " without a line ending or space after other text: lockstep "
-                          "tokenize splits its input at such places");
+                          (bpe_.pattern() == BpePattern::kGpt2
+                               ? " without a line ending or space after other text"
+                               : " without a space or tab after other text") +
+                          ": lockstep tokenize splits its input at such places");
         read_more();
         continue;
       }
@@ -389,27 +399,30 @@ class Cutter {
   size_t next_cut(const std::string& buffer, bool eof, bool& split_here) const {
     if (!in_val_ && val_fraction_ > 0 && position_ + buffer.size() > split_at_) {
       const size_t from = static_cast<size_t>(split_at_ > position_ ? split_at_ - position_ : 0);
-      const size_t cut = gpt2_safe_cut(buffer, from);
+      const size_t cut = bpe_.safe_cut(buffer, from);
       split_here = cut < buffer.size() || eof;
       return cut;
     }
-    return gpt2_safe_cut(buffer, std::min(buffer.size(), kChunkBytes));
+    return bpe_.safe_cut(buffer, std::min(buffer.size(), kChunkBytes));
   }
 
+  const BpeTokenizer& bpe_;
   const uint64_t split_at_;
   const double val_fraction_;
   bool in_val_;
   uint64_t position_ = 0;  // bytes of the input before the buffer
 };
 
-int tokenize(const Job& job, const Gpt2Bpe& bpe) {
+int tokenize(const Job& job, const BpeTokenizer& bpe) {
   make_directories(job.out);
   const bool llmc = job.format == "llmc";
-  TokenWriter train(job.out + "/train.bin", llmc), val(job.out + "/val.bin", llmc);
+  const bool wide = bpe.vocab_size() > 65536;
+  TokenWriter train(job.out + "/train.bin", llmc, wide), val(job.out + "/val.bin", llmc, wide);
   OrderedOutput output(train, val, job.total, static_cast<size_t>(2 * job.threads));
   {
     EncoderPool pool(bpe, job.threads);  // joined before the output goes
-    Cutter cutter(static_cast<uint64_t>(static_cast<double>(job.total) * (1 - job.val_fraction)),
+    Cutter cutter(bpe,
+                  static_cast<uint64_t>(static_cast<double>(job.total) * (1 - job.val_fraction)),
                   job.val_fraction);
     const int32_t eot_id = job.eot ? bpe.end_of_text() : -1;
     const auto emit = [&](std::string text, bool to_val, bool end_of_file) {
@@ -445,16 +458,17 @@ int cmd_tokenize(int argc, char** argv) {
   return run_guarded("tokenize", [&] {
     cxxopts::Options options(
         "lockstep tokenize",
-        "Tokenizes text files with GPT-2's byte-level BPE into nanoGPT's train.bin/val.bin "
-        "(uint16) or llm.c's format.");
+        "Tokenizes text files with a byte-level BPE (GPT-2's, Llama 3's) into nanoGPT's "
+        "train.bin/val.bin (uint16) or llm.c's format (uint16, or uint32 for vocabularies over "
+        "65,536 tokens).");
     // clang-format off
     options.add_options()
         ("inputs", "text files or folders (every file inside, in name order)", cxxopts::value<std::vector<std::string>>())
         ("out", "the folder to write train.bin and val.bin into", cxxopts::value<std::string>())
-        ("vocab", "gpt2 (GPT-2's, installed by scripts/setup.sh; the default) or a folder with encoder.json and vocab.bpe", cxxopts::value<std::string>())
+        ("vocab", "gpt2 (GPT-2's, installed by scripts/setup.sh; the default), a tokenizer.json, a rank file (.tiktoken, Llama 3's tokenizer.model) or a folder with one of these or encoder.json and vocab.bpe", cxxopts::value<std::string>())
         ("val-fraction", "the input's last share of bytes that goes to val.bin", cxxopts::value<double>()->default_value("0.1"))
-        ("format", "nanogpt: raw uint16; llmc: llm.c's 1 KiB header (magic 20240520, version 1), then uint16", cxxopts::value<std::string>()->default_value("nanogpt"))
-        ("eot", "append <|endoftext|> after each file's tokens")
+        ("format", "nanogpt: raw uint16; llmc: llm.c's 1 KiB header (magic 20240520, version 1), then uint16; over 65,536 tokens magic 20240801, version 7, then uint32", cxxopts::value<std::string>()->default_value("nanogpt"))
+        ("eot", "append <|endoftext|> (Llama 3: <|end_of_text|>) after each file's tokens")
         ("threads", "encoding threads (default: every core)", cxxopts::value<int>())
         ("decode", "print the text of a .bin file of token ids instead", cxxopts::value<std::string>());
     // clang-format on
@@ -465,7 +479,7 @@ int cmd_tokenize(int argc, char** argv) {
     const cxxopts::ParseResult& args = *parsed;
     const std::string vocab =
         bpe_vocab_folder(args.count("vocab") != 0 ? args["vocab"].as<std::string>() : "gpt2");
-    const Gpt2Bpe bpe = Gpt2Bpe::load(vocab);
+    const BpeTokenizer bpe = BpeTokenizer::load(vocab);
     if (args.count("decode") != 0) return decode_file(bpe, args["decode"].as<std::string>());
     return tokenize(job_from_args(args, bpe), bpe);
   });

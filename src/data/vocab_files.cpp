@@ -14,13 +14,15 @@
 namespace lockstep {
 namespace {
 
-// Each merge makes a token no other merge makes, so a vocabulary has fewer
-// merges than tokens, and no more than kMaxVocab tokens: refused as soon as
-// a file says more, before they are held (Note [Bounded JSON]).
+// A vocabulary has no more than kMaxVocab tokens and, in GPT-2's own files,
+// where each merge makes a token no other merge makes, fewer merges than
+// tokens: refused as soon as a file says more, before they are held (Note
+// [Bounded JSON] bounds a tokenizer.json's merges, which in Llama 3's kind
+// make tokens several ways).
 void check_counts(const VocabSource& src) {
   if (static_cast<int64_t>(src.tokens.size()) > kMaxVocab)
     throw DataError(src.vocab_file + ": more than " + std::to_string(kMaxVocab) + " tokens");
-  if (src.merges.size() > src.tokens.size())
+  if (src.merges_by_line && src.merges.size() > src.tokens.size())
     throw DataError(src.merges_file + ": more merges than the " +
                     std::to_string(src.tokens.size()) + " tokens of " + src.vocab_file +
                     " (each merge makes a token of its own)");
@@ -77,40 +79,81 @@ bool type_is(JsonValue v, std::string_view type) {
   return v.get("type").text() == type;
 }
 
-// The ByteLevel pre-tokenizer, alone or in a Sequence (missing if neither);
-// anything beside it in a Sequence is refused by name.
-JsonValue byte_level_of(JsonValue pre, const std::string& path) {
-  if (type_is(pre, "ByteLevel")) return pre;
-  if (!type_is(pre, "Sequence")) return JsonValue();
-  JsonValue byte_level;
-  for (const JsonValue p : pre.get("pretokenizers"))
-    if (type_is(p, "ByteLevel")) byte_level = p;
-  if (byte_level.missing()) return byte_level;
-  for (const JsonValue p : pre.get("pretokenizers"))
-    if (!type_is(p, "ByteLevel"))
-      throw DataError(path + ": pre_tokenizer holds another pre-tokenizer beside ByteLevel");
+const char* const kSplitBehaviour = "Isolated";
+
+// A Split pre-tokenizer: Llama 3's pattern, its pieces kept whole, or
+// refused naming what differs.
+void check_llama3_split(JsonValue split, const std::string& path) {
+  const std::string_view regex = split.get("pattern").get("Regex").text();
+  if (regex != kLlama3Pattern)
+    throw DataError(path + ": pre_tokenizer's Split pattern '" + std::string(regex.substr(0, 80)) +
+                    "' is not Llama 3's: another tokenizer's pattern, which lockstep does not "
+                    "implement (it reads GPT-2's and Llama 3's)");
+  if (split.get("behavior").text() != kSplitBehaviour || split.get("invert").boolean())
+    throw DataError(path + ": pre_tokenizer's Split has behavior '" +
+                    std::string(split.get("behavior").text()) +
+                    "' or invert set; Llama 3's is Isolated, not inverted");
+}
+
+// The pre-tokenizer: a ByteLevel with GPT-2's pattern (alone or in a
+// Sequence), or Llama 3's Split before a ByteLevel without its own regex;
+// anything else is refused by name. Sets src.pattern; returns the ByteLevel.
+JsonValue read_pre_tokenizer(JsonValue pre, const std::string& path, VocabSource& src) {
+  std::vector<JsonValue> steps;
+  if (type_is(pre, "Sequence")) {
+    for (const JsonValue p : pre.get("pretokenizers")) steps.push_back(p);
+  } else if (!pre.missing() && !pre.is(JsonKind::kNull)) {
+    steps.push_back(pre);
+  }
+  JsonValue byte_level, split;
+  for (const JsonValue p : steps) {
+    if (type_is(p, "ByteLevel") && byte_level.missing()) {
+      byte_level = p;
+    } else if (type_is(p, "Split") && split.missing() && byte_level.missing()) {
+      split = p;
+    } else {
+      throw DataError(path + ": pre_tokenizer holds a " + std::string(p.get("type").text()) +
+                      " where lockstep reads GPT-2's ByteLevel or Llama 3's Split then ByteLevel");
+    }
+  }
+  if (byte_level.missing())
+    throw DataError(path + ": pre_tokenizer is not ByteLevel (GPT-2's): another tokenizer kind");
+  const JsonValue regex = byte_level.get("use_regex");
+  const bool own_regex = !(regex.is(JsonKind::kBool) && !regex.boolean());
+  if (split.missing()) {
+    if (!own_regex)
+      throw DataError(path +
+                      ": pre_tokenizer.use_regex is false with no Split before it: "
+                      "the text would not be cut into pieces");
+    return byte_level;
+  }
+  check_llama3_split(split, path);
+  if (own_regex)
+    throw DataError(path +
+                    ": the ByteLevel after Llama 3's Split has use_regex true: GPT-2's "
+                    "pattern would cut the pieces again (Llama 3's sets it false)");
+  src.pattern = BpePattern::kLlama3;
   return byte_level;
 }
 
 // Whatever would change the ids is refused by name: lockstep reads GPT-2's
-// kind only.
-void check_gpt2_kind(JsonValue root, JsonValue model, JsonValue byte_level,
-                     const std::string& path) {
+// and Llama 3's kinds only.
+void check_bpe_kind(JsonValue root, JsonValue model, JsonValue byte_level, const std::string& path,
+                    VocabSource& src) {
   const auto is_null_or_empty = [](JsonValue v) {
     return v.is(JsonKind::kNull) || (v.is(JsonKind::kString) && v.text().empty()) ||
            (v.is(JsonKind::kBool) && !v.boolean());
   };
   if (!is_null_or_empty(root.get("normalizer")))
-    throw DataError(path + ": normalizer is set; GPT-2's tokenizer has none");
-  for (const char* field :
-       {"continuing_subword_prefix", "end_of_word_suffix", "dropout", "ignore_merges"})
+    throw DataError(path + ": normalizer is set; GPT-2's and Llama 3's tokenizers have none");
+  for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
     if (!is_null_or_empty(model.get(field)))
-      throw DataError(path + ": model." + field + " is set; GPT-2's BPE has none");
+      throw DataError(path + ": model." + field + " is set; byte-level BPE has none");
   if (byte_level.get("add_prefix_space").boolean())
-    throw DataError(path + ": pre_tokenizer.add_prefix_space is true; GPT-2's is false");
-  const JsonValue regex = byte_level.get("use_regex");
-  if (regex.is(JsonKind::kBool) && !regex.boolean())
-    throw DataError(path + ": pre_tokenizer.use_regex is false; GPT-2's pattern is used");
+    throw DataError(path +
+                    ": pre_tokenizer.add_prefix_space is true; GPT-2's and Llama 3's are "
+                    "false");
+  src.whole_pieces = model.get("ignore_merges").boolean();
 }
 
 void read_merges(JsonValue merges, const std::string& path, VocabSource& src) {
@@ -135,10 +178,11 @@ void read_merges(JsonValue merges, const std::string& path, VocabSource& src) {
   }
 }
 
-// A Hugging Face tokenizer.json of GPT-2's kind: model.type BPE with its
-// vocab and merges ("a b" or ["a", "b"]), a ByteLevel pre-tokenizer with
-// GPT-2's pattern and no prefix space; added tokens (<|endoftext|>) join
-// the vocabulary.
+// A Hugging Face tokenizer.json of the byte-level BPE kind: model.type BPE
+// with its vocab and merges ("a b" or ["a", "b"]; ignore_merges as
+// Llama 3's sets it), a ByteLevel pre-tokenizer with GPT-2's pattern or
+// Llama 3's Split before it, no prefix space; added tokens (<|endoftext|>,
+// <|begin_of_text|>) join the vocabulary as special tokens.
 VocabSource read_tokenizer_json(const std::string& path) {
   VocabSource src;
   src.vocab_file = src.merges_file = path;
@@ -146,11 +190,11 @@ VocabSource read_tokenizer_json(const std::string& path) {
   const JsonValue root = doc.root();
   const JsonValue model = root.get("model");
   if (!model.is(JsonKind::kObject) || !type_is(model, "BPE"))
-    throw DataError(path + ": model.type is not BPE (only GPT-2's byte-level BPE is read)");
-  const JsonValue byte_level = byte_level_of(root.get("pre_tokenizer"), path);
-  if (byte_level.missing())
-    throw DataError(path + ": pre_tokenizer is not ByteLevel (GPT-2's): another tokenizer kind");
-  check_gpt2_kind(root, model, byte_level, path);
+    throw DataError(path +
+                    ": model.type is not BPE (only byte-level BPE is read: GPT-2's and "
+                    "Llama 3's kinds)");
+  const JsonValue byte_level = read_pre_tokenizer(root.get("pre_tokenizer"), path, src);
+  check_bpe_kind(root, model, byte_level, path, src);
   const JsonValue vocab = model.get("vocab");
   const JsonValue merges = model.get("merges");
   if (!vocab.is(JsonKind::kObject))
@@ -169,6 +213,7 @@ VocabSource read_tokenizer_json(const std::string& path) {
       throw DataError(path + ": an added token without content and id");
     const int64_t n = token_id(id, path, content.text());
     if (known.insert(n).second) src.tokens.emplace_back(n, std::string(content.text()));
+    src.special_ids.push_back(n);
     check_counts(src);
   }
   read_merges(merges, path, src);
@@ -177,22 +222,47 @@ VocabSource read_tokenizer_json(const std::string& path) {
 
 // Note [Rank files]
 // ~~~~~~~~~~~~~~~~~
-// tiktoken's files (gpt2.tiktoken, cl100k_base.tiktoken, Llama 3's
-// tokenizer.model) list each token's bytes in base64 with its rank; the
-// rank is the id, and merging is "join the adjacent pair whose join has the
-// lowest rank". They hold no merges: each token's merge is recovered by
-// running that rule on its bytes with the ranks below its own until two
-// parts are left, which are the merge (a token that does not come down to
-// two lower-ranked parts is refused). Listed in rank order, these merges
-// make merging by merge rank (Note [GPT-2 BPE]) the same as tiktoken's
-// merging by the rank of the join. The files name no special tokens:
-// GPT-2's (recognised by its SHA-256, tiktoken's "gpt2"/"r50k_base") gets
-// <|endoftext|> as 50256, as tiktoken adds it.
+// tiktoken's files (gpt2.tiktoken, Llama 3's tokenizer.model) list each
+// token's bytes in base64 with its rank; the rank is the id, and merging
+// is "join the adjacent pair whose join has the lowest rank, the leftmost
+// first", after a whole piece that is a token has been taken as it is.
+// They hold no merges: every split of a token into two tokens is a merge
+// of the token's rank (Note [Byte-level BPE]), as Hugging Face's
+// conversion of these files writes them (a token that splits into no two
+// tokens is refused: not a BPE rank file). The files name neither their
+// pattern nor their special tokens: the known ones are recognised by
+// their SHA-256 (GPT-2's, tiktoken's "gpt2"/"r50k_base": <|endoftext|> as
+// 50256; Llama 3's, Meta's tokenizer.py: Llama 3's pattern and its 256
+// special tokens from 128000, <|begin_of_text|> first). Another file is
+// read with GPT-2's pattern below 100,000 ranks (p50k's size) and refused
+// above (cl100k_base and o200k_base cut text with other patterns or
+// special tokens lockstep would not know).
 constexpr size_t kMaxRankTokenBytes = 1024;
 constexpr size_t kOtherPatternRanks = 100000;  // GPT-2's and p50k's have ~50,000
-constexpr double kMaxRecoveryWork = 2e8;
+constexpr double kMaxSplitWork = 2e8;
 constexpr const char* kGpt2RanksSha256 =
     "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930";
+constexpr const char* kLlama3RanksSha256 =
+    "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55";
+
+// Llama 3's special tokens (Meta's tokenizer.py), in id order from 128000.
+std::vector<std::string> llama3_special_tokens() {
+  std::vector<std::string> names = {"<|begin_of_text|>",
+                                    "<|end_of_text|>",
+                                    "<|reserved_special_token_0|>",
+                                    "<|reserved_special_token_1|>",
+                                    "<|finetune_right_pad_id|>",
+                                    "<|step_id|>",
+                                    "<|start_header_id|>",
+                                    "<|end_header_id|>",
+                                    "<|eom_id|>",
+                                    "<|eot_id|>",
+                                    "<|python_tag|>",
+                                    "<|image|>"};
+  for (int i = 2; names.size() < 256; ++i)
+    names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
+  return names;
+}
 
 int base64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -223,27 +293,9 @@ bool base64_decode(std::string_view text, std::string& out) {
   return true;
 }
 
-// The two parts `token` comes down to under merging with ranks below
-// `rank` (Note [Rank files]); false when it does not come down to two.
-bool recover_merge(const std::string& token, int64_t rank,
-                   const std::unordered_map<std::string, int64_t>& ranks,
-                   std::pair<std::string, std::string>& merge) {
-  std::vector<std::string> parts;
-  for (const char c : token) parts.emplace_back(1, c);
-  while (parts.size() > 2) {
-    int64_t best = rank;
-    size_t at = parts.size();
-    for (size_t k = 0; k + 1 < parts.size(); ++k) {
-      const auto it = ranks.find(parts[k] + parts[k + 1]);
-      if (it != ranks.end() && it->second < best) best = it->second, at = k;
-    }
-    if (at == parts.size()) return false;
-    parts[at] += parts[at + 1];
-    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-  }
-  if (parts.size() != 2) return false;
-  merge = {std::move(parts[0]), std::move(parts[1])};
-  return true;
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The ranks of a .tiktoken file, by id (each token's bytes).
@@ -264,7 +316,11 @@ std::vector<std::string> read_ranks(const std::string& path, const std::string& 
     };
     const size_t space = line.find(' ');
     if (space == std::string_view::npos || !base64_decode(line.substr(0, space), bytes))
-      throw fail("not a base64 token, a space and a rank");
+      throw fail(std::string("not a base64 token, a space and a rank") +
+                 (by_rank.empty() && ends_with(path, "tokenizer.model")
+                      ? " (a SentencePiece model, as Llama 2's and Mistral's tokenizer.model "
+                        "are? lockstep reads byte-level BPE only)"
+                      : ""));
     const std::string_view number = line.substr(space + 1);
     if (number.empty() || number.size() > 7 ||
         number.find_first_not_of("0123456789") != std::string_view::npos)
@@ -283,28 +339,62 @@ std::vector<std::string> read_ranks(const std::string& path, const std::string& 
   return by_rank;
 }
 
-VocabSource read_tiktoken(const std::string& path) {
-  VocabSource src;
-  src.vocab_file = src.merges_file = path;
-  const std::string text = read_regular_file(path, kMaxVocabFileBytes);
-  const std::vector<std::string> by_rank = read_ranks(path, text);
-  // Note [Rank files]: the files of today's tokenizers (cl100k_base's
-  // 100,256 ranks, Llama 3's 128,000, o200k_base's 199,998) split text with
-  // other patterns than GPT-2's before merging; read with GPT-2's, they
-  // would give other ids than their tokenizers, silently.
-  if (by_rank.size() >= kOtherPatternRanks)
-    throw DataError(path + ": " + std::to_string(by_rank.size()) +
-                    " ranks: a rank file of this size (cl100k_base, o200k_base, Llama 3's "
-                    "tokenizer.model) belongs to a tokenizer that splits text with another "
-                    "pattern than GPT-2's, which lockstep's BPE does not implement: its ids "
-                    "would differ from that tokenizer's");
-  std::unordered_map<std::string, int64_t> ranks;
+// The known files' pattern and special tokens (Note [Rank files]), the
+// special tokens after the `ranks` ranks.
+void recognise_ranks(const std::string& path, const std::string& text, size_t ranks,
+                     VocabSource& src) {
+  const std::string sha = sha256_hex(text);
+  std::vector<std::string> specials;
+  if (sha == kGpt2RanksSha256) {
+    specials = {"<|endoftext|>"};
+  } else if (sha == kLlama3RanksSha256) {
+    src.pattern = BpePattern::kLlama3;
+    specials = llama3_special_tokens();
+  } else if (ranks >= kOtherPatternRanks) {
+    throw DataError(path + ": " + std::to_string(ranks) +
+                    " ranks, and not Llama 3's tokenizer.model (SHA-256 " + kLlama3RanksSha256 +
+                    "): a rank file of this size (cl100k_base, o200k_base) belongs to a "
+                    "tokenizer whose pattern and special tokens the file does not say, and "
+                    "read with GPT-2's its ids would differ from that tokenizer's");
+  }
+  for (size_t i = 0; i < specials.size(); ++i) {
+    src.special_ids.push_back(static_cast<int64_t>(ranks + i));
+    src.tokens.emplace_back(static_cast<int64_t>(ranks + i), specials[i]);
+  }
+}
+
+// Every split of each token into two tokens, a merge of the token's rank.
+void split_merges(const std::string& path, const std::vector<std::string>& by_rank,
+                  VocabSource& src) {
+  std::unordered_map<std::string_view, int64_t> ranks;
   for (size_t r = 0; r < by_rank.size(); ++r)
     if (!ranks.emplace(by_rank[r], static_cast<int64_t>(r)).second)
       throw DataError(path + ": the token of rank " + std::to_string(r) +
                       " is listed under an earlier rank too");
-  // Recovering a merge costs ~L^2 lookups for a token of L bytes: a file of
-  // long tokens is refused before that work rather than taking hours.
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    const std::string_view token = by_rank[r];
+    if (token.size() < 2) continue;
+    const size_t before = src.merges.size();
+    for (size_t k = 1; k < token.size(); ++k) {
+      if (ranks.count(token.substr(0, k)) == 0 || ranks.count(token.substr(k)) == 0) continue;
+      src.merges.emplace_back(gpt2_spelling(token.substr(0, k)), gpt2_spelling(token.substr(k)));
+      src.merge_lines.push_back(r);
+    }
+    if (src.merges.size() == before)
+      throw DataError(path + ": the token of rank " + std::to_string(r) +
+                      " is not the join of two tokens (not a BPE rank file?)");
+  }
+}
+
+VocabSource read_tiktoken(const std::string& path) {
+  VocabSource src;
+  src.vocab_file = src.merges_file = path;
+  src.whole_pieces = src.priority_by_result = true;
+  const std::string text = read_regular_file(path, kMaxVocabFileBytes);
+  const std::vector<std::string> by_rank = read_ranks(path, text);
+  recognise_ranks(path, text, by_rank.size(), src);
+  // Splitting a token of L bytes hashes ~L^2 bytes: a file of long tokens
+  // is refused before that work rather than taking hours.
   double work = 0;
   for (const auto& token : by_rank) {
     if (token.size() > kMaxRankTokenBytes)
@@ -312,40 +402,32 @@ VocabSource read_tiktoken(const std::string& path) {
                       std::to_string(kMaxRankTokenBytes) + " a rank file's tokens may hold");
     work += static_cast<double>(token.size()) * static_cast<double>(token.size());
   }
-  if (work > kMaxRecoveryWork)
+  if (work > kMaxSplitWork)
     throw DataError(path +
-                    ": its tokens are too long to recover their merges in reasonable time "
+                    ": its tokens are too long to find their merges in reasonable time "
                     "(the sum of squared token lengths is " +
                     std::to_string(static_cast<long long>(work)) + ", over " +
-                    std::to_string(static_cast<long long>(kMaxRecoveryWork)) +
-                    "; GPT-2's ranks need 2.5 million)");
-  for (size_t r = 0; r < by_rank.size(); ++r) {
+                    std::to_string(static_cast<long long>(kMaxSplitWork)) +
+                    "; GPT-2's ranks need 2.5 million, Llama 3's 7.4 million)");
+  for (size_t r = 0; r < by_rank.size(); ++r)
     src.tokens.emplace_back(static_cast<int64_t>(r), gpt2_spelling(by_rank[r]));
-    if (by_rank[r].size() < 2) continue;
-    std::pair<std::string, std::string> merge;
-    if (!recover_merge(by_rank[r], static_cast<int64_t>(r), ranks, merge))
-      throw DataError(path + ": the token of rank " + std::to_string(r) +
-                      " is not the join of two tokens of lower rank (not a BPE rank file?)");
-    src.merges.emplace_back(gpt2_spelling(merge.first), gpt2_spelling(merge.second));
-    src.merge_lines.push_back(r);
-  }
-  if (sha256_hex(text) == kGpt2RanksSha256)
-    src.tokens.emplace_back(static_cast<int64_t>(by_rank.size()), "<|endoftext|>");
+  split_merges(path, by_rank, src);
   return src;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+// A rank file by its name: *.tiktoken, or tokenizer.model (Llama 3's).
+bool is_rank_file(const std::string& path) {
+  return ends_with(path, ".tiktoken") ||
+         std::filesystem::path(path).filename() == "tokenizer.model";
 }
 
-// The one *.tiktoken file in `folder`, or "".
+// The one rank file in `folder`, or "".
 std::string rank_file_in(const std::string& folder) {
   std::error_code ec;
   std::string found;
   for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
     const std::string name = entry.path().string();
-    if (!ends_with(name, ".tiktoken")) continue;
+    if (!is_rank_file(name)) continue;
     if (!found.empty())
       throw DataError(folder + ": holds two rank files (" + found + ", " + name +
                       "): give the file itself");
@@ -356,10 +438,13 @@ std::string rank_file_in(const std::string& folder) {
 
 }  // namespace
 
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 VocabSource vocab_read(const std::string& where) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(where, ec))
-    return ends_with(where, ".tiktoken") ? read_tiktoken(where) : read_tokenizer_json(where);
+    return is_rank_file(where) ? read_tiktoken(where) : read_tokenizer_json(where);
   if (std::filesystem::exists(where + "/encoder.json", ec)) return read_gpt2_files(where);
   if (std::filesystem::exists(where + "/tokenizer.json", ec))
     return read_tokenizer_json(where + "/tokenizer.json");

@@ -201,33 +201,154 @@ TEST_CASE("Fashion-MNIST from Debian's dataset-fashion-mnist", "[datasets]") {
   CHECK(at::equal(at::bincount(test.targets), at::full({10}, 1000, at::kLong)));
 }
 
-TEST_CASE("a rank file of today's tokenizers is refused, not split with GPT-2's pattern",
+namespace {
+
+std::vector<std::string> pieces_of(const std::string& text, BpePattern pattern) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (const size_t end : bpe_pieces(text, pattern)) {
+    out.push_back(text.substr(start, end - start));
+    start = end;
+  }
+  return out;
+}
+
+std::string base64_of(const std::string& in) {
+  static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = static_cast<unsigned char>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+    if (i + 2 < in.size()) v |= static_cast<unsigned char>(in[i + 2]);
+    out += table[(v >> 18) & 63];
+    out += table[(v >> 12) & 63];
+    out += i + 1 < in.size() ? table[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? table[v & 63] : '=';
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a large rank file lockstep does not know is refused, not split with GPT-2's pattern",
           "[datasets]") {
-  // 100,000 ranks, the size of cl100k_base's and Llama 3's files, whose
-  // pre-tokenising patterns lockstep does not implement.
-  const auto base64 = [](const std::string& in) {
-    static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    for (size_t i = 0; i < in.size(); i += 3) {
-      uint32_t v = static_cast<unsigned char>(in[i]) << 16;
-      if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
-      if (i + 2 < in.size()) v |= static_cast<unsigned char>(in[i + 2]);
-      out += table[(v >> 18) & 63];
-      out += table[(v >> 12) & 63];
-      out += i + 1 < in.size() ? table[(v >> 6) & 63] : '=';
-      out += i + 2 < in.size() ? table[v & 63] : '=';
-    }
-    return out;
-  };
+  // 100,000 ranks, the size of cl100k_base's file, whose special tokens
+  // lockstep does not know (Llama 3's file is recognised by its SHA-256).
   std::string text;
   for (uint32_t r = 0; r < 100000; ++r) {
     std::string token = r < 256 ? std::string(1, static_cast<char>(r))
                                 : std::string(reinterpret_cast<const char*>(&r), 4);
-    text += base64(token) + " " + std::to_string(r) + "\n";
+    text += base64_of(token) + " " + std::to_string(r) + "\n";
   }
   TempDir dir;
   const std::string path = dir.write("big.tiktoken", text);
-  CHECK_THROWS_WITH(Gpt2Bpe::load(path), Contains("100000 ranks: a rank file of this size"));
+  CHECK_THROWS_WITH(BpeTokenizer::load(path),
+                    Contains("100000 ranks, and not Llama 3's tokenizer.model"));
+}
+
+TEST_CASE("Llama 3's pattern cuts text as the regular expression does", "[bpe]") {
+  // Expected: Python's regex module 2026.12 running Meta's pat_str
+  // (tokenizer.py) on the same strings (regex.findall).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Hello world", {"Hello", " world"}},
+      {"It's 'SOUND' we'LL", {"It", "'s", " '", "SOUND", "'", " we", "'LL"}},
+      {"'\xC5\xBF x", {"'\xC5\xBF", " x"}},  // 'ſ: (?i) folds ſ to s
+      {"12345 6", {"123", "45", " ", "6"}},
+      {"  two spaces", {" ", " two", " spaces"}},
+      {"a \n b", {"a", " \n", " b"}},
+      {"\n\n\tx", {"\n\n", "\tx"}},
+      {"(word ((word", {"(word", " ((", "word"}},
+      {" ...\n\nnext", {" ...\n\n", "next"}},
+      {"x.\r\ny", {"x", ".\r\n", "y"}},
+      {"tab\tword\t\t!", {"tab", "\tword", "\t", "\t", "!"}},
+      {"end   ", {"end", "   "}},
+      {"\xC3\x9Cn \xE5\x8C\x97\xE4\xBA\xAC \xD9\xA1\xD9\xA2\xD9\xA3\xD9\xA4",
+       {"\xC3\x9Cn", " \xE5\x8C\x97\xE4\xBA\xAC", " ", "\xD9\xA1\xD9\xA2\xD9\xA3", "\xD9\xA4"}},
+      {"a\xC2\xA0"
+       "b\xE3\x80\x80"
+       "c",
+       {"a",
+        "\xC2\xA0"
+        "b",
+        "\xE3\x80\x80"
+        "c"}},
+      {"x\xC2\x85y", {"x", "\xC2\x85y"}},  // U+0085 is White_Space, not a line end
+      {"emoji \xF0\x9F\x98\x80\xF0\x9F\x98\x80 ok",
+       {"emoji", " \xF0\x9F\x98\x80\xF0\x9F\x98\x80", " ok"}},
+      {"$100.50!", {"$", "100", ".", "50", "!"}},
+      {"line\n", {"line", "\n"}},
+      {"  \n  \n x", {"  \n  \n", " x"}},
+  };
+  for (const auto& [text, expected] : cases) {
+    INFO("text: " << text);
+    CHECK(pieces_of(text, BpePattern::kLlama3) == expected);
+  }
+  // GPT-2's pattern on the same text differs where the patterns do.
+  CHECK(pieces_of("12345 6", BpePattern::kGpt2) == std::vector<std::string>{"12345", " 6"});
+}
+
+TEST_CASE("a safe cut leaves the pieces as the whole text has them", "[bpe]") {
+  // Random text of the characters where the patterns differ: any cut
+  // bpe_safe_cut offers must give the two parts the whole text's pieces.
+  const std::vector<std::string> alphabet = {
+      "a",   "Z",  "1", "'", "s",        " ",        "\t",
+      "\n",  "\r", ".", "(", "\xC2\xA0", "\xC3\xA9", "\xE5\x8C\x97",
+      "\xFF"};
+  uint64_t state = 12345;
+  const auto next = [&] {
+    return (state = state * 6364136223846793005ULL + 1442695040888963407ULL) >> 33;
+  };
+  for (const BpePattern pattern : {BpePattern::kGpt2, BpePattern::kLlama3}) {
+    int cuts = 0;
+    for (int round = 0; round < 300; ++round) {
+      std::string text;
+      for (int k = 0; k < 40; ++k) text += alphabet[next() % alphabet.size()];
+      const auto whole = pieces_of(text, pattern);
+      for (size_t from = 0; from < text.size(); ++from) {
+        const size_t cut = bpe_safe_cut(text, from, pattern);
+        if (cut >= text.size()) break;
+        auto parts = pieces_of(text.substr(0, cut), pattern);
+        const auto right = pieces_of(text.substr(cut), pattern);
+        parts.insert(parts.end(), right.begin(), right.end());
+        ++cuts;
+        if (parts != whole) FAIL("a cut at " << cut << " of '" << text << "' changes the pieces");
+      }
+    }
+    CHECK(cuts > 1000);
+  }
+  // Not before a line end after punctuation: Llama 3's ".\n" is one piece.
+  CHECK(bpe_safe_cut("a.\nb c", 0, BpePattern::kLlama3) == 4);
+  CHECK(bpe_safe_cut("a.\nb c", 0, BpePattern::kGpt2) == 2);
+}
+
+TEST_CASE("a rank file merges as tiktoken does: the join of lowest rank, whole pieces first",
+          "[bpe]") {
+  // ":." ranks below ".:", so ".:.:" cannot be reached by merging (Llama 3's
+  // file has 678 such tokens) but is one token as a whole piece; "aaa"
+  // splits two ways. Expected: tiktoken 0.14's Encoding on the same ranks.
+  std::string text;
+  for (int b = 0; b < 256; ++b)
+    text += base64_of(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
+  int rank = 256;
+  for (const char* token : {":.", ".:", ".:.:", "aa", "aaa"})
+    text += base64_of(token) + " " + std::to_string(rank++) + "\n";
+  TempDir dir;
+  const BpeTokenizer bpe = BpeTokenizer::load(dir.write("tiny.tiktoken", text));
+  CHECK(bpe.encode(".:.:") == std::vector<int32_t>{258});
+  CHECK(bpe.encode("-.:.:") == std::vector<int32_t>{45, 46, 256, 58});
+  CHECK(bpe.encode("aaaa") == std::vector<int32_t>{259, 259});
+  CHECK(bpe.encode("aaa") == std::vector<int32_t>{260});
+  CHECK(bpe.encode("aaaaa") == std::vector<int32_t>{259, 260});
+  CHECK(bpe.pattern() == BpePattern::kGpt2);
+  CHECK(bpe.end_of_text() == -1);
+  // A token that is no join of two tokens: not a BPE rank file.
+  const std::string bad = text + base64_of("xyz") + " 261\n";
+  CHECK_THROWS_WITH(BpeTokenizer::load(dir.write("bad.tiktoken", bad)),
+                    Contains("the token of rank 261 is not the join of two tokens"));
+  // Llama 2's and Mistral's tokenizer.model are SentencePiece protobufs.
+  CHECK_THROWS_WITH(
+      BpeTokenizer::load(dir.write("tokenizer.model", std::string("\x0a\x0b<unk>\x15\x00", 8))),
+      Contains("a SentencePiece model"));
 }
 
 TEST_CASE("the embedded digits: 1,797 images of 64 pixels, 10 classes", "[datasets]") {

@@ -3,7 +3,7 @@
 //   vocab        a tiktoken rank file (after a first line "#tiktoken"),
 //                GPT-2's encoder.json + vocab.bpe (the input split at its
 //                first NUL), or a tokenizer.json (no NUL), through
-//                Gpt2Bpe::load, then a round trip of a short text
+//                BpeTokenizer::load, then a round trip of a short text
 //   safetensors  a safetensors file through safetensors_load
 //   shard_index  a sharded checkpoint's metadata.txt through ShardIndex::parse
 //   token_file   a token file's header and tokens through TokenFile::open
@@ -88,7 +88,7 @@ std::string read_vocab(const std::string& bytes) {
       put("gpt2/vocab.bpe", bytes.substr(nul + 1));
       where = folder;
     }
-    const Gpt2Bpe bpe = Gpt2Bpe::load(where);
+    const BpeTokenizer bpe = BpeTokenizer::load(where);
     const std::string text = "Hello, world! It's 2026.\n\xc3\xa9\xff";
     if (bpe.decode(bpe.encode(text)) != text) std::abort();  // a reader that loads must work
   });
