@@ -54,7 +54,7 @@ def tokenizer_json(encoder, merge_pairs, **change):
                   "merges": [" ".join(m) for m in merge_pairs]},
     }
     for key, value in change.items():
-        where = doc["model"] if key in doc["model"] else doc
+        where = doc["model"] if key in doc["model"] or key == "ignore_merges" else doc
         where[key] = value
     return json.dumps(doc).encode()
 
@@ -83,6 +83,16 @@ def vocab_corpus():
     yield "valid_tokenizer.json", tokenizer_json(encoder, merges)
     yield "valid_tokenizer_array_merges.json", tokenizer_json(
         encoder, merges, merges=[list(m) for m in merges])
+    llama3_pat = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    yield "valid_llama3_kind.json", tokenizer_json(encoder, merges, ignore_merges=True, pre_tokenizer={
+        "type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": llama3_pat}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})
+    yield "digits_pretokenizer.json", tokenizer_json(encoder, merges, pre_tokenizer={
+        "type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]})
     yield "zeros_3m_values.json", b"[" + b"0," * 2999999 + b"0]"          # 6 MB, 3M values
     yield "zeros_over_limit.json", b"[" + b"0," * 3000000 + b"0]"         # one value too many
     yield "empty_strings_object.json", b"{" + b",".join(b'"":0' for _ in range(1000000)) + b"}"

@@ -192,7 +192,7 @@ bad "decoding an id outside the vocabulary" "token 1 is id 65535, outside the vo
 head -5 "$ranks" >"$WORK/bad1.tiktoken"; echo 'not*base64 5' >>"$WORK/bad1.tiktoken"
 bad "a rank file with a line that is no base64" "bad1.tiktoken line 6: not a base64 token, a space and a rank" "$WORK/edge.bin" --out "$WORK/x9" --vocab "$WORK/bad1.tiktoken"
 (head -256 "$ranks"; echo "$(printf 'xyz' | base64) 256") >"$WORK/bad2.tiktoken"
-bad "a rank file whose token is no join of lower ranks" "bad2.tiktoken: the token of rank 256 is not the join of two tokens of lower rank" "$WORK/edge.bin" --out "$WORK/x10" --vocab "$WORK/bad2.tiktoken"
+bad "a rank file whose token is no join of two tokens" "bad2.tiktoken: the token of rank 256 is not the join of two tokens" "$WORK/edge.bin" --out "$WORK/x10" --vocab "$WORK/bad2.tiktoken"
 (head -256 "$ranks"; echo "$(printf 'ab' | base64) 300") >"$WORK/bad3.tiktoken"
 bad "a rank file with a gap" "bad3.tiktoken: no token has rank 256" "$WORK/edge.bin" --out "$WORK/x11" --vocab "$WORK/bad3.tiktoken"
 finish

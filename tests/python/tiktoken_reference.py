@@ -9,8 +9,8 @@ uint16 for GPT-2, uint32 for Llama 3, and prints "<bytes> <tokens> <seconds>".
 
 Valid UTF-8 goes through Encoding.encode_ordinary, tiktoken's own path. A
 file with invalid UTF-8 (tiktoken takes text, which cannot hold it) is read
-with surrogate escapes, as lockstep's Note [GPT-2 BPE] says it reads it: cut
-by GPT-2's pattern (a lone surrogate is neither letter, number nor space),
+with surrogate escapes, as lockstep's Note [Pre-tokenizers] says it reads it:
+cut by the pattern (a lone surrogate is neither letter, number nor space),
 each piece's bytes through tiktoken's own BPE (_encode_single_piece). Both
 paths are run on valid files and must agree, so the escaped path is checked
 against tiktoken wherever tiktoken can judge.
