@@ -264,6 +264,26 @@ const std::vector<Field>& fields() {
                  "llama: RMSNorm's epsilon", 1e-12, 1),
       make_field("model", "tie_embeddings", &C::model, &ModelConfig::tie_embeddings, Type::kBool,
                  "llama: the output head is the token embedding (no lm_head.weight)"),
+      make_choice("model", "rope_scaling", &C::model, &ModelConfig::rope_scaling, kRopeScalingNames,
+                  "llama: the rotary frequencies as they are, or scaled as Llama 3.1-3.3's "
+                  "(transformers' rope_type llama3)"),
+      make_field("model", "rope_factor", &C::model, &ModelConfig::rope_factor, Type::kDouble,
+                 "llama, rope_scaling llama3: low frequencies divided by this (factor)", 1, 1e6),
+      make_field("model", "rope_low_freq_factor", &C::model, &ModelConfig::rope_low_freq_factor,
+                 Type::kDouble,
+                 "llama, rope_scaling llama3: wavelengths over original_max_position_embeddings / "
+                 "this are scaled (low_freq_factor)",
+                 1e-6, 1e6),
+      make_field("model", "rope_high_freq_factor", &C::model, &ModelConfig::rope_high_freq_factor,
+                 Type::kDouble,
+                 "llama, rope_scaling llama3: wavelengths under original_max_position_embeddings / "
+                 "this are kept; between the two they are blended (high_freq_factor)",
+                 1e-6, 1e6),
+      make_field("model", "rope_original_max_position_embeddings", &C::model,
+                 &ModelConfig::rope_original_max_position_embeddings, Type::kInt,
+                 "llama, rope_scaling llama3: the context the model was pretrained at "
+                 "(original_max_position_embeddings)",
+                 1, int64_t{1} << 30),
       make_choice("data", "name", &C::data, &DataConfig::name, kDatasetKindNames, "dataset"),
       make_field("data", "path", &C::data, &DataConfig::path, Type::kString,
                  "csv: the file; mnist: the folder of idx files; text: any file, read as bytes; "

@@ -17,7 +17,11 @@ namespace lockstep {
 // Each step follows modeling_llama.py (transformers 4.x and 5.x alike):
 //   RMSNorm: in float32, x * rsqrt(mean(x^2) + eps), back to the input's
 //     dtype, then times the weight;
-//   rotary embeddings: inv_freq = 1 / theta^(2i / head_dim) in float32,
+//   rotary embeddings: inv_freq = 1 / theta^(2i / head_dim) in float32
+//     (with Llama 3.1's scaling, rope_type llama3: wavelengths 2 pi /
+//     inv_freq over original_max_position_embeddings / low_freq_factor
+//     divided by factor, under .../ high_freq_factor kept, blended in
+//     between: transformers' _compute_llama3_parameters, op for op),
 //     angles = position x inv_freq, cos and sin of [angles, angles] in the
 //     activations' dtype, q' = q cos + rotate_half(q) sin with
 //     rotate_half(x) = [-x2, x1] (the halves of the head, Hugging Face's
@@ -63,12 +67,9 @@ class RmsNorm : public torch::nn::Module {
 };
 
 // [t, head_dim] cos and sin of the rotary angles, in `dtype`.
-std::pair<at::Tensor, at::Tensor> rotary(int64_t t, int64_t head_dim, double theta,
-                                         at::ScalarType dtype, const at::Device& device) {
-  const at::Tensor steps =
-      at::arange(0, head_dim, 2, at::dtype(at::kLong).device(device)).to(at::kFloat) /
-      static_cast<double>(head_dim);
-  const at::Tensor inv_freq = at::pow(theta, steps).reciprocal();
+std::pair<at::Tensor, at::Tensor> rotary(int64_t t, const LlamaOptions& o, at::ScalarType dtype,
+                                         const at::Device& device) {
+  const at::Tensor inv_freq = llama_inv_freq(o, device);
   const at::Tensor positions = at::arange(t, at::dtype(at::kLong).device(device)).to(at::kFloat);
   const at::Tensor angles = at::outer(positions, inv_freq);
   const at::Tensor both = at::cat({angles, angles}, -1);
@@ -164,6 +165,27 @@ struct Llama::Body : torch::nn::Module {
   std::shared_ptr<RmsNorm> norm;
 };
 
+at::Tensor llama_inv_freq(const LlamaOptions& o, const at::Device& device) {
+  const int64_t head_dim = o.n_embd / o.n_head;
+  const at::Tensor steps =
+      at::arange(0, head_dim, 2, at::dtype(at::kLong).device(device)).to(at::kFloat) /
+      static_cast<double>(head_dim);
+  const at::Tensor inv_freq = at::pow(o.rope_theta, steps).reciprocal();
+  if (!o.rope_llama3) return inv_freq;
+  // transformers' operations in its order (a Python scalar over a tensor is
+  // reciprocal(tensor) * scalar), so that the frequencies are its own bits.
+  const double factor = o.rope_factor, low = o.rope_low_freq_factor, high = o.rope_high_freq_factor,
+               context = o.rope_original_max_position_embeddings;
+  const double low_freq_wavelen = context / low, high_freq_wavelen = context / high;
+  const at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  const at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
+  const at::Tensor smooth = (wavelen.reciprocal() * context - low) / (high - low);
+  const at::Tensor smoothed = at::rsub(smooth, 1) * scaled / factor + smooth * scaled;
+  const at::Tensor medium =
+      at::logical_not(wavelen < high_freq_wavelen) * at::logical_not(wavelen > low_freq_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
 LlamaOptions llama_options(const ModelConfig& c, int64_t vocab_size) {
   const int64_t kv = c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
   if (c.n_embd % c.n_head != 0)
@@ -195,6 +217,17 @@ LlamaOptions llama_options(const ModelConfig& c, int64_t vocab_size) {
   o.rms_norm_eps = c.rms_norm_eps;
   o.tie_embeddings = c.tie_embeddings;
   o.activation_checkpointing = c.activation_checkpointing;
+  o.rope_llama3 = c.rope_scaling == RopeScaling::kLlama3;
+  if (o.rope_llama3 && !(c.rope_high_freq_factor > c.rope_low_freq_factor))
+    throw ConfigError(
+        "model.rope_high_freq_factor=" + std::to_string(c.rope_high_freq_factor) +
+        " must be above model.rope_low_freq_factor=" + std::to_string(c.rope_low_freq_factor) +
+        " (the band between them is blended)");
+  o.rope_factor = c.rope_factor;
+  o.rope_low_freq_factor = c.rope_low_freq_factor;
+  o.rope_high_freq_factor = c.rope_high_freq_factor;
+  o.rope_original_max_position_embeddings =
+      static_cast<double>(c.rope_original_max_position_embeddings);
   return o;
 }
 
@@ -240,8 +273,7 @@ at::Tensor Llama::forward(at::Tensor idx) {
         "llama: a sequence of " + std::to_string(t) +
         " tokens is longer than model.block_size=" + std::to_string(options_.block_size));
   at::Tensor x = at::embedding(body_->embed_tokens, idx);
-  const auto angles = rotary(t, options_.n_embd / options_.n_head, options_.rope_theta,
-                             x.scalar_type(), x.device());
+  const auto angles = rotary(t, options_, x.scalar_type(), x.device());
   const at::Tensor &cos = angles.first, &sin = angles.second;
   for (const auto& layer : body_->decoder) {
     x = call_unit(*layer, [&]() -> at::Tensor {

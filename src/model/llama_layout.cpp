@@ -18,11 +18,15 @@ namespace lockstep {
 //   intermediate_size, vocab_size (the data's vocabulary), rope_theta,
 //   rms_norm_eps, tie_word_embeddings tie_embeddings (absent: false, as
 //   LlamaConfig's default).
+//   The rope: rope_parameters (transformers 5, which keeps rope_theta there)
+//   or rope_scaling (4.x and the Hub's Llama 3.x folders), rope_type
+//   "default" (model.rope_scaling none) or "llama3" (model.rope_scaling
+//   llama3, its factor, low_freq_factor, high_freq_factor and
+//   original_max_position_embeddings equal to the model.rope_* keys).
 // And what lockstep's Llama is, refused otherwise: model_type "llama",
-// hidden_act "silu", no attention or MLP biases, no rope_scaling and a
-// rope_parameters.rope_type of "default" (transformers 5 keeps rope_theta
-// there; Llama 3.1's long-context scaling is not implemented),
-// pretraining_tp 1, head_dim (when given) hidden_size / num_attention_heads.
+// hidden_act "silu", no attention or MLP biases, no other rope type or
+// field, pretraining_tp 1, head_dim (when given) hidden_size /
+// num_attention_heads.
 // max_position_embeddings only bounds the positions: model.block_size may be at most it.
 namespace {
 
@@ -38,6 +42,71 @@ std::string number(double v) {
   return text;
 }
 
+bool present(JsonValue v) {
+  return !v.missing() && !v.is(JsonKind::kNull);
+}
+
+// The rope fields as transformers reads them: rope_parameters (5.x) or
+// rope_scaling beside a top-level rope_theta (4.x, the Hub's Llama 3.x
+// folders), an old "type" as rope_type; "default" is plain rope, "llama3"
+// Llama 3.1's scaling, whose four numbers must equal the model.rope_* keys.
+// Returns the object holding them (missing when neither is given).
+template <typename Refuse>
+JsonValue check_rope(JsonValue root, const LlamaOptions& o, const Refuse& refuse) {
+  const JsonValue params = root.get("rope_parameters"), scaling = root.get("rope_scaling");
+  if (present(params) && present(scaling))
+    refuse("both rope_parameters and rope_scaling are set: give one");
+  const char* name = present(params) ? "rope_parameters" : "rope_scaling";
+  const JsonValue rope = present(params) ? params : scaling;
+  if (!present(rope)) {
+    if (o.rope_llama3)
+      refuse("no rope scaling, but model.rope_scaling is llama3 (--set model.rope_scaling=none)");
+    return JsonValue();
+  }
+  if (!rope.is(JsonKind::kObject)) refuse(std::string(name) + " is not an object");
+  const JsonValue type = present(rope.get("rope_type")) ? rope.get("rope_type") : rope.get("type");
+  const std::string kind = present(type) ? std::string(type.text()) : "default";
+  if (kind != "default" && kind != "llama3")
+    refuse(std::string(name) + ".rope_type is '" + kind +
+           "': lockstep's Llama has plain rotary embeddings or Llama 3.1's scaling (llama3)");
+  const bool llama3 = kind == "llama3";
+  const Field scaled[] = {
+      {"factor", "model.rope_factor", o.rope_factor},
+      {"low_freq_factor", "model.rope_low_freq_factor", o.rope_low_freq_factor},
+      {"high_freq_factor", "model.rope_high_freq_factor", o.rope_high_freq_factor},
+      {"original_max_position_embeddings", "model.rope_original_max_position_embeddings",
+       o.rope_original_max_position_embeddings},
+  };
+  for (const JsonValue v : rope) {
+    const std::string key(v.key());
+    bool known = key == "rope_type" || key == "type" || key == "rope_theta";
+    for (const auto& f : scaled) known = known || (llama3 && key == f.json);
+    if (!known)
+      refuse(std::string(name) + "." + key + " is set: lockstep's Llama reads " +
+             (llama3 ? "rope_theta, factor, low_freq_factor, high_freq_factor and "
+                       "original_max_position_embeddings"
+                     : "rope_theta with rope_type default"));
+  }
+  if (llama3 != o.rope_llama3)
+    refuse(std::string(name) + ".rope_type is " + kind + ", but model.rope_scaling is " +
+           (o.rope_llama3 ? "llama3" : "none") +
+           " (--set model.rope_scaling=" + (llama3 ? "llama3" : "none") + ")");
+  if (llama3) {
+    for (const auto& f : scaled) {
+      const JsonValue v = rope.get(f.json);
+      if (!v.is(JsonKind::kNumber))
+        refuse(std::string(name) + "." + f.json + " is missing or not a number");
+      if (v.number() != f.want)
+        refuse(std::string(name) + "." + f.json + " is " + number(v.number()) + ", but " + f.key +
+               " is " + number(f.want) + " (--set " + f.key + "=" + number(v.number()) + ")");
+    }
+  }
+  const JsonValue inner = rope.get("rope_theta"), top = root.get("rope_theta");
+  if (inner.is(JsonKind::kNumber) && top.is(JsonKind::kNumber) && inner.number() != top.number())
+    refuse("rope_theta " + number(top.number()) + " and " + name + ".rope_theta " +
+           number(inner.number()) + " differ (transformers uses the latter)");
+  return rope;
+}
 }  // namespace
 
 void llama_check_hf_config(const std::string& text, const LlamaOptions& o,
@@ -54,29 +123,7 @@ void llama_check_hf_config(const std::string& text, const LlamaOptions& o,
   for (const char* bias : {"attention_bias", "mlp_bias"})
     if (root.get(bias).boolean())
       refuse(std::string(bias) + " is true: lockstep's Llama has no biases");
-  if (!root.get("rope_scaling").missing() && !root.get("rope_scaling").is(JsonKind::kNull))
-    refuse(
-        "rope_scaling is set: lockstep's Llama has plain rotary embeddings (no Llama 3.1 "
-        "scaling)");
-  // transformers 5 writes rope_parameters {rope_theta, rope_type}; 4.x
-  // rope_theta (and rope_scaling) at the top. transformers takes
-  // rope_parameters' values first and reads an old "type" as rope_type.
-  const JsonValue rope = root.get("rope_parameters");
-  if (!rope.missing() && !rope.is(JsonKind::kNull)) {
-    if (!rope.is(JsonKind::kObject)) refuse("rope_parameters is not an object");
-    for (const JsonValue v : rope) {
-      const std::string key(v.key());
-      if (key == "rope_theta") continue;
-      if ((key == "rope_type" || key == "type") && v.text() == "default") continue;
-      refuse("rope_parameters." + key +
-             (v.is(JsonKind::kString) ? " is '" + std::string(v.text()) + "'" : " is set") +
-             ": lockstep's Llama has plain rotary embeddings (rope_type default, rope_theta)");
-    }
-    const JsonValue inner = rope.get("rope_theta"), top = root.get("rope_theta");
-    if (inner.is(JsonKind::kNumber) && top.is(JsonKind::kNumber) && inner.number() != top.number())
-      refuse("rope_theta " + number(top.number()) + " and rope_parameters.rope_theta " +
-             number(inner.number()) + " differ (transformers uses the latter)");
-  }
+  const JsonValue rope = check_rope(root, o, refuse);
   const auto strict = [&](const char* key, JsonKind kind) {
     const JsonValue v = root.get(key);
     if (!v.missing() && !v.is(JsonKind::kNull) && !v.is(kind))
@@ -183,6 +230,12 @@ std::string llama_hf_config_json(const LlamaOptions& o) {
   add("vocab_size", std::to_string(o.vocab_size));
   add("max_position_embeddings", std::to_string(o.block_size));
   add("rope_theta", number(o.rope_theta));
+  if (o.rope_llama3)  // as the Hub's Llama 3.x folders write it; transformers 5 reads it too
+    add("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": " + number(o.rope_factor) +
+                            ", \"low_freq_factor\": " + number(o.rope_low_freq_factor) +
+                            ", \"high_freq_factor\": " + number(o.rope_high_freq_factor) +
+                            ", \"original_max_position_embeddings\": " +
+                            number(o.rope_original_max_position_embeddings) + "}");
   add("rms_norm_eps", number(o.rms_norm_eps));
   add("tie_word_embeddings", o.tie_embeddings ? "true" : "false");
   add("attention_bias", "false");

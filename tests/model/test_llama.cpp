@@ -4,6 +4,7 @@
 // lockstep side (tests/multiproc/llama.sh).
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "lockstep/io/hf_folder.h"
@@ -92,7 +93,8 @@ TEST_CASE("Llama's config.json: checked field by field, written back", "[llama]"
   CHECK_THROWS_WITH(llama_check_hf_config(edited("\"attention_bias\": false",
                                                  "\"rope_scaling\": {\"rope_type\": \"llama3\"}"),
                                           o, "c"),
-                    Contains("rope_scaling is set"));
+                    Contains("rope_scaling.rope_type is llama3, but model.rope_scaling is none "
+                             "(--set model.rope_scaling=llama3)"));
   CHECK_THROWS_WITH(
       llama_check_hf_config(edited("\"vocab_size\": 50", "\"vocab_size\": 49152"), o, "c"),
       Contains("the data's vocabulary has 50 tokens"));
@@ -108,7 +110,37 @@ TEST_CASE("Llama's config.json: checked field by field, written back", "[llama]"
   CHECK_THROWS_WITH(llama_check_hf_config(rope("{\"rope_theta\": 500000}"), o, "c"),
                     Contains("rope_theta 10000 and rope_parameters.rope_theta 500000 differ"));
   CHECK_THROWS_WITH(llama_check_hf_config(rope("{\"type\": \"linear\", \"factor\": 4}"), o, "c"),
-                    Contains("rope_parameters.type is 'linear'"));
+                    Contains("rope_parameters.rope_type is 'linear'"));
+  // Llama 3.1's scaling, as the Hub's folders write it (rope_scaling) and
+  // as transformers 5 does (rope_parameters): each number a model.rope_* key.
+  LlamaOptions scaled = o;
+  scaled.rope_llama3 = true;
+  scaled.rope_factor = 32;
+  const std::string llama3 =
+      "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0, "
+      "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}";
+  const std::string hub =
+      edited("\"rope_theta\": 10000", "\"rope_theta\": 10000, \"rope_scaling\": " + llama3);
+  CHECK_NOTHROW(llama_check_hf_config(hub, scaled, "c"));
+  CHECK_NOTHROW(llama_check_hf_config(rope(llama3), scaled, "c"));
+  CHECK_THROWS_WITH(llama_check_hf_config(rope(llama3), o, "c"),
+                    Contains("(--set model.rope_scaling=llama3)"));
+  CHECK_THROWS_WITH(llama_check_hf_config(ours, scaled, "c"),
+                    Contains("no rope scaling, but model.rope_scaling is llama3"));
+  LlamaOptions eight = scaled;
+  eight.rope_factor = 8;
+  CHECK_THROWS_WITH(llama_check_hf_config(hub, eight, "c"),
+                    Contains("rope_scaling.factor is 32, but model.rope_factor is 8 (--set "
+                             "model.rope_factor=32)"));
+  CHECK_THROWS_WITH(
+      llama_check_hf_config(rope("{\"rope_type\": \"llama3\", \"factor\": 32.0}"), scaled, "c"),
+      Contains("rope_parameters.low_freq_factor is missing"));
+  CHECK_THROWS_WITH(
+      llama_check_hf_config(rope("{\"rope_type\": \"llama3\", \"factor\": 32.0, \"beta_fast\": 1}"),
+                            scaled, "c"),
+      Contains("rope_parameters.beta_fast is set"));
+  // What export writes for it, read back.
+  CHECK_NOTHROW(llama_check_hf_config(llama_hf_config_json(scaled), scaled, "c"));
   CHECK_THROWS_WITH(
       llama_check_hf_config(
           edited("\"tie_word_embeddings\": false", "\"tie_word_embeddings\": \"false\""), o, "c"),
@@ -125,6 +157,44 @@ TEST_CASE("Llama's config.json: checked field by field, written back", "[llama]"
       llama_check_hf_config(edited("\"num_hidden_layers\": 2", "\"num_hidden_layers\": -2"), o,
                             "c"),
       Contains("num_hidden_layers is -2, but model.n_layer is 2") && !Contains("--set"));
+}
+
+TEST_CASE("Llama 3.1's rope scaling: the frequencies of the closed form, in three bands",
+          "[llama]") {
+  // head_dim 16, theta 10000: wavelengths 2 pi / inv_freq from 6.3 to
+  // 19,869; with original_max_position_embeddings 64, low 1, high 4 the
+  // band edges are 16 and 64: one kept, two blended, five divided by 8.
+  LlamaOptions o = tiny(false);
+  o.n_embd = 64;
+  o.n_head = 4;
+  o.rope_llama3 = true;
+  o.rope_factor = 8;
+  o.rope_low_freq_factor = 1;
+  o.rope_high_freq_factor = 4;
+  o.rope_original_max_position_embeddings = 64;
+  const at::Tensor got = llama_inv_freq(o, at::kCPU);
+  REQUIRE(got.numel() == 8);
+  int kept = 0, blended = 0, divided = 0;
+  for (int64_t i = 0; i < 8; ++i) {
+    const double plain = 1 / std::pow(10000.0, 2.0 * static_cast<double>(i) / 16);
+    const double wavelen = 2 * M_PI / plain;
+    double want = plain;
+    if (wavelen > 64) {
+      want = plain / 8, ++divided;
+    } else if (wavelen >= 16) {
+      const double smooth = (64 / wavelen - 1) / (4 - 1);
+      want = (1 - smooth) * plain / 8 + smooth * plain, ++blended;
+    } else {
+      ++kept;
+    }
+    CHECK(got[i].item<float>() == Approx(want).epsilon(1e-6));
+  }
+  CHECK(kept == 1);
+  CHECK(blended == 2);
+  CHECK(divided == 5);
+  o.rope_llama3 = false;
+  CHECK(llama_inv_freq(o, at::kCPU)[7].item<float>() ==
+        Approx(1 / std::pow(10000.0, 14.0 / 16)).epsilon(1e-6));
 }
 
 TEST_CASE("Llama weights from a folder: integers, a tied head that differs", "[llama]") {
@@ -205,6 +275,16 @@ TEST_CASE("Llama logits of a Hugging Face folder, for tests/multiproc/llama.sh",
   c.rms_norm_eps = r.get("rms_norm_eps").number();
   c.tie_embeddings = r.get("tie_word_embeddings").boolean();
   c.block_size = static_cast<int64_t>(r.get("max_position_embeddings").number());
+  const JsonValue scaling = r.get("rope_scaling").is(JsonKind::kObject) ? r.get("rope_scaling")
+                                                                        : r.get("rope_parameters");
+  if (scaling.get("rope_type").text() == "llama3") {
+    c.rope_scaling = RopeScaling::kLlama3;
+    c.rope_factor = scaling.get("factor").number();
+    c.rope_low_freq_factor = scaling.get("low_freq_factor").number();
+    c.rope_high_freq_factor = scaling.get("high_freq_factor").number();
+    c.rope_original_max_position_embeddings =
+        static_cast<int64_t>(scaling.get("original_max_position_embeddings").number());
+  }
   const LlamaOptions o = llama_options(c, static_cast<int64_t>(r.get("vocab_size").number()));
   llama_check_hf_config(text, o, "config.json");
   Llama model(o);

@@ -10,7 +10,8 @@
 #    same batches, AdamW and clipping: per-step losses within 1e-5
 #    (relative);
 # 3. `lockstep export` of the trained checkpoint loads into transformers
-#    (from_pretrained) with lockstep's logits within 1e-5;
+#    (from_pretrained) with lockstep's logits within 1e-5; the same for
+#    Llama 3.1's rope scaling, read from and written to config.json;
 # 4. greedy generation: `lockstep generate` equals transformers' generate();
 # Everywhere: 2 ranks under ZeRO-3 end with the weights of 2 ranks under
 # DDP, activation checkpointing changes no weight, configs/llama-tiny.yaml
@@ -75,6 +76,25 @@ logits() {  # logits FOLDER NAME: transformers' and lockstep's, compared
   if out=$($PY "$P" close "$WORK/$2_ours.pt" "$WORK/$2_ref.pt" 1e-5 2>&1); then pass "$2: $out"; else fail "$2: $out"; fi
 }
 logits "$WORK/hf" "transformers' folder"
+
+# Llama 3.1's rope scaling (transformers 5's rope_parameters), read, and
+# written back by export (the Hub's rope_scaling form) for transformers.
+ROPE=(--set model.rope_scaling=llama3 --set model.rope_factor=8 --set model.rope_low_freq_factor=1
+      --set model.rope_high_freq_factor=4 --set model.rope_original_max_position_embeddings=64)
+$PY "$P" init "$WORK/scaled" llama3 >"$WORK/init-scaled.out" 2>&1 || fail "transformers makes the scaled model"
+logits "$WORK/scaled/hf" "Llama 3.1's rope scaling"
+"$LOCKSTEP" train "${TRAIN_ARGS[@]}" "${ROPE[@]}" --set run.dir="$RUNS" --set run.name=scaled \
+  --set optim.lr=0 --set train.max_steps=1 --set checkpoint.every=1 --set model.init_from="$WORK/scaled/hf" \
+  >"$WORK/scaled.out" 2>&1
+expect_eq "$?" 0 "lockstep reads the scaled folder with model.rope_scaling llama3"
+"$LOCKSTEP" export --checkpoint "$RUNS/scaled/checkpoints/step_00000001" --out "$WORK/scaled-export" >/dev/null 2>&1
+expect_grep "$WORK/scaled-export/config.json" '"rope_scaling": \{"rope_type": "llama3", "factor": 8' "export writes the scaling"
+logits "$WORK/scaled-export" "the scaled export, through transformers"
+"$LOCKSTEP" train "${TRAIN_ARGS[@]}" --set run.dir="$RUNS" --set run.name=unscaled \
+  --set model.init_from="$WORK/scaled/hf" >"$WORK/unscaled.out" 2>&1
+expect_eq "$?" 2 "the scaled folder without model.rope_scaling: exit 2"
+expect_grep "$WORK/unscaled.out" "rope_parameters.rope_type is llama3, but model.rope_scaling is none \(--set model.rope_scaling=llama3\)" \
+  "naming the field and the key"
 
 # 2. Training, step for step.
 OPT=(--set run.seed=3 --set optim.lr=0.002 --set optim.weight_decay=0.1 --set optim.beta2=0.999

@@ -1,9 +1,10 @@
 """lockstep's Llama against transformers' LlamaForCausalLM (tests/multiproc/llama.sh).
 
-  llama_parity.py init DIR                 a random LlamaForCausalLM (2 layers, 4 query heads
+  llama_parity.py init DIR [llama3]        a random LlamaForCausalLM (2 layers, 4 query heads
                                            sharing 2 key/value heads, untied head, vocabulary
                                            256: bytes), save_pretrained(DIR/hf) in several
-                                           shards with an index; DIR/ids.pt: token ids
+                                           shards with an index; DIR/ids.pt: token ids;
+                                           llama3: with Llama 3.1's rope scaling
   llama_parity.py logits FOLDER IDS OUT    transformers' logits of FOLDER on IDS, in OUT
   llama_parity.py close A B TOL            the largest difference of two logits files
   llama_parity.py greedy FOLDER PROMPT N GENERATED
@@ -28,9 +29,16 @@ SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_l
              rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 
-def init(folder):
+# Llama 3.1's rope scaling on the same shape (head_dim 16): with an original
+# context of 64, one frequency kept, two blended, five divided.
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=64)
+
+
+def init(folder, rope="default"):
     torch.manual_seed(5)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    shape = dict(SHAPE, rope_parameters=LLAMA3_ROPE) if rope == "llama3" else SHAPE
+    model = LlamaForCausalLM(LlamaConfig(**shape))
     model.save_pretrained(folder + "/hf", safe_serialization=True, max_shard_size="150KB")
     torch.save({"ids": torch.randint(0, 256, (3, 32))}, folder + "/ids.pt")
 
@@ -98,7 +106,7 @@ def train(folder, text, metrics, steps, batch, block, seed):
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "init":
-        init(sys.argv[2])
+        init(*sys.argv[2:4])
     elif mode == "logits":
         logits(*sys.argv[2:5])
     elif mode == "greedy":

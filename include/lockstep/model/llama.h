@@ -32,7 +32,18 @@ struct LlamaOptions {
   double rms_norm_eps = 1e-5;
   bool tie_embeddings = false;
   bool activation_checkpointing = false;
+  // Llama 3.1's rope scaling (ModelConfig's rope_* keys).
+  bool rope_llama3 = false;
+  double rope_factor = 8;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  double rope_original_max_position_embeddings = 8192;
 };
+
+// The rotary inverse frequencies [head_dim / 2] (float32): 1 / theta^(2i /
+// head_dim), scaled as transformers' _compute_llama3_parameters when
+// rope_llama3 (Note [Llama as transformers computes it]).
+at::Tensor llama_inv_freq(const LlamaOptions& options, const at::Device& device);
 
 // LlamaOptions from the model section and the data's vocabulary;
 // ConfigError when the heads do not divide (n_head | n_embd, n_kv_head |

@@ -38,6 +38,12 @@ enum class ResNetStem { kCifar, kImageNet };
 inline constexpr NameTable<ResNetStem, 2> kResNetStemNames{
     {{ResNetStem::kCifar, "cifar"}, {ResNetStem::kImageNet, "imagenet"}}};
 
+// llama: how the rotary frequencies are scaled (transformers' rope_type):
+// none ("default") or Llama 3.1's long-context scaling ("llama3").
+enum class RopeScaling { kNone, kLlama3 };
+inline constexpr NameTable<RopeScaling, 2> kRopeScalingNames{
+    {{RopeScaling::kNone, "none"}, {RopeScaling::kLlama3, "llama3"}}};
+
 struct ModelConfig {
   std::string name = "mlp";
   int64_t hidden = 128;
@@ -72,6 +78,14 @@ struct ModelConfig {
   double rope_theta = 10000;
   double rms_norm_eps = 1e-5;
   bool tie_embeddings = false;
+  // llama: Llama 3.1's rope scaling (rope_scaling: llama3) and its
+  // parameters, transformers' names: factor, low_freq_factor,
+  // high_freq_factor, original_max_position_embeddings.
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  double rope_factor = 8;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int64_t rope_original_max_position_embeddings = 8192;
 };
 
 }  // namespace lockstep
