@@ -10,7 +10,10 @@
 #    Unicode edge cases with invalid UTF-8), on 1 and 2 threads; decode;
 # 2. llm.c's Llama 3 layout (magic 20240801, version 7, uint32), --eot as
 #    <|end_of_text|>, nanoGPT's uint16 refused;
-# 3. a small Llama trains on those uint32 files and generates text;
+# 3. a small Llama trains on those uint32 files and generates text; with
+#    transformers, docs/models.md's fine-tune on a folder laid out as the
+#    Hub's Llama 3.2 (rope scaling, tied, tokenizer.json), export and
+#    generate, the export's logits in transformers equal to lockstep's;
 # 4. bad input: exit 2 naming what is wrong.
 # Skipped (exit 77, saying why) where tiktoken or the file is absent; the
 # tokenizer.json part where transformers is.
@@ -105,6 +108,32 @@ PY
   "$LOCKSTEP" tokenize "$WORK/edge.bin" --vocab "$WORK/recut.json" --format llmc --out "$WORK/x2" >"$WORK/x2.out" 2>&1
   expect_eq "$?" 2 "a ByteLevel with use_regex after the Split: exit 2"
   expect_grep "$WORK/x2.out" "recut.json: the ByteLevel after Llama 3's Split has use_regex true" "it says why"
+  # docs/models.md's fine-tune, on a folder laid out as the Hub's Llama 3.2
+  # (small and random): Llama 3.1's rope scaling, a tied head, its
+  # tokenizer.json; 2 ranks, ZeRO-3, bf16; export; generate.
+  J="$root/tests/python/llama3_tokenizer_json.py"
+  "$TT" "$J" hub "$WORK/hf/tokenizer.json" "$WORK/hub" >"$WORK/hub.out" 2>&1 || fail "the Hub-like folder: $(tail -1 "$WORK/hub.out")"
+  "$LOCKSTEP" tokenize "$root/data/kjv.txt" --vocab "$WORK/hub" --format llmc --out "$WORK/ft-tokens" 2>/dev/null
+  "$LOCKSTEP_RUN" --nproc-per-node 2 --master-port 0 "$LOCKSTEP" train --config "$root/configs/llama-tiny.yaml" \
+    --set run.dir="$WORK/runs" --set run.name=ft --set model.init_from="$WORK/hub" --set model.n_layer=2 \
+    --set model.n_embd=64 --set model.n_head=4 --set model.n_kv_head=2 --set model.intermediate_size=128 \
+    --set model.rope_theta=500000 --set model.rope_scaling=llama3 --set model.rope_factor=32 \
+    --set model.block_size=32 --set data.vocab_size=128256 --set data.path="$WORK/ft-tokens" \
+    --set data.tokenizer="$WORK/hub" --set train.precision=bf16 --set optim.lr=2e-5 --set data.batch_size=4 \
+    --set train.max_steps=4 --set checkpoint.every=4 --set train.eval_batches=2 --set log.progress=plain \
+    >"$WORK/ft.out" 2>&1
+  expect_eq "$?" 0 "fine-tune of a Hub-layout Llama 3.2 folder: 2 ranks, ZeRO-3, bf16, its tokenizer.json"
+  "$LOCKSTEP" export --checkpoint "$WORK/runs/ft" --out "$WORK/ft-export" >"$WORK/ft-export.out" 2>&1
+  expect_eq "$?" 0 "... export"
+  ids=$("$TT" -c "import struct,sys; d=open(sys.argv[1],'rb').read(); print(','.join(str(i) for i in struct.unpack('<12I', d[:48])))" "$WORK/kjv.txt.ref")
+  "$LOCKSTEP" generate --checkpoint "$WORK/runs/ft" --prompt-tokens "$ids" --logits "$WORK/ft.logits" >/dev/null 2>&1
+  if out=$("$TT" "$J" logits "$WORK/ft-export" "$WORK/ft.logits" "$ids" 2>&1); then
+    pass "... the export in transformers gives lockstep's logits: $out"
+  else
+    fail "... the export's logits differ: $out"
+  fi
+  "$LOCKSTEP" generate --checkpoint "$WORK/runs/ft" --prompt "In the beginning" --max-new-tokens 5 >"$WORK/ft-gen.out" 2>&1
+  expect_grep "$WORK/ft-gen.out" "^In the beginning" "... and generates text through its tokenizer.json"
 else
   echo "note: transformers is absent here: the tokenizer.json part is the pip platform's (scripts/test_pip.sh)"
 fi
