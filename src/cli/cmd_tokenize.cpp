@@ -28,8 +28,10 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The input is read in chunks of about 1 MiB, each ending at a safe cut
 // (bpe_safe_cut: before an ASCII space or tab, and for GPT-2's pattern a
-// line end, that follows a character other than a space, where the
-// pre-tokenizer starts afresh),
+// line end, that follows a character other than a space, or for Llama 3's
+// after a line end that a character other than a space follows: where the pre-tokenizer
+// starts afresh; when no cut comes after a chunk's worth, the last one
+// before it),
 // so that chunks encode
 // independently, on as many threads as --threads, and are written in
 // order. At most 2 x threads chunks are in memory: memory does not grow with
@@ -378,10 +380,8 @@ class Cutter {
         if (buffer.size() >= kMaxUncut)
           throw DataError(path + ": " + std::to_string(kMaxUncut >> 20) + " MiB from byte " +
                           std::to_string(position_) +
-                          (bpe_.pattern() == BpePattern::kGpt2
-                               ? " without a line ending or space after other text"
-                               : " without a space or tab after other text") +
-                          ": lockstep tokenize splits its input at such places");
+                          " without a space, tab or line end next to other text: lockstep "
+                          "tokenize splits its input at such places");
         read_more();
         continue;
       }
@@ -395,15 +395,22 @@ class Cutter {
 
  private:
   // The next cut in `buffer`: the split when it falls here, else about a
-  // chunk on (buffer.size() or more: no safe place yet).
+  // chunk on; when there is none from there on (yet), the last one before,
+  // so that what the buffer keeps is one stretch without a cut; 0 or
+  // buffer.size() when there is no safe place at all.
   size_t next_cut(const std::string& buffer, bool eof, bool& split_here) const {
-    if (!in_val_ && val_fraction_ > 0 && position_ + buffer.size() > split_at_) {
-      const size_t from = static_cast<size_t>(split_at_ > position_ ? split_at_ - position_ : 0);
-      const size_t cut = bpe_.safe_cut(buffer, from);
-      split_here = cut < buffer.size() || eof;
+    const bool splitting = !in_val_ && val_fraction_ > 0 && position_ + buffer.size() > split_at_;
+    const size_t from = splitting
+                            ? static_cast<size_t>(split_at_ > position_ ? split_at_ - position_ : 0)
+                            : std::min(buffer.size(), kChunkBytes);
+    const size_t cut = bpe_.safe_cut(buffer, from);
+    if (cut < buffer.size() || eof) {
+      split_here = splitting;
       return cut;
     }
-    return bpe_.safe_cut(buffer, std::min(buffer.size(), kChunkBytes));
+    size_t last = 0;
+    for (size_t p = bpe_.safe_cut(buffer, 1); p < from; p = bpe_.safe_cut(buffer, p + 1)) last = p;
+    return last > 0 ? last : buffer.size();
   }
 
   const BpeTokenizer& bpe_;

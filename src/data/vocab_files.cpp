@@ -239,7 +239,8 @@ VocabSource read_tokenizer_json(const std::string& path) {
 // special tokens lockstep would not know).
 constexpr size_t kMaxRankTokenBytes = 1024;
 constexpr size_t kOtherPatternRanks = 100000;  // GPT-2's and p50k's have ~50,000
-constexpr double kMaxSplitWork = 2e8;
+constexpr double kMaxSplitWork = 3e7;          // 4x Llama 3's
+constexpr size_t kMaxRankMerges = 1500000;     // 5x Llama 3's 280,147
 constexpr const char* kGpt2RanksSha256 =
     "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930";
 constexpr const char* kLlama3RanksSha256 =
@@ -293,6 +294,21 @@ bool base64_decode(std::string_view text, std::string& out) {
   return true;
 }
 
+// `text` for a message: control bytes as \xNN.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7F) {
+      out.push_back(c);
+    } else {
+      const char* hex = "0123456789abcdef";
+      out += {'\\', 'x', hex[u >> 4], hex[u & 15]};
+    }
+  }
+  return out;
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -310,6 +326,7 @@ std::vector<std::string> read_ranks(const std::string& path, const std::string& 
     std::string_view line(text.data() + at, end - at);
     at = end + 1;
     ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // CRLF, as tiktoken reads it
     if (line.empty()) continue;
     const auto fail = [&](const std::string& why) {
       return DataError(path + " line " + std::to_string(line_no) + ": " + why);
@@ -324,8 +341,8 @@ std::vector<std::string> read_ranks(const std::string& path, const std::string& 
     const std::string_view number = line.substr(space + 1);
     if (number.empty() || number.size() > 7 ||
         number.find_first_not_of("0123456789") != std::string_view::npos)
-      throw fail("the rank '" + std::string(number.substr(0, 20)) +
-                 "' is not a whole number below " + std::to_string(kMaxVocab));
+      throw fail("the rank '" + printable(number.substr(0, 20)) + "' is not a whole number below " +
+                 std::to_string(kMaxVocab));
     const auto rank = static_cast<size_t>(std::stoll(std::string(number)));
     if (rank >= static_cast<size_t>(kMaxVocab))
       throw fail("rank " + std::to_string(rank) + " is not below " + std::to_string(kMaxVocab));
@@ -377,6 +394,10 @@ void split_merges(const std::string& path, const std::vector<std::string>& by_ra
     const size_t before = src.merges.size();
     for (size_t k = 1; k < token.size(); ++k) {
       if (ranks.count(token.substr(0, k)) == 0 || ranks.count(token.substr(k)) == 0) continue;
+      if (src.merges.size() == kMaxRankMerges)
+        throw DataError(path + ": its tokens split into more than " +
+                        std::to_string(kMaxRankMerges) +
+                        " pairs of tokens (Llama 3's into 280,147): not a BPE rank file?");
       src.merges.emplace_back(gpt2_spelling(token.substr(0, k)), gpt2_spelling(token.substr(k)));
       src.merge_lines.push_back(r);
     }
@@ -443,6 +464,9 @@ const char* const kLlama3Pattern =
 
 VocabSource vocab_read(const std::string& where) {
   std::error_code ec;
+  if (std::filesystem::exists(where, ec) && !std::filesystem::is_regular_file(where, ec) &&
+      !std::filesystem::is_directory(where, ec))
+    throw DataError("'" + where + "' is neither a file nor a folder (a device or a pipe?)");
   if (std::filesystem::is_regular_file(where, ec))
     return is_rank_file(where) ? read_tiktoken(where) : read_tokenizer_json(where);
   if (std::filesystem::exists(where + "/encoder.json", ec)) return read_gpt2_files(where);

@@ -278,6 +278,9 @@ TEST_CASE("Llama 3's pattern cuts text as the regular expression does", "[bpe]")
       {"$100.50!", {"$", "100", ".", "50", "!"}},
       {"line\n", {"line", "\n"}},
       {"  \n  \n x", {"  \n  \n", " x"}},
+      // U+11DE1, a digit first assigned in Unicode 17.0: "other" to the
+      // references (Unicode 16.0), so it leads the letters after it.
+      {"\xF0\x91\xB7\xA1ng", {"\xF0\x91\xB7\xA1ng"}},
   };
   for (const auto& [text, expected] : cases) {
     INFO("text: " << text);
@@ -317,8 +320,10 @@ TEST_CASE("a safe cut leaves the pieces as the whole text has them", "[bpe]") {
     CHECK(cuts > 1000);
   }
   // Not before a line end after punctuation: Llama 3's ".\n" is one piece.
-  CHECK(bpe_safe_cut("a.\nb c", 0, BpePattern::kLlama3) == 4);
+  // After it, before other text, both patterns start afresh.
+  CHECK(bpe_safe_cut("a.\nb c", 0, BpePattern::kLlama3) == 3);
   CHECK(bpe_safe_cut("a.\nb c", 0, BpePattern::kGpt2) == 2);
+  CHECK(bpe_safe_cut("\xE4\xB8\x80\xE3\x80\x82\r\n\xE4\xB8\x80", 1, BpePattern::kLlama3) == 8);
 }
 
 TEST_CASE("a rank file merges as tiktoken does: the join of lowest rank, whole pieces first",
@@ -341,6 +346,12 @@ TEST_CASE("a rank file merges as tiktoken does: the join of lowest rank, whole p
   CHECK(bpe.encode("aaaaa") == std::vector<int32_t>{259, 260});
   CHECK(bpe.pattern() == BpePattern::kGpt2);
   CHECK(bpe.end_of_text() == -1);
+  // CRLF lines, as tiktoken reads them.
+  std::string crlf;
+  for (const char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  CHECK(BpeTokenizer::load(dir.write("crlf.tiktoken", crlf)).encode("-.:.:") ==
+        std::vector<int32_t>{45, 46, 256, 58});
+  CHECK_THROWS_WITH(BpeTokenizer::load("/dev/null"), Contains("neither a file nor a folder"));
   // A token that is no join of two tokens: not a BPE rank file.
   const std::string bad = text + base64_of("xyz") + " 261\n";
   CHECK_THROWS_WITH(BpeTokenizer::load(dir.write("bad.tiktoken", bad)),

@@ -57,6 +57,17 @@ reference "$WORK/crlf.txt" "$WORK/crlf.ref" >/dev/null
 [ "$(stat -c %s "$WORK/split/val.bin")" -gt 1024 ] && cat <(llmc_ids "$WORK/split/train.bin") <(llmc_ids "$WORK/split/val.bin") | cmp -s - "$WORK/crlf.ref" &&
   pass "CRLF text split 90/10: val.bin is not empty and train + val are tiktoken's ids" || fail "the split is empty or changed ids"
 
+# 10 MB of CJK lines with no space at all: cut after the line ends (the
+# chunks are encoded on 2 threads), every id tiktoken's.
+"$TT" -c "
+import random
+r = random.Random(1)
+open('$WORK/cjk.txt', 'w').write(''.join(''.join(chr(r.randint(0x4E00, 0x9FFF)) for _ in range(40)) + '。\n' for _ in range(80000)))"
+reference "$WORK/cjk.txt" "$WORK/cjk.ref" >/dev/null
+"$LOCKSTEP" tokenize "$WORK/cjk.txt" --vocab "$model" --format llmc --out "$WORK/cjk" --val-fraction 0 --threads 2 2>"$WORK/cjk.err"
+llmc_ids "$WORK/cjk/train.bin" | cmp -s - "$WORK/cjk.ref" && pass "10 MB of CJK lines without a space: tiktoken's ids" ||
+  fail "CJK lines without a space: $(tail -1 "$WORK/cjk.err")"
+
 # 2. The file layout, --eot.
 out=$("$TT" - "$WORK/t-edge.bin/train.bin" "$WORK/edge.bin.ref" <<'PY'
 import sys, struct

@@ -94,8 +94,9 @@ std::vector<size_t> gpt2_pieces(std::string_view text);
 // Where `text` can be cut so that the two parts tokenize as the whole does:
 // before an ASCII space, tab, vertical tab or form feed (and for GPT-2's
 // pattern a line end, CR included) that follows a character other than a
-// space (no piece spans that). Returns the first such cut at or after
-// `from` (text.size() when none).
+// space, or (Llama 3's pattern) after a line end that a character other
+// than a space follows (no piece spans either). Returns the first such cut at or after `from`
+// (text.size() when none).
 size_t bpe_safe_cut(std::string_view text, size_t from, BpePattern pattern);
 size_t gpt2_safe_cut(std::string_view text, size_t from);
 
