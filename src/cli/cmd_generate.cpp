@@ -59,6 +59,7 @@ cxxopts::Options generate_options() {
       ("temperature", "divides the logits; 0 (or below 1e-5): greedy", cxxopts::value<double>()->default_value("0.8"))
       ("top-k", "draw among the k likeliest tokens only (0: all)", cxxopts::value<int64_t>()->default_value("0"))
       ("seed", "the same seed, the same text", cxxopts::value<uint64_t>()->default_value("0"))
+      ("special", "read special tokens' names in --prompt as their ids (<|begin_of_text|>, chat templates)")
       ("logits", "instead of drawing: write the logits at every prompt position to FILE (float32, little-endian, [prompt tokens, vocabulary], row-major) and exit", cxxopts::value<std::string>());
   // clang-format on
   return options;
@@ -89,10 +90,16 @@ std::vector<int64_t> prompt_from_args(const cxxopts::ParseResult& args,
                                       const LoadedLanguageModel& loaded,
                                       const std::optional<BpeTokenizer>& bpe) {
   std::vector<int64_t> prompt;
+  if (args.count("special") != 0 && !(bpe && args.count("prompt") != 0))
+    throw ConfigError(
+        "--special reads special tokens in --prompt text: it needs a --prompt and a "
+        "model with data.tokenizer");
   if (bpe && args.count("prompt") != 0) {
     const std::string text = args["prompt"].as<std::string>();
     if (text.empty()) throw ConfigError("--prompt is empty: give the text to continue");
-    for (const int32_t id : bpe->encode(text)) prompt.push_back(id);
+    const bool specials = args.count("special") != 0;
+    for (const int32_t id : specials ? bpe->encode_with_specials(text) : bpe->encode(text))
+      prompt.push_back(id);
   } else if (loaded.bytes) {
     if (args.count("prompt-tokens") != 0)
       throw ConfigError("this model reads bytes (data.name: text): give --prompt TEXT");

@@ -165,6 +165,18 @@ int decode_file(const BpeTokenizer& bpe, const std::string& path) {
   return kExitOk;
 }
 
+// --special: the input is cut only where no name can span the cut (Note
+// [Streamed tokenizing]), which holds for names without whitespace.
+void check_specials(const BpeTokenizer& bpe) {
+  const auto names = bpe.special_names();
+  if (names.empty()) throw ConfigError("--special: the vocabulary has no special tokens");
+  for (const auto& name : names)
+    if (name.find_first_of(" \t\n\r\v\f") != std::string::npos)
+      throw ConfigError("--special: the special token '" + shown_name(name) +
+                        "' holds whitespace, where lockstep tokenize may cut its input; "
+                        "leave --special out (its name is then text)");
+}
+
 // What the command line asked for, checked before any file is written.
 struct Job {
   std::vector<std::string> files;
@@ -172,6 +184,7 @@ struct Job {
   std::string out, format;
   double val_fraction = 0;
   bool eot = false;
+  bool specials = false;  // --special
   int threads = 1;
 };
 
@@ -192,6 +205,8 @@ Job job_from_args(const cxxopts::ParseResult& args, const BpeTokenizer& bpe) {
   job.eot = args.count("eot") != 0;
   if (job.eot && bpe.end_of_text() < 0)
     throw ConfigError("--eot: the vocabulary has no <|endoftext|> or <|end_of_text|> token");
+  job.specials = args.count("special") != 0;
+  if (job.specials) check_specials(bpe);
   job.threads = args.count("threads") != 0 ? args["threads"].as<int>()
                                            : static_cast<int>(std::thread::hardware_concurrency());
   if (args.count("threads") != 0 && (job.threads < 1 || job.threads > 1024))
@@ -212,7 +227,9 @@ Job job_from_args(const cxxopts::ParseResult& args, const BpeTokenizer& bpe) {
 // The destructor lets them finish what was submitted, then joins them.
 class EncoderPool {
  public:
-  EncoderPool(const BpeTokenizer& bpe, int threads) : bpe_(bpe) {
+  // `specials`: special tokens' names in the text become their ids.
+  EncoderPool(const BpeTokenizer& bpe, int threads, bool specials)
+      : bpe_(bpe), specials_(specials) {
     try {
       for (int w = 0; w < threads; ++w) workers_.emplace_back([this] { work(); });
     } catch (...) {
@@ -254,7 +271,8 @@ class EncoderPool {
         tasks_.pop_front();
       }
       try {
-        std::vector<int32_t> ids = bpe_.encode(task.text);
+        std::vector<int32_t> ids =
+            specials_ ? bpe_.encode_with_specials(task.text) : bpe_.encode(task.text);
         if (task.eot_id >= 0) ids.push_back(task.eot_id);
         task.done.set_value(std::move(ids));
       } catch (...) {
@@ -274,6 +292,7 @@ class EncoderPool {
   }
 
   const BpeTokenizer& bpe_;
+  const bool specials_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<Task> tasks_;
@@ -427,7 +446,7 @@ int tokenize(const Job& job, const BpeTokenizer& bpe) {
   TokenWriter train(job.out + "/train.bin", llmc, wide), val(job.out + "/val.bin", llmc, wide);
   OrderedOutput output(train, val, job.total, static_cast<size_t>(2 * job.threads));
   {
-    EncoderPool pool(bpe, job.threads);  // joined before the output goes
+    EncoderPool pool(bpe, job.threads, job.specials);  // joined before the output goes
     Cutter cutter(bpe,
                   static_cast<uint64_t>(static_cast<double>(job.total) * (1 - job.val_fraction)),
                   job.val_fraction);
@@ -476,6 +495,7 @@ int cmd_tokenize(int argc, char** argv) {
         ("val-fraction", "the input's last share of bytes that goes to val.bin", cxxopts::value<double>()->default_value("0.1"))
         ("format", "nanogpt: raw uint16; llmc: llm.c's 1 KiB header (magic 20240520, version 1), then uint16; over 65,536 tokens magic 20240801, version 7, then uint32", cxxopts::value<std::string>()->default_value("nanogpt"))
         ("eot", "append <|endoftext|> (Llama 3: <|end_of_text|>) after each file's tokens")
+        ("special", "read special tokens' names in the text as their ids (chat templates: <|start_header_id|>...); without it they are text")
         ("threads", "encoding threads (default: every core)", cxxopts::value<int>())
         ("decode", "print the text of a .bin file of token ids instead", cxxopts::value<std::string>());
     // clang-format on

@@ -145,6 +145,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& where) {
   bpe.load_merges(src);
   static std::atomic<uint64_t> serial{0};
   bpe.serial_ = ++serial;
+  bpe.index_specials();
   return bpe;
 }
 
@@ -274,6 +275,43 @@ void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out)
 
 size_t BpeTokenizer::safe_cut(std::string_view text, size_t from) const {
   return bpe_safe_cut(text, from, pattern_);
+}
+
+void BpeTokenizer::index_specials() {
+  specials_by_byte_.assign(256, {});
+  for (size_t id = 0; id < special_.size(); ++id)
+    if (special_[id] != 0 && !tokens_[id].empty())
+      specials_by_byte_[static_cast<unsigned char>(tokens_[id][0])].push_back(
+          static_cast<int32_t>(id));
+  for (auto& ids : specials_by_byte_)
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+      return tokens_[static_cast<size_t>(a)].size() > tokens_[static_cast<size_t>(b)].size();
+    });
+}
+
+std::vector<std::string> BpeTokenizer::special_names() const {
+  std::vector<std::string> names;
+  for (size_t id = 0; id < special_.size(); ++id)
+    if (special_[id] != 0) names.push_back(tokens_[id]);
+  return names;
+}
+
+std::vector<int32_t> BpeTokenizer::encode_with_specials(std::string_view text) const {
+  std::vector<int32_t> out;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    for (const int32_t id : specials_by_byte_[static_cast<unsigned char>(text[i])]) {
+      const std::string& name = tokens_[static_cast<size_t>(id)];
+      if (text.compare(i, name.size(), name) != 0) continue;
+      encode_into(text.substr(start, i - start), out);
+      out.push_back(id);
+      start = i + name.size();
+      i = start - 1;
+      break;
+    }
+  }
+  encode_into(text.substr(start), out);
+  return out;
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {

@@ -9,7 +9,8 @@
 # 1. parity: every id equal on ~9 MB (the KJV, Debian's licences, 1 MiB of
 #    Unicode edge cases with invalid UTF-8), on 1 and 2 threads; decode;
 # 2. llm.c's Llama 3 layout (magic 20240801, version 7, uint32), --eot as
-#    <|end_of_text|>, nanoGPT's uint16 refused;
+#    <|end_of_text|>, nanoGPT's uint16 refused; --special (chat templates)
+#    as tiktoken's encode(allowed_special="all");
 # 3. a small Llama trains on those uint32 files and generates text; with
 #    transformers, docs/models.md's fine-tune on a folder laid out as the
 #    Hub's Llama 3.2 (rope scaling, tied, tokenizer.json), export and
@@ -27,7 +28,7 @@ if [ ! -f "$model" ] || ! "$TT" -c "import tiktoken" 2>/dev/null; then
   echo "SKIP: Llama 3's tokenizer.model ($model, scripts/fetch_llama3_tokenizer.sh) or tiktoken ($TT, scripts/python_tools.sh) is absent here"
   exit 77
 fi
-reference() { "$TT" "$root/tests/python/tiktoken_reference.py" "$model" "$1" "$2"; }
+reference() { "$TT" "$root/tests/python/tiktoken_reference.py" "$model" "$@"; }
 "$TT" "$root/tests/python/unicode_edge_cases.py" "$WORK/edge.bin" 1
 (cat /usr/share/common-licenses/* /usr/share/doc/*/copyright) 2>/dev/null | head -c 3000000 >"$WORK/debian.txt"
 corpus=("$root/data/kjv.txt" "$WORK/debian.txt" "$WORK/edge.bin")
@@ -67,6 +68,23 @@ reference "$WORK/cjk.txt" "$WORK/cjk.ref" >/dev/null
 "$LOCKSTEP" tokenize "$WORK/cjk.txt" --vocab "$model" --format llmc --out "$WORK/cjk" --val-fraction 0 --threads 2 2>"$WORK/cjk.err"
 llmc_ids "$WORK/cjk/train.bin" | cmp -s - "$WORK/cjk.ref" && pass "10 MB of CJK lines without a space: tiktoken's ids" ||
   fail "CJK lines without a space: $(tail -1 "$WORK/cjk.err")"
+
+# --special: chat-formatted text (Llama 3's template around KJV verses), its
+# special tokens' names read as their ids, as tiktoken's
+# encode(allowed_special="all"); on 2 threads.
+"$TT" - "$root/data/kjv.txt" "$WORK/chat.txt" <<'PY'
+import sys
+verses = [l for l in open(sys.argv[1], encoding="utf-8").read().split("\n") if l.strip()][:20000]
+turn = "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>"
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    for k in range(0, len(verses) - 1, 2):
+        f.write("<|begin_of_text|>" + turn.format("user", verses[k]) + turn.format("assistant", verses[k + 1]) + "\n")
+PY
+reference "$WORK/chat.txt" "$WORK/chat.ref" --special >/dev/null
+"$LOCKSTEP" tokenize "$WORK/chat.txt" --vocab "$model" --format llmc --special --out "$WORK/chat" --val-fraction 0 --threads 2 2>"$WORK/chat.err"
+llmc_ids "$WORK/chat/train.bin" | cmp -s - "$WORK/chat.ref" &&
+  pass "--special: a chat template's names are their ids, as tiktoken's encode(allowed_special=\"all\") ($(($(stat -c %s "$WORK/chat.ref") / 4)) tokens)" ||
+  fail "--special: other ids than tiktoken's ($(tail -1 "$WORK/chat.err"))"
 
 # 2. The file layout, --eot.
 out=$("$TT" - "$WORK/t-edge.bin/train.bin" "$WORK/edge.bin.ref" <<'PY'
@@ -165,6 +183,8 @@ expect_eq "$?" 0 "a Llama trains on Llama 3 tokens (uint32, vocabulary 128,256) 
 "$LOCKSTEP" generate --checkpoint "$WORK/runs/llama-tiny" --prompt "In the beginning" --max-new-tokens 5 >"$WORK/gen.out" 2>&1
 expect_eq "$?" 0 "generate from it with --prompt text"
 expect_grep "$WORK/gen.out" "^In the beginning" "the output is text, after the prompt"
+"$LOCKSTEP" generate --checkpoint "$WORK/runs/llama-tiny" --prompt "<|begin_of_text|>In" --special --logits "$WORK/special.logits" >/dev/null 2>&1
+expect_eq "$(stat -c %s "$WORK/special.logits" 2>/dev/null)" "$((2 * 128256 * 4))" "generate --special: '<|begin_of_text|>In' is 2 tokens"
 
 echo "$PASSES passed, $FAILURES failed"
 [ "$FAILURES" -eq 0 ]

@@ -5,7 +5,10 @@ built offline from a rank file: GPT-2's (gpt2.tiktoken) with GPT-2's pattern
 special tokens from 128000). Writes the token ids of FILE to OUT, little-endian
 uint16 for GPT-2, uint32 for Llama 3, and prints "<bytes> <tokens> <seconds>".
 
-    python tiktoken_reference.py RANKS FILE OUT
+    python tiktoken_reference.py RANKS FILE OUT [--special]
+
+--special: special tokens' names in the text are their ids
+(encode(text, allowed_special="all")), for valid UTF-8.
 
 Valid UTF-8 goes through Encoding.encode_ordinary, tiktoken's own path. A
 file with invalid UTF-8 (tiktoken takes text, which cannot hold it) is read
@@ -74,6 +77,12 @@ def main():
     enc = encoding(ranks)
     data = open(path, "rb").read()
     start = time.perf_counter()
+    if "--special" in sys.argv[4:]:
+        ids = enc.encode(data.decode("utf-8"), allowed_special="all")
+        with open(out, "wb") as f:
+            f.write(struct.pack(f"<{len(ids)}{'I' if enc.name == 'llama3-offline' else 'H'}", *ids))
+        print(len(data), len(ids), f"{time.perf_counter() - start:.3f}")
+        return
     try:
         ids = enc.encode_ordinary(data.decode("utf-8"))
         valid = True

@@ -43,6 +43,14 @@ class BpeTokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   // Appends to `out`.
   void encode_into(std::string_view text, std::vector<int32_t>& out) const;
+  // Token ids of `text` with the special tokens' names in it as their ids
+  // (tiktoken's encode(allowed_special="all"), Hugging Face's added tokens
+  // matched exactly): at each place the longest name wins, the text between
+  // is encoded as encode() encodes it. For chat templates
+  // (<|start_header_id|>user<|end_header_id|>...).
+  std::vector<int32_t> encode_with_specials(std::string_view text) const;
+  // The special tokens' names (added tokens, a rank file's known ones).
+  std::vector<std::string> special_names() const;
   // The bytes of `ids` (a special token as its name); DataError naming an
   // id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;
@@ -60,6 +68,7 @@ class BpeTokenizer {
 
  private:
   void load_merges(const VocabSource& src);
+  void index_specials();
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void merge_short(std::vector<int32_t>& sym) const;
   void merge_long(std::vector<int32_t>& sym, std::vector<int32_t>& out) const;
@@ -69,6 +78,7 @@ class BpeTokenizer {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>
       merges_;                 // (a, b) -> (priority, id of ab)
   std::vector<char> special_;  // per id: a special token (never a piece's whole-token match)
+  std::vector<std::vector<int32_t>> specials_by_byte_;  // first byte -> special ids, longest first
   int32_t byte_ids_[256] = {};
   int32_t end_of_text_ = -1;
   BpePattern pattern_ = BpePattern::kGpt2;
