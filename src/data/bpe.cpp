@@ -277,13 +277,29 @@ size_t BpeTokenizer::safe_cut(std::string_view text, size_t from) const {
   return bpe_safe_cut(text, from, pattern_);
 }
 
+// Special ids by their names' first two bytes (a one-byte name under its
+// byte | 0x10000), longest first: text is scanned once, and at each place
+// only the names that start as it does are compared.
+namespace {
+
+uint32_t special_key(std::string_view name) {
+  const auto b = [&](size_t k) {
+    return static_cast<uint32_t>(static_cast<unsigned char>(name[k]));
+  };
+  return name.size() == 1 ? b(0) | 0x10000u : (b(0) << 8) | b(1);
+}
+
+}  // namespace
+
 void BpeTokenizer::index_specials() {
-  specials_by_byte_.assign(256, {});
-  for (size_t id = 0; id < special_.size(); ++id)
-    if (special_[id] != 0 && !tokens_[id].empty())
-      specials_by_byte_[static_cast<unsigned char>(tokens_[id][0])].push_back(
-          static_cast<int32_t>(id));
-  for (auto& ids : specials_by_byte_)
+  specials_by_prefix_.clear();
+  special_first_.assign(256, 0);
+  for (size_t id = 0; id < special_.size(); ++id) {
+    if (special_[id] == 0 || tokens_[id].empty()) continue;
+    specials_by_prefix_[special_key(tokens_[id])].push_back(static_cast<int32_t>(id));
+    special_first_[static_cast<unsigned char>(tokens_[id][0])] = 1;
+  }
+  for (auto& [key, ids] : specials_by_prefix_)
     std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
       return tokens_[static_cast<size_t>(a)].size() > tokens_[static_cast<size_t>(b)].size();
     });
@@ -296,19 +312,33 @@ std::vector<std::string> BpeTokenizer::special_names() const {
   return names;
 }
 
+// The longest special name at `i` of `text`: its id, or -1.
+int32_t BpeTokenizer::special_at(std::string_view text, size_t i) const {
+  if (special_first_[static_cast<unsigned char>(text[i])] == 0) return -1;
+  for (const uint32_t key : {i + 1 < text.size() ? special_key(text.substr(i, 2)) : 0xFFFFFFFFu,
+                             special_key(text.substr(i, 1))}) {
+    const auto it = specials_by_prefix_.find(key);
+    if (it == specials_by_prefix_.end()) continue;
+    for (const int32_t id : it->second) {
+      const std::string& name = tokens_[static_cast<size_t>(id)];
+      if (text.compare(i, name.size(), name) == 0) return id;
+    }
+  }
+  return -1;
+}
+
 std::vector<int32_t> BpeTokenizer::encode_with_specials(std::string_view text) const {
   std::vector<int32_t> out;
   size_t start = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    for (const int32_t id : specials_by_byte_[static_cast<unsigned char>(text[i])]) {
-      const std::string& name = tokens_[static_cast<size_t>(id)];
-      if (text.compare(i, name.size(), name) != 0) continue;
-      encode_into(text.substr(start, i - start), out);
-      out.push_back(id);
-      start = i + name.size();
-      i = start - 1;
-      break;
+  for (size_t i = 0; i < text.size();) {
+    const int32_t id = special_at(text, i);
+    if (id < 0) {
+      ++i;
+      continue;
     }
+    encode_into(text.substr(start, i - start), out);
+    out.push_back(id);
+    i = start = i + tokens_[static_cast<size_t>(id)].size();
   }
   encode_into(text.substr(start), out);
   return out;

@@ -49,6 +49,7 @@ VocabSource read_gpt2_files(const std::string& folder) {
       throw DataError(src.vocab_file + ": not a JSON object of token -> id");
     for (const JsonValue id : encoder.root()) {
       src.tokens.emplace_back(token_id(id, src.vocab_file, id.key()), std::string(id.key()));
+      if (id.key() == "<|endoftext|>") src.special_ids.push_back(src.tokens.back().first);
       check_counts(src);
     }
   }
@@ -212,7 +213,8 @@ VocabSource read_tokenizer_json(const std::string& path) {
     if (!content.is(JsonKind::kString) || id.missing())
       throw DataError(path + ": an added token without content and id");
     const int64_t n = token_id(id, path, content.text());
-    if (known.insert(n).second) src.tokens.emplace_back(n, std::string(content.text()));
+    // An added token's content is its text, not the byte map's spelling.
+    if (known.insert(n).second) src.tokens.emplace_back(n, gpt2_spelling(content.text()));
     src.special_ids.push_back(n);
     check_counts(src);
   }
@@ -376,7 +378,7 @@ void recognise_ranks(const std::string& path, const std::string& text, size_t ra
   }
   for (size_t i = 0; i < specials.size(); ++i) {
     src.special_ids.push_back(static_cast<int64_t>(ranks + i));
-    src.tokens.emplace_back(static_cast<int64_t>(ranks + i), specials[i]);
+    src.tokens.emplace_back(static_cast<int64_t>(ranks + i), gpt2_spelling(specials[i]));
   }
 }
 

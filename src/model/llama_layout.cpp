@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "lockstep/util/error.h"
 #include "lockstep/util/json.h"
@@ -36,9 +37,12 @@ struct Field {
   double want;
 };
 
+// The shortest of %.15g and %.17g that reads back as `v`: config.json's
+// numbers round-trip, messages stay short.
 std::string number(double v) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.10g", v);
+  std::snprintf(text, sizeof text, "%.15g", v);
+  if (std::strtod(text, nullptr) != v) std::snprintf(text, sizeof text, "%.17g", v);
   return text;
 }
 
@@ -93,12 +97,23 @@ JsonValue check_rope(JsonValue root, const LlamaOptions& o, const Refuse& refuse
            " (--set model.rope_scaling=" + (llama3 ? "llama3" : "none") + ")");
   if (llama3) {
     for (const auto& f : scaled) {
-      const JsonValue v = rope.get(f.json);
-      if (!v.is(JsonKind::kNumber))
-        refuse(std::string(name) + "." + f.json + " is missing or not a number");
+      JsonValue v = rope.get(f.json);
+      // transformers' standardize_rope_params: a top-level
+      // original_max_position_embeddings wins, else the dict's, else
+      // max_position_embeddings.
+      const bool context = std::string(f.json) == "original_max_position_embeddings";
+      std::string shown = std::string(name) + "." + f.json;
+      if (context && root.get(f.json).is(JsonKind::kNumber)) {
+        v = root.get(f.json);
+        shown = f.json;
+      } else if (context && !present(v)) {
+        v = root.get("max_position_embeddings");
+        shown = "max_position_embeddings (no original_max_position_embeddings)";
+      }
+      if (!v.is(JsonKind::kNumber)) refuse(shown + " is missing or not a number");
       if (v.number() != f.want)
-        refuse(std::string(name) + "." + f.json + " is " + number(v.number()) + ", but " + f.key +
-               " is " + number(f.want) + " (--set " + f.key + "=" + number(v.number()) + ")");
+        refuse(shown + " is " + number(v.number()) + ", but " + f.key + " is " + number(f.want) +
+               " (--set " + f.key + "=" + number(v.number()) + ")");
     }
   }
   const JsonValue inner = rope.get("rope_theta"), top = root.get("rope_theta");

@@ -139,6 +139,20 @@ TEST_CASE("Llama's config.json: checked field by field, written back", "[llama]"
       llama_check_hf_config(rope("{\"rope_type\": \"llama3\", \"factor\": 32.0, \"beta_fast\": 1}"),
                             scaled, "c"),
       Contains("rope_parameters.beta_fast is set"));
+  // transformers takes a top-level original_max_position_embeddings over
+  // the dict's (Phi-3's layout).
+  CHECK_THROWS_WITH(
+      llama_check_hf_config(edited("\"rope_theta\": 10000",
+                                   "\"rope_theta\": 10000, \"original_max_position_embeddings\": "
+                                   "4096, \"rope_scaling\": " +
+                                       llama3),
+                            scaled, "c"),
+      Contains("original_max_position_embeddings is 4096, but "
+               "model.rope_original_max_position_embeddings is 8192"));
+  // What export writes for it, read back, to the last bit.
+  scaled.rope_low_freq_factor = 0.30000000000000004;
+  CHECK_NOTHROW(llama_check_hf_config(llama_hf_config_json(scaled), scaled, "c"));
+  scaled.rope_low_freq_factor = 1;
   // What export writes for it, read back.
   CHECK_NOTHROW(llama_check_hf_config(llama_hf_config_json(scaled), scaled, "c"));
   CHECK_THROWS_WITH(

@@ -22,8 +22,8 @@ if [ ! -f "$ranks" ] || ! "$TT" -c "import tiktoken" 2>/dev/null; then
   echo "SKIP: GPT-2's ranks ($ranks, scripts/fetch_gpt2_vocab.sh) or tiktoken ($TT, scripts/python_tools.sh) is absent here"
   exit 77
 fi
-reference() {  # reference FILE OUT: prints "<bytes> <tokens> <seconds>"
-  "$TT" "$root/tests/python/tiktoken_reference.py" "$ranks" "$1" "$2"
+reference() {  # reference FILE OUT [--special]: prints "<bytes> <tokens> <seconds>"
+  "$TT" "$root/tests/python/tiktoken_reference.py" "$ranks" "$@"
 }
 "$TT" "$root/tests/python/unicode_edge_cases.py" "$WORK/edge.bin" 1
 (cat /usr/share/common-licenses/* /usr/share/doc/*/copyright) 2>/dev/null | head -c 5000000 >"$WORK/debian.txt"
@@ -121,6 +121,12 @@ for name, ms in (("hf-strings", merges), ("hf-pairs", [m.split(" ") for m in mer
 doc["pre_tokenizer"]["add_prefix_space"] = True
 json.dump(doc, open(f"{w}/hf-prefix.json", "w", encoding="utf-8"))
 PY
+# --special through GPT-2's own files: <|endoftext|> in the text is 50256.
+printf 'one<|endoftext|>two <|endoftext|> three<|endoftext\n' >"$WORK/special.txt"
+reference "$WORK/special.txt" "$WORK/special.ref" --special >/dev/null
+"$LOCKSTEP" tokenize "$WORK/special.txt" --vocab "$WORK/gpt2files" --special --out "$WORK/special" --val-fraction 0 2>/dev/null
+cmp -s "$WORK/special/train.bin" "$WORK/special.ref" && pass "--special with encoder.json: tiktoken's encode(allowed_special=\"all\") ids" ||
+  fail "--special with encoder.json gives other ids"
 for form in strings pairs; do
   "$LOCKSTEP" tokenize "$WORK/edge.bin" --vocab "$WORK/hf-$form.json" --out "$WORK/hf-$form" --val-fraction 0 2>/dev/null
   cmp -s "$WORK/hf-$form/train.bin" "$WORK/edge.bin.ref" && pass "a tokenizer.json (merges as $form): the reference's ids" ||

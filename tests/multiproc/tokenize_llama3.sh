@@ -119,6 +119,21 @@ if "$TT" -c "import transformers, tokenizers" 2>/dev/null; then
     llmc_ids "$WORK/j-$b/train.bin" | cmp -s - "$WORK/$b.hf" && cmp -s "$WORK/$b.hf" "$WORK/$b.ref" &&
       pass "$b through tokenizer.json: Hugging Face's ids, and tiktoken's" || fail "$b through tokenizer.json: other ids"
   done
+  # An added token of non-ASCII text, matched with --special as Hugging
+  # Face's tokenizers matches it.
+  "$TT" - "$WORK/hf/tokenizer.json" "$WORK/added" <<'PY'
+import json, os, sys
+doc = json.load(open(sys.argv[1], encoding="utf-8"))
+doc["added_tokens"].append({"id": 128256, "content": "‹|café|>", "single_word": False, "lstrip": False,
+                            "rstrip": False, "normalized": False, "special": True})
+os.makedirs(sys.argv[2], exist_ok=True)
+json.dump(doc, open(sys.argv[2] + "/tokenizer.json", "w", encoding="utf-8"), ensure_ascii=False)
+open(sys.argv[2] + "/text.txt", "w", encoding="utf-8").write("x‹|café|>y, and ‹|café|> again ‹|caf\n" * 1000)
+PY
+  "$TT" "$root/tests/python/llama3_tokenizer_json.py" encode "$WORK/added/tokenizer.json" "$WORK/added/text.txt" "$WORK/added.hf"
+  "$LOCKSTEP" tokenize "$WORK/added/text.txt" --vocab "$WORK/added" --special --format llmc --out "$WORK/added-out" --val-fraction 0 2>/dev/null
+  llmc_ids "$WORK/added-out/train.bin" | cmp -s - "$WORK/added.hf" &&
+    pass "--special with an added token of non-ASCII text: Hugging Face's ids" || fail "an added token of non-ASCII text: other ids"
   # Bad input: another Split pattern (Qwen2's one digit a piece), a
   # ByteLevel that would cut again, a rank file that is not Llama 3's.
   "$TT" - "$WORK/hf/tokenizer.json" "$WORK" <<'PY'

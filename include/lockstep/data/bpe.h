@@ -69,6 +69,7 @@ class BpeTokenizer {
  private:
   void load_merges(const VocabSource& src);
   void index_specials();
+  int32_t special_at(std::string_view text, size_t i) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void merge_short(std::vector<int32_t>& sym) const;
   void merge_long(std::vector<int32_t>& sym, std::vector<int32_t>& out) const;
@@ -78,7 +79,8 @@ class BpeTokenizer {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>
       merges_;                 // (a, b) -> (priority, id of ab)
   std::vector<char> special_;  // per id: a special token (never a piece's whole-token match)
-  std::vector<std::vector<int32_t>> specials_by_byte_;  // first byte -> special ids, longest first
+  std::unordered_map<uint32_t, std::vector<int32_t>> specials_by_prefix_;  // index_specials()
+  std::vector<char> special_first_;  // per byte: some special name starts with it
   int32_t byte_ids_[256] = {};
   int32_t end_of_text_ = -1;
   BpePattern pattern_ = BpePattern::kGpt2;
