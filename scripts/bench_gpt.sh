@@ -10,7 +10,10 @@
 #   scripts/bench_gpt.sh      (env: ROUNDS=3 STEPS=40 WARMUP=10 NPROC=2 PRECISION=fp32|bf16
 #                              SHAPE="n_layer n_head n_embd block_size batch_size" (default: the
 #                              demo's "4 4 128 128 16") ONLY=shm: lockstep's shm row alone beside
-#                              PyTorch's; MFU=1: lockstep reports its model FLOP utilisation)
+#                              PyTorch's; MFU=1: lockstep reports its model FLOP utilisation;
+#                              SPLIT=1: then one profiling pass each, the step split into forward,
+#                              backward, clipping and optimizer, each timed to the device's end
+#                              (lockstep's log.sync_timing, bench_gpt_torch.py --split))
 #   DEVICE=cuda NPROC=1 scripts/bench_gpt.sh   on a GPU: lockstep on NCCL beside PyTorch's DDP on
 #                              NCCL (one row each), both on GPU LOCAL_RANK; BUILD=build-gpu
 #                              PYTHON=python3 for another build folder and Python (docs/gpu.md)
@@ -42,13 +45,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 raw="$work/raw.jsonl"
 lockstep() {  # lockstep NAME LABEL ARGS...: one run; tokens/s over the intervals after the warm-up
-  local name=$1 label=$2
+  local name=$1 label=$2 to=${LOCKSTEP_RAW:-$raw}
   shift 2
   "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$BUILD/lockstep" train \
     --config configs/gpt-text.yaml --set run.dir="$work/runs" --set run.name="$name" --set run.overwrite=true \
     --set train.max_steps=$((WARMUP + STEPS)) --set log.every="$WARMUP" --set checkpoint.every=0 \
     --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "${shape_lockstep[@]}" "${device_lockstep[@]}" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
-  "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$raw" <<'PY'
+  "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$to" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 timed = [r for r in rows if r["step"] > int(sys.argv[3])]
@@ -57,8 +60,22 @@ if "flops_per_s" in timed[-1]:
     out["flops_per_token"] = timed[-1]["flops_per_s"] / timed[-1]["tokens_per_s"]
 if "mfu" in timed[-1]:
     out["mfu"] = sum(r["mfu"] for r in timed) / len(timed)
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l]
+timed = [r["ms"] for r in rows if r["step"] > int(sys.argv[3])]
+out["split"] = {k: sum(ms.get(k, 0) for ms in timed) / len(timed)
+                for k in ("forward", "backward", "comm_wait", "clip", "optimizer", "check")}
 print(json.dumps(out))
 PY
+}
+torch_run() {  # torch_run OUT ARGS...: PyTorch's side, its JSON line in OUT
+  local out=$1
+  shift
+  { "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
+      --text data/kjv.txt --precision "$PRECISION" --backend "$torch_backend" --device "$DEVICE" \
+      "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" "$@" 2>"$work/torch.err" |
+      sed -n 's/^\[rank0\]: //p' >"$out"; } || true
+  grep -q '"impl": "pytorch' "$out" ||
+    { echo "bench_gpt: PyTorch's run printed no result:" >&2; tail -n 20 "$work/torch.err" >&2; exit 1; }
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
@@ -67,12 +84,7 @@ for round in $(seq "$ROUNDS"); do
   else
     lockstep shm "lockstep (shm)" --set check.every=0
   fi
-  { "$BUILD/lockstep-run" --nproc-per-node "$NPROC" --master-port 0 "$PYTHON" scripts/bench_gpt_torch.py \
-      --text data/kjv.txt --precision "$PRECISION" --backend "$torch_backend" --device "$DEVICE" \
-      "${shape_torch[@]}" --steps "$STEPS" --warmup "$WARMUP" 2>"$work/torch.err" |
-      sed -n 's/^\[rank0\]: //p' >"$work/torch.jsonl"; } || true
-  grep -q '"impl": "pytorch' "$work/torch.jsonl" ||
-    { echo "bench_gpt: PyTorch's run printed no result:" >&2; tail -n 20 "$work/torch.err" >&2; exit 1; }
+  torch_run "$work/torch.jsonl"
   cat "$work/torch.jsonl" >>"$raw"
   [ "${ONLY:-}" = shm ] || [ "$DEVICE" = cuda ] && continue
   lockstep gloo "lockstep (gloo)" --set check.every=0 --set dist.backend=gloo
@@ -101,4 +113,32 @@ for n in names:
         if sys.argv[3] == "bf16":
             extra += f", {100 * per_gpu / DATASHEET_BF16:.2f}% of 989"
     print(f"{n:36} {med[n]:10.0f}   x{ratio(med[n], torch):.3f} of PyTorch's{extra}")
+PY
+[ "${SPLIT:-0}" = 1 ] || exit 0
+# The split: one profiling pass each, every phase timed to the device's end.
+lockstep_backend=(--set dist.backend="$([ "$DEVICE" = cuda ] && echo nccl || echo auto)")
+LOCKSTEP_RAW=$work/split.jsonl lockstep split "lockstep" --set check.every=0 --set log.sync_timing=true \
+  "${lockstep_backend[@]}"
+torch_run "$work/torch_split.jsonl" --split
+cat "$work/torch_split.jsonl" >>"$work/split.jsonl"
+"$PYTHON" - "$work/split.jsonl" $((NPROC * batch * block)) <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ours_row = next(r for r in rows if r["impl"] == "lockstep")
+theirs_row = next(r for r in rows if r["impl"].startswith("pytorch"))
+ours, theirs = ours_row["split"], theirs_row["split"]
+# lockstep's backward excludes its end-of-backward wait for the buckets;
+# PyTorch's includes DDP's: the wait is added back for a like row.
+ours = dict(ours, backward=ours["backward"] + ours["comm_wait"])
+print("step split, ms per step (rank 0; one pass each, every phase timed to the device's end)")
+print(f"{'phase':12} {'lockstep':>10} {'PyTorch':>10} {'lockstep/PyTorch':>17}")
+for k in ("forward", "backward", "clip", "optimizer"):
+    print(f"{k:12} {ours[k]:10.3f} {theirs[k]:10.3f} {ours[k] / max(theirs[k], 1e-9):17.3f}")
+a, b = (sum(d[k] for k in ("forward", "backward", "clip", "optimizer")) for d in (ours, theirs))
+print(f"{'sum':12} {a:10.3f} {b:10.3f} {a / max(b, 1e-9):17.3f}")
+# The rest of the step's wall time (this pass's tokens/s): batches, zero_grad,
+# the host's work between the phases.
+wa, wb = (1000 * int(sys.argv[2]) / r["tokens_per_s"] for r in (ours_row, theirs_row))
+print(f"{'other':12} {wa - a:10.3f} {wb - b:10.3f}")
+print(f"{'step':12} {wa:10.3f} {wb:10.3f} {wa / wb:17.3f}")
 PY

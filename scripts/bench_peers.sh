@@ -91,7 +91,7 @@ def lockstep_run(name):
     for line in open(f"{work}/{name}/metrics.jsonl"):
         rec = json.loads(line)
         if "ms" in rec and rec.get("step", 0) > 2:
-            ms.append(sum(rec["ms"][k] for k in ("forward", "backward", "comm_wait", "optimizer")))
+            ms.append(sum(rec["ms"][k] for k in ("forward", "backward", "comm_wait", "clip", "optimizer")))
     return med(ms), max(peak.values())
 def torch_run(name):
     return json.load(open(f"{work}/{name}.json"))

@@ -56,7 +56,7 @@ for z in (0, 1, 2):
         for line in open(f"{work}/z{z}-{r}/metrics.jsonl"):
             rec = json.loads(line)
             if "ms" in rec and rec.get("step", 0) > 2:
-                steps.append(sum(rec["ms"][k] for k in ("forward", "backward", "comm_wait", "optimizer")))
+                steps.append(sum(rec["ms"][k] for k in ("forward", "backward", "comm_wait", "clip", "optimizer")))
     ms = median(steps)
     base = base or ms
     fmt = lambda d: " / ".join(f"{max(d[k]):.1f}" for k in sorted(d))

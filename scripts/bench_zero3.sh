@@ -59,7 +59,7 @@ for ac in ("false", "true"):
         w = [float(m.group(2)) for m in held.finditer(text)] or [n * 4 / 2**20]
         st = [float(m.group(2)) for m in mem.finditer(text)]
         rss = [float(m.group(3)) for m in mem.finditer(text)]
-        steps = [sum(r["ms"][k] for k in ("forward", "backward", "comm_wait", "optimizer")) / 1000
+        steps = [sum(r["ms"][k] for k in ("forward", "backward", "comm_wait", "clip", "optimizer")) / 1000
                  for r in map(json.loads, open(f"{work}/z{z}-{ac}/metrics.jsonl")) if "ms" in r and r.get("step", 0) > 1]
         if z == 1: peak1[ac] = max(rss)
         rows.append((z, ac, max(w), max(st), max(rss), median(steps)))

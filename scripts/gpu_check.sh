@@ -338,10 +338,8 @@ step "build" compile
 [ -x "$build/lockstep" ] && [ -x "$build/lockstep-run" ] || { say "no lockstep binaries: stop"; exit 1; }
 
 # ------------------------------------------------------------ tests and checks
-# In order of what the device's time is worth: the GPU's correctness first
-# (CUDA tests, NCCL, the GPT against Python, ZeRO, PowerSGD), then the
-# figures (the GPT beside PyTorch's DDP, the collectives), then what a CPU
-# rehearsal has already shown (the unit suite, DDP's small models).
+# The steps are defined here and run at the end ("the run"), in the order
+# of what the device's time is worth.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} USE_LIBUV=0
 run=$build/lockstep-run
 bin=$build/lockstep
@@ -389,8 +387,6 @@ comm_check() {
   return $rc
 }
 comm_nccl() { comm_check comm_nccl.txt "$bin" check --comm --backend nccl --device cuda; }
-step "CUDA tests ([.cuda])" cuda_tests
-step "check --comm --backend nccl --device cuda (world 1)" comm_nccl
 
 # lockstep's GPT on the GPU (DDP over NCCL at world 1) against the same GPT
 # in Python on the same GPU, step for step: tests/multiproc/gpt_python.sh's
@@ -428,7 +424,6 @@ gpt_parity() {
     { echo "beyond the bounds (losses 1e-5 relative, weights 1e-3)"; return 1; }
   grep -q '^greedy: equal$' "$dir/parity" || { echo "the greedy continuations differ"; return 1; }
 }
-step "the GPT on the GPU beside Python's, step for step (nccl, world 1)" gpt_parity
 
 weights() { grep -o "final weights [0-9a-f]*" "$work/$1.out" | tail -n 1 | awk '{print $3}'; }
 # digits NAME NPROC ARGS...: digits on $dev, output in $work/NAME.out.
@@ -466,7 +461,6 @@ zero_gpu() {
   echo "figures: ${stand_in}digits, AdamW + clipping, 40 steps: optim.zero${got:- none of 1 2 3} bit-identical to 0 on 2 ranks (gloo over $dev), zero 3 $([ "$one_ok" = 1 ] && echo "=" || echo "differs from") 0 at world 1 ($world1); zero 0's weights $w0"
   return $bad
 }
-step "ZeRO 1, 2, 3 bit-identical to zero 0 on the GPU" zero_gpu
 
 # PowerSGD (ddp.comm_hook: powersgd) on the GPU, 2 ranks through Gloo, as
 # tests/multiproc/powersgd.sh's first part: within 0.01 of the all-reduce
@@ -492,7 +486,6 @@ print(int(sum(rs) / len(rs)) if rs else 0)" "$work/runs/$1/metrics.jsonl"
   awk -v a="$a" -v b="$b" -v p="$pb" -v s="$sb" 'BEGIN{exit !(b != "" && a != "" && b >= a - 0.01 && s > 0 && p >= 4 * s)}' ||
     { echo "PowerSGD: more than 0.01 below all-reduce's accuracy, or not 4x fewer bytes"; return 1; }
 }
-step "PowerSGD on the GPU (gloo over CUDA, 2 ranks)" powersgd_gpu
 
 train_gpu() {
   local name=$1 nproc=$2
@@ -517,32 +510,31 @@ train_nccl() {
   [ "$has_gpu" = 1 ] || { echo "figures: no GPU"; return 77; }
   train_gpu nccl 1 --set dist.backend=nccl
 }
-step "train digits on the GPU (nccl, world 1), Python evaluates the checkpoint" train_nccl
 
 # The GPT beside PyTorch's own DDP on the same GPU (scripts/bench_gpt.sh,
 # DEVICE=cuda: NCCL at world 1 for both), alternated, with MFU against the
 # GPU's measured matrix-product peak (log.mfu) and the datasheet's.
-bench_gpt_gpu() {  # bench_gpt_gpu PRECISION "n_layer n_head n_embd block batch" STEPS WARMUP
+bench_gpt_gpu() {  # bench_gpt_gpu PRECISION "n_layer n_head n_embd block batch" STEPS WARMUP [SPLIT]
   where || return 77
-  local precision=$1 shape=$2 steps=$3 warm=$4
+  local precision=$1 shape=$2 steps=$3 warm=$4 split=${5:-0}
   [ "$dev" = cpu ] && shape="2 2 64 64 8" steps=10 warm=3
   local file="$work/bench_gpt_${precision}_${shape// /_}.txt"
-  timeout -k 5 "$(cap 170)" env BUILD="$build" PYTHON="$PYTHON" DEVICE="$dev" NPROC=1 ROUNDS="$rounds" STEPS="$steps" \
-    WARMUP="$warm" PRECISION="$precision" SHAPE="$shape" MFU=1 ONLY=shm bash "$root/scripts/bench_gpt.sh" \
-    >"$file" 2>&1
+  timeout -k 5 "$(cap 200)" env BUILD="$build" PYTHON="$PYTHON" DEVICE="$dev" NPROC=1 ROUNDS="$rounds" STEPS="$steps" \
+    WARMUP="$warm" PRECISION="$precision" SHAPE="$shape" MFU=1 ONLY=shm SPLIT="$split" \
+    bash "$root/scripts/bench_gpt.sh" >"$file" 2>&1
   local rc=$?
   cat "$file"
-  echo "figures: ${stand_in}$(sed -n '/^GPT (/,$p' "$file" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
+  # The table's rows, then the split's (ms per step, lockstep against PyTorch).
+  echo "figures: ${stand_in}$(sed -n '/^GPT (/,/^step split/p' "$file" | sed '1d;/^step split/d' | tr -s ' ' | tr '\n' ';')$(
+    awk '/^step split/ {on=1; next} on && $1 != "phase" {printf " %s %s/%s ms", $1, $2, $3}' "$file")"
   return $rc
 }
 bench_gpt_small_fp32() { bench_gpt_gpu fp32 "4 4 128 128 16" 200 20; }
 bench_gpt_small_bf16() { bench_gpt_gpu bf16 "4 4 128 128 16" 200 20; }
-bench_gpt_large_fp32() { bench_gpt_gpu fp32 "12 12 768 1024 16" 60 10; }
-bench_gpt_large_bf16() { bench_gpt_gpu bf16 "12 12 768 1024 16" 60 10; }
-step "GPT 12x768, block 1024, batch 16, bf16, beside PyTorch's DDP (nccl, world 1)" bench_gpt_large_bf16
-step "GPT demo shape (4x128, block 128, batch 16), fp32, beside PyTorch's DDP" bench_gpt_small_fp32
-step "GPT demo shape, bf16, beside PyTorch's DDP" bench_gpt_small_bf16
-step "GPT 12x768, block 1024, batch 16, fp32, beside PyTorch's DDP" bench_gpt_large_fp32
+# The large shape adds the step's split (SPLIT=1): forward, backward,
+# clipping and optimizer, each timed to the device's end, on both sides.
+bench_gpt_large_fp32() { bench_gpt_gpu fp32 "12 12 768 1024 16" 40 10 1; }
+bench_gpt_large_bf16() { bench_gpt_gpu bf16 "12 12 768 1024 16" 60 10 1; }
 
 # Every collective lockstep uses (all-reduce, reduce-scatter, all-gather),
 # checked against the closed form at every size on the GPU through NCCL.
@@ -556,17 +548,131 @@ bench_allreduce() {
   echo "figures: ${stand_in}$(grep -c ' ok$' "$work/bench_allreduce.txt") sizes ok, $(grep -c 'FAIL$' "$work/bench_allreduce.txt") failed, over all-reduce, reduce-scatter, all-gather on $dev ($world1, world 1: no ring to measure, docs/gpu.md)"
   return $rc
 }
-step "bench allreduce --backends nccl --ops all (every collective, checked)" bench_allreduce
 
 comm_gloo_cuda() {
   comm_check comm_gloo.txt "$run" --nproc-per-node 2 --master-port 0 "$bin" check --comm --backend gloo --device cuda
 }
-step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
 train_gloo_cuda() {
   where || return 77
   train_gpu gloo2 2 --set dist.backend=gloo --set train.device="$dev"
 }
-step "train digits on the GPU (gloo over CUDA, 2 ranks), Python evaluates the checkpoint" train_gloo_cuda
+
+# ------------------------------------------------------------ what landed since the first device run
+# lm NAME NPROC ARGS...: configs/gpt-text.yaml (a byte-level GPT, or with
+# --set model.name=llama a Llama) on $dev, 300 kB of the text, output in
+# $work/NAME.out, checkpoints off unless ARGS set them.
+lm() {
+  local name=$1 nproc=$2
+  shift 2
+  [ -f "$work/lm_text.txt" ] || head -c 300000 "$root/data/kjv.txt" >"$work/lm_text.txt"
+  timeout -k 5 "$(cap 90)" "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train \
+    --config "$root/configs/gpt-text.yaml" --set run.dir="$work/runs" --set run.name="$name" \
+    --set log.progress=plain --set train.device="$dev" --set data.path="$work/lm_text.txt" \
+    --set checkpoint.every=0 --set train.max_steps=30 "$@" >"$work/$name.out" 2>&1
+}
+text_needed() {
+  [ -f "$root/data/kjv.txt" ] || { echo "no data/kjv.txt: make it with scripts/make_text.sh and carry it"; return 1; }
+}
+
+# Silent corruption (Note [Silent corruption]) on the GPU. The replay
+# recomputes a rank's local gradient and compares its bits, so it holds only
+# where the device's backward is deterministic: clean runs with the screen
+# and a replay every step must find nothing and end with the weights of the
+# same run without them (the digits' MLP, and the GPT, whose attention
+# backward is where a GPU may not be deterministic); a grad-flip on rank 1
+# at step 10 must be caught at step 10 naming rank 1 (exit 6). 2 ranks
+# sharing the GPU through Gloo.
+corruption_gpu() {
+  where || return 77
+  text_needed || return 1
+  local every=(--set check.grad_screen=true --set check.replay_every=1) bad=0 figures=""
+  local base=(--set dist.backend=gloo --set train.max_steps=30 --set checkpoint.every=0)
+  digits sdc_base 2 "${base[@]}" || return 1
+  digits sdc_clean 2 "${base[@]}" "${every[@]}" || { echo "digits, replay every step: a false alarm?"; bad=1; }
+  if [ "$(weights sdc_clean)" = "$(weights sdc_base)" ] && [ -n "$(weights sdc_base)" ]; then
+    figures="digits: 30 replays found nothing, same weights"
+  else
+    figures="digits: clean run $(weights sdc_clean), without checks $(weights sdc_base)" bad=1
+  fi
+  lm sdc_gpt_base 2 --set dist.backend=gloo || { tail -n 15 "$work/sdc_gpt_base.out"; return 1; }
+  lm sdc_gpt_clean 2 --set dist.backend=gloo "${every[@]}" ||
+    { tail -n 8 "$work/sdc_gpt_clean.out"; echo "GPT, replay every step: a false alarm (a nondeterministic backward?)"; bad=1; }
+  if [ "$(weights sdc_gpt_clean)" = "$(weights sdc_gpt_base)" ] && [ -n "$(weights sdc_gpt_base)" ]; then
+    figures="$figures; GPT: 30 replays found nothing, same weights"
+  else
+    figures="$figures; GPT: false alarm or other weights ($(grep -o 'silent data corruption: step [0-9]*: rank [0-9]*' "$work/sdc_gpt_clean.out" | head -n 1))"
+    bad=1
+  fi
+  LOCKSTEP_FAULT=grad-flip:rank=1:step=10 digits sdc_flip 2 "${base[@]}" --set check.replay_every=5
+  local rc=$? caught
+  caught=$(grep -o 'silent data corruption: step [0-9]*: rank [0-9]*' "$work/sdc_flip.out" | head -n 1)
+  tail -n 4 "$work/sdc_flip.out"
+  if [ "$rc" -ne 0 ] && [ "$caught" = "silent data corruption: step 10: rank 1" ] &&
+    grep -q "exited with code 6" "$work/sdc_flip.out"; then
+    figures="$figures; grad-flip on rank 1 at step 10: caught at step 10, rank 1 named, exit 6"
+  else
+    figures="$figures; grad-flip on rank 1 at step 10: ${caught:-not caught} (exit $rc)" bad=1
+  fi
+  echo "figures: ${stand_in}2 ranks (gloo over $dev), screen + replay every step: $figures"
+  return $bad
+}
+
+# SyncBatchNorm (model.sync_batchnorm) on the GPU, by the closed form of
+# tests/multiproc/sync_batchnorm.sh: a ResNet trained on 2 ranks with 16
+# images each, synchronised, ends with the validation loss of one rank with
+# 32 (the same global batches); without synchronisation it does not. On a
+# GPU cuDNN's convolutions round through TF32 (PyTorch's default), so the
+# bound is 1e-3, not the CPU's 1e-4; the figures give the distance.
+syncbn_gpu() {
+  where || return 77
+  local shape=(--set model.name=resnet --set model.depth=10 --set model.width=4 --set train.max_steps=30
+               --set checkpoint.every=0 --set optim.warmup_steps=0)
+  digits bn_one 1 "${shape[@]}" --set dist.backend="$world1" --set data.batch_size=32 || return 1
+  digits bn_synced 2 "${shape[@]}" --set dist.backend=gloo --set data.batch_size=16 --set model.sync_batchnorm=true \
+    --set check.every=1 || return 1
+  digits bn_local 2 "${shape[@]}" --set dist.backend=gloo --set data.batch_size=16 || return 1
+  loss() { grep -o "validation accuracy [0-9.]*, loss [0-9.]*" "$work/$1.out" | tail -n 1 | awk '{print $5}'; }
+  local a b c
+  a=$(loss bn_one) b=$(loss bn_synced) c=$(loss bn_local)
+  rel() { awk -v a="$1" -v b="$2" 'BEGIN{d=(a-b)/b; if (d<0) d=-d; printf "%.3g", d}'; }
+  echo "figures: ${stand_in}ResNet-10 on the digits, 30 steps: 2 x 16 synchronised (gloo over $dev) $b, 1 x 32 ($world1) $a: $(rel "$b" "$a") apart; unsynchronised $c ($(rel "$c" "$a") apart)"
+  [ -n "$a" ] && [ -n "$b" ] && [ -n "$c" ] || { echo "a run printed no validation loss"; return 1; }
+  awk -v s="$(rel "$b" "$a")" -v u="$(rel "$c" "$a")" 'BEGIN{exit !(s < 1e-3 && u > s)}' ||
+    { echo "synchronised: not within 1e-3 of one rank on the whole batch, or no closer than unsynchronised"; return 1; }
+}
+
+# The Llama decoder on the GPU against the same on the CPU (where
+# tests/multiproc/llama.sh holds it to transformers' logits and training):
+# 20 AdamW steps with clipping from the same seed, per-step losses within
+# 1e-4 (relative); then ZeRO-3 against DDP on 2 ranks sharing the GPU
+# (gloo), bit-identical by the final-weights fingerprint, with DDP run
+# twice to tell a nondeterministic kernel from a ZeRO fault.
+llama_gpu() {
+  where || return 77
+  text_needed || return 1
+  local shape=(--set model.name=llama --set model.n_layer=2 --set model.n_head=4 --set model.n_kv_head=2
+               --set model.n_embd=64 --set model.intermediate_size=160 --set model.block_size=64
+               --set data.batch_size=8 --set train.max_steps=20 --set log.every=1 --set check.every=1)
+  lm llama_cpu 1 "${shape[@]}" --set train.device=cpu --set dist.backend=gloo || { tail -n 15 "$work/llama_cpu.out"; return 1; }
+  lm llama_dev 1 "${shape[@]}" --set dist.backend="$world1" || { tail -n 15 "$work/llama_dev.out"; return 1; }
+  local rel
+  rel=$(timeout -k 5 "$(cap 30)" "$PYTHON" -c "
+import json, sys
+def losses(p): return {r['step']: r['loss'] for r in map(json.loads, open(p)) if 'loss' in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(a) == 20 and a.keys() == b.keys(), (len(a), len(b))
+print('%.3g' % max(abs(a[s] - b[s]) / abs(a[s]) for s in a))" \
+    "$work/runs/llama_cpu/metrics.jsonl" "$work/runs/llama_dev/metrics.jsonl") || return 1
+  local zero=(--set dist.backend=gloo --set log.every=10)
+  lm llama_ddp 2 "${shape[@]}" "${zero[@]}" || { tail -n 15 "$work/llama_ddp.out"; return 1; }
+  lm llama_ddp_again 2 "${shape[@]}" "${zero[@]}" || return 1
+  lm llama_z3 2 "${shape[@]}" "${zero[@]}" --set optim.zero=3 || { tail -n 15 "$work/llama_z3.out"; return 1; }
+  local d d2 z
+  d=$(weights llama_ddp) d2=$(weights llama_ddp_again) z=$(weights llama_z3)
+  echo "figures: ${stand_in}2 layers, GQA 4/2, 20 AdamW steps: $dev's losses within $rel (relative) of the CPU's; ZeRO-3 $([ -n "$z" ] && [ "$z" = "$d" ] && echo "bit-identical to" || echo "differs from") DDP on 2 ranks (gloo over $dev), DDP twice $([ "$d" = "$d2" ] && echo equal || echo "differs: a nondeterministic kernel")"
+  awk -v r="$rel" 'BEGIN{exit !(r < 1e-4)}' || { echo "the losses are more than 1e-4 apart"; return 1; }
+  [ -n "$d" ] && [ "$z" = "$d" ] || { echo "ZeRO-3 $z, DDP $d, DDP again $d2"; return 1; }
+}
 
 unit_suite() {  # the CUDA tests ran above, on their own
   timeout -k 5 "$(cap 200)" ctest --test-dir "$build" -L unit -LE cuda -j "$JOBS" --output-on-failure --timeout 120 \
@@ -576,7 +682,6 @@ unit_suite() {  # the CUDA tests ran above, on their own
   echo "figures: $(grep -E '% tests passed' "$work/ctest_unit.txt")"
   return $rc
 }
-step "unit suite (ctest -L unit -LE cuda) against this LibTorch" unit_suite
 
 bench_ddp() {  # bench_ddp LABEL NPROC BACKEND TORCH_BACKEND DEVICE [MODELS]
   ERRLOG=$work/bench_ddp_$1.err timeout -k 5 "$(cap 120)" env BUILD=$build PYTHON=$PYTHON NPROC=$2 BACKEND=$3 TORCH_BACKEND=$4 DEVICE=$5 ROUNDS=1 \
@@ -591,6 +696,29 @@ bench_nccl() {
   where || return 77
   if [ "$dev" = cpu ]; then bench_ddp gloo_cpu 1 gloo gloo cpu small; else bench_ddp nccl 1 nccl nccl cuda; fi
 }
+
+# ------------------------------------------------------------ the run
+# In the order of what the device's time is worth (issue order): the CUDA
+# tests, ZeRO on the GPU, the 12x768 GPT beside PyTorch's with its step
+# split, what landed since the first device run, the unit suite; then what
+# the first device run has already shown.
+step "CUDA tests ([.cuda])" cuda_tests
+step "ZeRO 1, 2, 3 bit-identical to zero 0 on the GPU" zero_gpu
+step "GPT 12x768, block 1024, batch 16, bf16, beside PyTorch's DDP (nccl, world 1)" bench_gpt_large_bf16
+step "GPT 12x768, block 1024, batch 16, fp32, beside PyTorch's DDP" bench_gpt_large_fp32
+step "silent corruption on the GPU: replay and screen, clean and injected" corruption_gpu
+step "SyncBatchNorm on the GPU: 2 x 16 synchronised = 1 x 32" syncbn_gpu
+step "the Llama decoder on the GPU against the CPU; ZeRO-3 = DDP" llama_gpu
+step "unit suite (ctest -L unit -LE cuda) against this LibTorch" unit_suite
+step "check --comm --backend nccl --device cuda (world 1)" comm_nccl
+step "the GPT on the GPU beside Python's, step for step (nccl, world 1)" gpt_parity
+step "PowerSGD on the GPU (gloo over CUDA, 2 ranks)" powersgd_gpu
+step "train digits on the GPU (nccl, world 1), Python evaluates the checkpoint" train_nccl
+step "GPT demo shape (4x128, block 128, batch 16), fp32, beside PyTorch's DDP" bench_gpt_small_fp32
+step "GPT demo shape, bf16, beside PyTorch's DDP" bench_gpt_small_bf16
+step "bench allreduce --backends nccl --ops all (every collective, checked)" bench_allreduce
+step "check --comm --backend gloo --device cuda (2 ranks)" comm_gloo_cuda
+step "train digits on the GPU (gloo over CUDA, 2 ranks), Python evaluates the checkpoint" train_gloo_cuda
 step "bench ddp beside PyTorch's DDP (MLPs; nccl, world 1)" bench_nccl
 
 say "gpu_check: $failed step(s) failed; summary in $summary"

@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PHASES = ["forward", "backward", "comm_wait", "optimizer", "check"]
+PHASES = ["forward", "backward", "comm_wait", "clip", "optimizer", "check"]
 
 
 def main():
@@ -66,7 +66,7 @@ def main():
     fig.savefig(os.path.join(out, "loss.png"), dpi=100)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.stackplot(x, *[[r["ms"][p] for r in steps] for p in PHASES], labels=PHASES)
+    ax.stackplot(x, *[[r["ms"].get(p, 0) for r in steps] for p in PHASES], labels=PHASES)
     ax.set_xlabel("step")
     ax.set_ylabel("ms per step (rank 0)")
     ax.legend(loc="upper right")
@@ -74,7 +74,7 @@ def main():
     fig.savefig(os.path.join(out, "step_time.png"), dpi=100)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    share = [100 * r["ms"]["comm_wait"] / max(1e-9, sum(r["ms"][p] for p in PHASES)) for r in steps]
+    share = [100 * r["ms"]["comm_wait"] / max(1e-9, sum(r["ms"].get(p, 0) for p in PHASES)) for r in steps]
     ax.plot(x, share, label="waiting for communication")
     ax.axhline(20, color="tab:red", linestyle="--", label="20%: lockstep warns")
     ax.set_xlabel("step")

@@ -510,6 +510,10 @@ const std::vector<Field>& fields() {
                  "(rank 0)"),
       make_field("log", "trace", &C::log, &LogConfig::trace, Type::kBool,
                  "write a Chrome trace per rank: <run dir>/trace_rank<r>.json (open in Perfetto)"),
+      make_field("log", "sync_timing", &C::log, &LogConfig::sync_timing, Type::kBool,
+                 "on a GPU: wait for the device at the end of each step phase, so that ms.forward, "
+                 "ms.backward, ms.clip and ms.optimizer are the device's times, not the host's "
+                 "launch times (a profiling pass: it slows the step)"),
   };
   return table;
 }

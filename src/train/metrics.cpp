@@ -156,6 +156,7 @@ void Interval::add(const StepStats& step) {
   backward_ms += step.backward_ms;
   comm_ms += step.comm_ms;
   comm_bytes += step.comm_bytes;
+  clip_ms += step.clip_ms;
   optimizer_ms += step.optimizer_ms;
   check_ms += step.check_ms;
   lr = step.lr;
@@ -234,7 +235,7 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
   const double per_s = sums.samples * (language ? tokens_per_sample_ : 1.0) / sums.seconds;
   const double ranks = pg_.size();
   const double step_ms =
-      in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+      in.forward_ms + in.backward_ms + in.comm_ms + in.clip_ms + in.optimizer_ms + in.check_ms;
   std::vector<MetricField> f;
   f.push_back({"step", static_cast<double>(state.step), "%.0f"});
   f.push_back({"epoch", static_cast<double>(state.epoch + 1), "%.0f"});
@@ -273,6 +274,7 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
   f.push_back({"ms.forward", in.forward_ms / n, "%.3f"});
   f.push_back({"ms.backward", in.backward_ms / n, "%.3f"});
   f.push_back({"ms.comm_wait", in.comm_ms / n, "%.3f"});
+  f.push_back({"ms.clip", in.clip_ms / n, "%.3f"});
   f.push_back({"ms.optimizer", in.optimizer_ms / n, "%.3f"});
   f.push_back({"ms.check", in.check_ms / n, "%.3f"});
   return f;
@@ -281,7 +283,7 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
 void Metrics::warn_comm_share(const Interval& in) {
   const double n = static_cast<double>(std::max<int64_t>(in.steps, 1));
   const double step_ms =
-      in.forward_ms + in.backward_ms + in.comm_ms + in.optimizer_ms + in.check_ms;
+      in.forward_ms + in.backward_ms + in.comm_ms + in.clip_ms + in.optimizer_ms + in.check_ms;
   if (warned_comm_share_ || step_ms <= 0 || in.comm_ms / step_ms <= 0.2) return;
   warned_comm_share_ = true;
   spdlog::warn(

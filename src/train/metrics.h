@@ -29,7 +29,7 @@ namespace lockstep {
 struct Interval {
   at::Tensor loss_sum, correct;
   double samples = 0;
-  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, clip_ms = 0, optimizer_ms = 0, check_ms = 0;
   double comm_bytes = 0;
   int64_t steps = 0;
   double lr = 0;          // the last step's

@@ -1,6 +1,7 @@
 #include "lockstep/train/step.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <torch/optim/optimizer.h>
 
 #include <spdlog/spdlog.h>
@@ -55,6 +56,7 @@ StepOptions step_options_from_config(const Config& config, int64_t total_steps) 
   }
   options.stop_on_nonfinite =
       config.train.stop_on_nonfinite && config.train.precision != Precision::kFp16;
+  options.sync_timing = config.log.sync_timing;
   return options;
 }
 
@@ -108,6 +110,12 @@ TrainStep::~TrainStep() {
 
 void TrainStep::set_report_observer(std::function<void(const ConsistencyReport&)> observer) {
   observer_ = std::move(observer);
+}
+
+// log.sync_timing: a GPU runs the kernels a phase launched after the host
+// has moved on; waiting for them makes the phase's time the device's.
+void TrainStep::phase_end() const {
+  if (options_.sync_timing && device_.is_cuda()) torch::cuda::synchronize(device_.index());
 }
 
 void TrainStep::trace(const char* name, Clock::time_point start) {
@@ -210,6 +218,7 @@ void TrainStep::micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& s
   batch.y = batch.y.to(device_, /*non_blocking=*/true);
   std::optional<DdpCore::NoSyncGuard> guard;
   if (!synced) guard.emplace(ddp_);
+  phase_end();  // the batch's copy to the device is not the forward's
   auto t = Clock::now();
   at::Tensor out, loss;
   const auto forward_and_loss = [&] {
@@ -221,11 +230,13 @@ void TrainStep::micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& s
   } else {
     forward_and_loss();
   }
+  phase_end();
   stats.forward_ms += ms_since(t);
   trace("forward", t);
   t = Clock::now();
   const at::Tensor start = hooks.scale_loss ? hooks.scale_loss(loss) : loss;
   (start / static_cast<double>(acc)).backward();
+  phase_end();
   trace(synced ? "backward" : "backward (no_sync)", t);
   double wait = 0;
   if (synced && ddp_.reducer() != nullptr) {
@@ -350,11 +361,16 @@ StepStats TrainStep::run(const BatchSource& next, int64_t step, int64_t micro_ba
 
   t = Clock::now();
   clip_gradients(step, stats);
+  phase_end();
+  stats.clip_ms += ms_since(t);
+  trace("clipping", t);
+  t = Clock::now();
   if (hooks.optimizer_step) {
     hooks.optimizer_step(optimizer_);
   } else {
     optimizer_.step();
   }
+  phase_end();
   stats.optimizer_ms += ms_since(t);
   trace("optimizer step", t);
 

@@ -11,13 +11,15 @@ TRAIN_ARGS=(--set log.every=5)
 
 # 1. A short run: metrics, checkpoint with a valid manifest, Python opens it.
 train run 2 --set run.name=short --set train.max_steps=30 --set checkpoint.every=10 --set log.file=true \
-  --set log.trace=true --set ddp.bucket_cap_mb=0.01 --set ddp.first_bucket_cap_mb=0.001
-expect_eq "$?" 0 "a 30-step 2-rank run exits 0"
+  --set log.trace=true --set ddp.bucket_cap_mb=0.01 --set ddp.first_bucket_cap_mb=0.001 \
+  --set log.sync_timing=true
+expect_eq "$?" 0 "a 30-step 2-rank run exits 0 (log.sync_timing on the CPU: nothing to wait for)"
 expect_grep "$runs/short/rank_1.log" "\[info\] done: 30 steps" "rank 1's own log file"
 expect_grep "$runs/short/config.yaml" "^  max_steps: 30\$" "the resolved config is saved"
 ckpt="$runs/short/checkpoints/step_00000030"
 expect_grep "$runs/short/metrics.jsonl" '"step": 30, .*"loss": [0-9.e-]+' "metrics.jsonl has the global loss"
-expect_grep "$runs/short/metrics.jsonl" '"comm_wait": [0-9.]+' "metrics split the step time"
+expect_grep "$runs/short/metrics.jsonl" '"comm_wait": [0-9.]+, "clip": [0-9.]+, "optimizer": [0-9.]+' \
+  "metrics split the step time, clipping apart from the optimizer"
 expect_eq "$(ls "$runs/short/checkpoints" | tr '\n' ' ')" "step_00000010 step_00000020 step_00000030 " "checkpoints every 10 steps"
 (cd "$ckpt" && sha256sum -c --quiet MANIFEST) && pass "MANIFEST verifies with sha256sum" || fail "MANIFEST does not verify"
 $PY -c "
@@ -35,7 +37,7 @@ for rank in (0, 1):
     ev = [e for e in trace['traceEvents'] if e['ph'] == 'X']
     assert all(isinstance(e['ts'], float) and e['dur'] >= 0 and e['pid'] == rank for e in ev)
     names = {e['name'].split(' (')[0] for e in ev}
-    need = {'forward', 'backward', 'optimizer step', 'consistency check', 'wait for buckets',
+    need = {'forward', 'backward', 'clipping', 'optimizer step', 'consistency check', 'wait for buckets',
             'allreduce bucket 0', 'allreduce bucket 2'}
     assert need <= names, need - names
     # Overlap: some bucket's all-reduce starts before its step's backward ends.

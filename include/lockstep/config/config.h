@@ -184,6 +184,7 @@ struct LogConfig {
   bool trace = false;
   bool tensorboard = false;  // events.out.tfevents.* in the run directory (rank 0)
   bool mfu = false;          // language models: the matmul peak measured at start, MFU reported
+  bool sync_timing = false;  // a GPU's step phases timed to their end (ms.*), for profiling
 };
 
 struct Config {

@@ -56,7 +56,7 @@ struct StepStats {
   at::Tensor correct;   // classification: hits; undefined for regression
   double samples = 0;
   double lr = 0;  // the learning rate this step used
-  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, check_ms = 0;
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, clip_ms = 0, optimizer_ms = 0, check_ms = 0;
   double comm_bytes = 0;  // this rank's payload in the gradient exchange (the comm hook's)
   at::Tensor grad_norm;   // the global gradient norm before clipping (a scalar tensor)
   bool scaling = false;   // a GradScaler runs (fp16)
@@ -113,6 +113,9 @@ struct StepOptions {
   // when any rank's loss or the gradient norm is not finite, before the
   // optimizer steps (train.stop_on_nonfinite; off under fp16's GradScaler).
   bool stop_on_nonfinite = false;
+  // log.sync_timing: on a GPU, wait for the device before each phase's
+  // time is taken (StepStats' *_ms are then the device's times).
+  bool sync_timing = false;
   // LOCKSTEP_FAULT's grad-flip or act-flip for this job (fault.h).
   std::optional<Fault> fault;
 };
@@ -174,6 +177,7 @@ class TrainStep {
 
  private:
   void handle(const std::vector<ConsistencyReport>& reports);
+  void phase_end() const;  // log.sync_timing
   void trace(const char* name, std::chrono::steady_clock::time_point start);
   // Note [Diverged training]: throws on every rank alike. `step`: 1-based.
   void micro_batch(Batch& batch, bool synced, int64_t acc, StepStats& stats);
