@@ -14,6 +14,7 @@
 #include "lockstep/check/step_checks.h"
 #include "lockstep/distributed/agree.h"
 #include "lockstep/distributed/coalesced.h"
+#include "lockstep/optim/grad_norms.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/module_tensors.h"
@@ -268,12 +269,16 @@ void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
   // optimizer that gathers the norms from their owners clips alike.
   const bool report_norm =
       options_.grad_norm_every > 0 && (step + 1) % options_.grad_norm_every == 0;
+  // (On a GPU, multi-tensor kernels as PyTorch's: Note [Clipping's kernels].)
+  const auto grads = [&] {
+    std::vector<at::Tensor> out;
+    for (const auto& p : model_.parameters())
+      if (p.grad().defined()) out.push_back(p.grad().detach());
+    return out;
+  };
   const auto norms_now = [&] {
     if (hooks.grad_norms) return hooks.grad_norms();
-    std::vector<at::Tensor> each;
-    for (const auto& p : model_.parameters()) {
-      if (p.grad().defined()) each.push_back(p.grad().detach().norm(2));
-    }
+    const auto each = tensor_norms(grads());
     return each.empty() ? at::Tensor() : at::stack(each);
   };
   const auto total_of = [](const at::Tensor& norms) {
@@ -298,10 +303,7 @@ void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
     if (!norms.defined()) norms = norms_now();
     if (norms.defined()) {
       const auto clip_coef = options_.clip_grad_norm / (total_of(norms) + 1e-6);
-      const auto clamped = at::clamp(clip_coef, c10::nullopt, 1.0);
-      for (const auto& p : model_.parameters()) {
-        if (p.grad().defined()) p.grad().detach().mul_(clamped.to(p.grad().device()));
-      }
+      scale_tensors(grads(), at::clamp(clip_coef, c10::nullopt, 1.0));
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "lockstep/distributed/coalesced.h"
+#include "lockstep/optim/grad_norms.h"
 #include "lockstep/optim/optim.h"
 #include "lockstep/util/error.h"
 #include "lockstep/util/module_tensors.h"
@@ -167,14 +168,17 @@ at::Tensor ZeroOptimizer::grad_norms() {
   at::ScalarType dtype = named_.empty() ? at::kFloat : named_.front().second.scalar_type();
   for (const auto& [name, p] : named_) dtype = at::promoteTypes(dtype, p.scalar_type());
   std::vector<int64_t> mine;  // this rank's parameters with a gradient
-  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> grads;
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor& g = named_[static_cast<size_t>(i)].second.grad();
     if (owns(static_cast<size_t>(i)) && g.defined()) {
       mine.push_back(i);
-      norms.push_back(g.detach().norm(2).to(at::kDouble));
+      grads.push_back(g.detach());
     }
   }
+  // Each norm as DDP's clipping takes it (Note [Clipping's kernels]).
+  std::vector<at::Tensor> norms = tensor_norms(grads);
+  for (auto& norm : norms) norm = norm.to(at::kDouble);
   const auto device = pg_->device();
   // [norms, present]: doubles carry a float's or a bfloat16's norm exactly,
   // and each entry has one non-zero term, so the sum is exact too.

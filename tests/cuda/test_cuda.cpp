@@ -26,6 +26,7 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/distributed/init.h"
 #include "lockstep/optim/foreach_adam.h"
+#include "lockstep/optim/grad_norms.h"
 #include "lockstep/optim/optim.h"
 #include "support/catch.h"
 #include "support/thread_world.h"
@@ -196,6 +197,37 @@ TEST_CASE("on a GPU optimizer_create steps AdamW with foreach, as LibTorch's ste
   }
   CHECK(moved > 0.01);  // 5 steps of lr 0.01 moved the weights
   CHECK(worst < 1e-6);
+}
+
+// Note [Clipping's kernels]: on a GPU the norms come from one multi-tensor
+// kernel. A tensor's norm must not depend on the rest of the list (a ZeRO
+// owner takes the norms of its own gradients only, DDP of all): bit for
+// bit alike in the whole list, in half of it and alone; within rounding of
+// the CPU's; and the scaling multiplies every tensor by the factor.
+TEST_CASE("on a GPU the gradients' norms are each tensor's alone, and the scaling is exact",
+          "[.cuda]") {
+  REQUIRE(at::hasCUDA());
+  torch::manual_seed(6);
+  std::vector<at::Tensor> all, half;
+  // Sizes across the kernel's 65536-element chunks, one over 512 chunks.
+  for (int64_t n : {1, 7, 65535, 65536, 65537, 300000, 33554432 + 5, 3})
+    all.push_back(torch::randn({n}, kGpu));
+  for (size_t i = 0; i < all.size(); i += 2) half.push_back(all[i]);
+  const auto whole = tensor_norms(all), some = tensor_norms(half);
+  REQUIRE(whole.size() == all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto alone = tensor_norms({all[i]});
+    INFO("tensor " << i << " of " << all[i].numel() << " elements");
+    CHECK(at::equal(whole[i], alone[0]));
+    if (i % 2 == 0) CHECK(at::equal(whole[i], some[i / 2]));
+    const double cpu = all[i].cpu().to(at::kDouble).norm(2).item<double>();
+    CHECK(std::abs(whole[i].item<double>() - cpu) <= 1e-5 * cpu);
+  }
+  std::vector<at::Tensor> scaled;
+  for (const auto& t : all) scaled.push_back(t.clone());
+  const auto factor = torch::tensor(0.375, at::TensorOptions().dtype(at::kFloat));  // CPU: moved
+  scale_tensors(scaled, factor);
+  for (size_t i = 0; i < all.size(); ++i) CHECK(at::equal(scaled[i], all[i] * 0.375));
 }
 
 TEST_CASE("NCCL at world size 1: communicator set-up, all-reduce and broadcast", "[.cuda]") {

@@ -21,6 +21,9 @@
 //   2.15 (autograd's nodes became intrusive): AccumulatorHook holds it, as
 //   decltype spells it, and adds and removes the post hook
 //   (LambdaPostHook, add/del_post_hook read the same in all).
+// Multi-tensor scaling by a tensor. 2.1+ has _foreach_mul_(TensorList,
+//   Tensor), the factor staying on the device; 1.13 has not:
+//   foreach_mul_by() multiplies tensor by tensor there.
 // Unchanged, checked by the suite on all: the engine's queue_callback,
 //   torch::pickle_save/pickle_load.
 #pragma once
@@ -33,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace lockstep {
 
@@ -57,6 +61,10 @@ bool autocast_is_enabled(at::DeviceType device);
 at::ScalarType autocast_dtype(at::DeviceType device);
 // "" when this LibTorch autocasts to `dtype` on `device`, else why not.
 std::string autocast_unsupported(at::DeviceType device, at::ScalarType dtype);
+
+// Every tensor of `tensors` times the 0-dim `factor` (on their device), in
+// place: one multi-tensor kernel where LibTorch has it.
+void foreach_mul_by(const std::vector<at::Tensor>& tensors, const at::Tensor& factor);
 
 // The key under which `optimizer.state()` holds `param`'s state.
 template <typename Optimizer>
