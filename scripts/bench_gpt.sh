@@ -13,7 +13,9 @@
 #                              PyTorch's; MFU=1: lockstep reports its model FLOP utilisation;
 #                              SPLIT=1: then one profiling pass each, the step split into forward,
 #                              backward, clipping and optimizer, each timed to the device's end
-#                              (lockstep's log.sync_timing, bench_gpt_torch.py --split))
+#                              (lockstep's log.sync_timing, bench_gpt_torch.py --split);
+#                              NONFINITE_ROW=1 (cuda): one more lockstep row, train.stop_on_nonfinite off
+#                              (its per-step wait for the device measured))
 #   DEVICE=cuda NPROC=1 scripts/bench_gpt.sh   on a GPU: lockstep on NCCL beside PyTorch's DDP on
 #                              NCCL (one row each), both on GPU LOCAL_RANK; BUILD=build-gpu
 #                              PYTHON=python3 for another build folder and Python (docs/gpu.md)
@@ -81,6 +83,11 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   if [ "$DEVICE" = cuda ]; then
     lockstep nccl "lockstep (nccl, cuda)" --set check.every=0
+    # train.stop_on_nonfinite reads the loss and the norm on the host each
+    # step (a wait for the device); PyTorch's loop has no such check.
+    if [ "${NONFINITE_ROW:-0}" = 1 ]; then
+      lockstep nccl_nocheck "lockstep (nccl, no non-finite stop)" --set check.every=0 --set train.stop_on_nonfinite=false
+    fi
   else
     lockstep shm "lockstep (shm)" --set check.every=0
   fi

@@ -520,7 +520,7 @@ bench_gpt_gpu() {  # bench_gpt_gpu PRECISION "n_layer n_head n_embd block batch"
   [ "$dev" = cpu ] && shape="2 2 64 64 8" steps=10 warm=3
   local file="$work/bench_gpt_${precision}_${shape// /_}.txt"
   timeout -k 5 "$(cap 200)" env BUILD="$build" PYTHON="$PYTHON" DEVICE="$dev" NPROC=1 ROUNDS="$rounds" STEPS="$steps" \
-    WARMUP="$warm" PRECISION="$precision" SHAPE="$shape" MFU=1 ONLY=shm SPLIT="$split" \
+    WARMUP="$warm" PRECISION="$precision" SHAPE="$shape" MFU=1 ONLY=shm SPLIT="$split" NONFINITE_ROW="$split" \
     bash "$root/scripts/bench_gpt.sh" >"$file" 2>&1
   local rc=$?
   cat "$file"
