@@ -8,6 +8,7 @@
 #
 #   scripts/gpu_rehearse.sh [OUT]        default OUT: build-gpu-rehearsal/
 #   FROM_SOURCE=1 scripts/gpu_rehearse.sh   also rehearse the source fallback
+#   LOCKSTEP_GPU_ONLY=REGEX scripts/gpu_rehearse.sh   only those steps (after the build)
 # Needs root (debootstrap, chroot, mounts). The root is cached in
 # LOCKSTEP_GPU_REHEARSAL_ROOT (default /var/cache/lockstep/gpu-rehearsal).
 set -euo pipefail
@@ -45,7 +46,8 @@ rc=0
 # No deadline: 2 cores build for ~10 minutes (the device's 16 in ~2).
 inner="cd $src && PYTHON=python3 LOCKSTEP_TORCH_PREFIX=/usr/lib/x86_64-linux-gnu/cmake LOCKSTEP_GPU_QUICK=1"
 inner="$inner LOCKSTEP_GPU_DEADLINE_S=${LOCKSTEP_GPU_DEADLINE_S:-100000} LOCKSTEP_GPU_LIMIT_S=200000"
-inner="$inner LOCKSTEP_GPU_FROM_SOURCE=${FROM_SOURCE:-0} bash scripts/gpu_check.sh /home/lockstep/gpu-out gpu-deps"
+inner="$inner LOCKSTEP_GPU_FROM_SOURCE=${FROM_SOURCE:-0} LOCKSTEP_GPU_ONLY='${LOCKSTEP_GPU_ONLY:-}'"
+inner="$inner bash scripts/gpu_check.sh /home/lockstep/gpu-out gpu-deps"
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   LANG=C.UTF-8 /bin/bash -c "$inner" || rc=$?
 rm -rf "$out" && mkdir -p "$out"
