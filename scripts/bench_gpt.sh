@@ -11,7 +11,8 @@
 #                              SHAPE="n_layer n_head n_embd block_size batch_size" (default: the
 #                              demo's "4 4 128 128 16") ONLY=shm: lockstep's shm row alone beside
 #                              PyTorch's; MFU=1: lockstep reports its model FLOP utilisation;
-#                              SPLIT=1: then one profiling pass each, the step split into forward,
+#                              SPLIT=1 (SPLIT_STEPS=N timed steps, default STEPS): then one
+#                              profiling pass each, the step split into forward,
 #                              backward, clipping and optimizer, each timed to the device's end
 #                              (lockstep's log.sync_timing, bench_gpt_torch.py --split);
 #                              NONFINITE_ROW=1 (cuda): one more lockstep row, train.stop_on_nonfinite off
@@ -122,10 +123,12 @@ for n in names:
     print(f"{n:36} {med[n]:10.0f}   x{ratio(med[n], torch):.3f} of PyTorch's{extra}")
 PY
 [ "${SPLIT:-0}" = 1 ] || exit 0
-# The split: one profiling pass each, every phase timed to the device's end.
-lockstep_backend=(--set dist.backend="$([ "$DEVICE" = cuda ] && echo nccl || echo auto)")
+# The split: one profiling pass each (SPLIT_STEPS timed steps), every phase
+# timed to the device's end; lockstep without its per-step non-finite check
+# (a host read PyTorch's loop does not do; NONFINITE_ROW measures it).
+STEPS=${SPLIT_STEPS:-$STEPS}
 LOCKSTEP_RAW=$work/split.jsonl lockstep split "lockstep" --set check.every=0 --set log.sync_timing=true \
-  "${lockstep_backend[@]}"
+  --set train.stop_on_nonfinite=false
 torch_run "$work/torch_split.jsonl" --split
 cat "$work/torch_split.jsonl" >>"$work/split.jsonl"
 "$PYTHON" - "$work/split.jsonl" $((NPROC * batch * block)) <<'PY'

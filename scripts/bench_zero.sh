@@ -6,7 +6,7 @@
 # holds and its peak resident memory while training, before the run's last
 # checkpoint (the trainer's closing "memory:" line),
 # and the mean step time (metrics.jsonl: forward + backward + comm_wait +
-# optimizer) over the steps after the first two.
+# clip + optimizer) over the steps after the first two.
 #   scripts/bench_zero.sh [BUILD_DIR]
 #   env: ROUNDS (2), STEPS (10), NPROC (2), HIDDEN (4096), LAYERS (4), BACKEND (auto)
 set -euo pipefail

@@ -1,5 +1,10 @@
 #include "run_parts.h"
 
+#include <ATen/Context.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
 #include "lockstep/ddp/batch_stats_exchange.h"
 #include "lockstep/model/sync_batchnorm.h"
 #include "lockstep/optim/optim.h"
@@ -20,6 +25,32 @@
 // parts.
 
 namespace lockstep {
+namespace {
+
+// Note [Deterministic kernels for the replay]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// check.replay_every recomputes a rank's local gradient and compares its
+// bits (Note [Silent corruption]). On a GPU several of ATen's kernels give
+// other bits from run to run unless asked for their deterministic versions:
+// the memory-efficient attention's backward (split keys summed with
+// atomics), scatters with atomics, cuBLAS with more than one workspace. So
+// a run that replays on a GPU asks for them, as torch.use_deterministic_
+// algorithms(True, warn_only=True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 do
+// in Python (a value the user set is kept): a kernel that has no
+// deterministic version warns once instead of failing the run. Set before
+// the model reaches the device (with one stream cuBLAS is deterministic
+// whatever its workspace; ATen's determinism check reads the variable).
+void deterministic_kernels_for_replay(const Config& config, const at::Device& device) {
+  if (config.check.replay_every <= 0 || !device.is_cuda()) return;
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  spdlog::info(
+      "check.replay_every on {}: ATen's deterministic kernels (the replay compares bits; "
+      "CUBLAS_WORKSPACE_CONFIG={})",
+      device.str(), std::getenv("CUBLAS_WORKSPACE_CONFIG"));
+}
+
+}  // namespace
 
 void run_build_model(RunParts& run, const Config& config, const WorldInfo& world,
                      const std::shared_ptr<ProcessGroup>& pg, const TrainData& data) {
@@ -35,6 +66,7 @@ void run_build_model(RunParts& run, const Config& config, const WorldInfo& world
                         "true; resnet has it)");
   }
   run.device = device_from_config(config, world, pg->kind());
+  deterministic_kernels_for_replay(config, run.device);
   run.model->to(run.device);  // before the optimizer and a resume: their state lives there too
   run.precision = std::make_unique<MixedPrecision>(config.train, run.device, pg.get());
 }

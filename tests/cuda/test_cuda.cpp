@@ -223,6 +223,14 @@ TEST_CASE("on a GPU the gradients' norms are each tensor's alone, and the scalin
     const double cpu = all[i].cpu().to(at::kDouble).norm(2).item<double>();
     CHECK(std::abs(whole[i].item<double>() - cpu) <= 1e-5 * cpu);
   }
+  // A bfloat16 gradient in the list leaves the float ones' norms alone (the
+  // norms are taken by dtype, as PyTorch's clip_grad_norm_ groups them).
+  auto mixed = all;
+  mixed.insert(mixed.begin() + 1, torch::randn({1000}, kGpu).to(at::kBFloat16));
+  const auto with_bf16 = tensor_norms(mixed);
+  CHECK(with_bf16[1].scalar_type() == at::kBFloat16);
+  CHECK(at::equal(with_bf16[0], whole[0]));
+  for (size_t i = 1; i < all.size(); ++i) CHECK(at::equal(with_bf16[i + 1], whole[i]));
   std::vector<at::Tensor> scaled;
   for (const auto& t : all) scaled.push_back(t.clone());
   const auto factor = torch::tensor(0.375, at::TensorOptions().dtype(at::kFloat));  // CPU: moved

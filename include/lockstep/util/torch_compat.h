@@ -22,7 +22,7 @@
 //   decltype spells it, and adds and removes the post hook
 //   (LambdaPostHook, add/del_post_hook read the same in all).
 // Multi-tensor scaling by a tensor. 2.1+ has _foreach_mul_(TensorList,
-//   Tensor), the factor staying on the device; 1.13 has not:
+//   Tensor), the factor staying on the device; 1.13 and 2.0 have not:
 //   foreach_mul_by() multiplies tensor by tensor there.
 // Unchanged, checked by the suite on all: the engine's queue_callback,
 //   torch::pickle_save/pickle_load.
