@@ -56,16 +56,15 @@ lockstep() {  # lockstep NAME LABEL ARGS...: one run; tokens/s over the interval
     --set data.validation_fraction=0.001 --set train.precision="$PRECISION" "${shape_lockstep[@]}" "${device_lockstep[@]}" "$@" >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
   "$PYTHON" - "$work/runs/$name/metrics.jsonl" "$label" "$WARMUP" >>"$to" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
-timed = [r for r in rows if r["step"] > int(sys.argv[3])]
+records = [json.loads(l) for l in open(sys.argv[1])]
+timed = [r for r in records if "tokens_per_s" in r and r["step"] > int(sys.argv[3])]
 out = {"impl": sys.argv[2], "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed)}
 if "flops_per_s" in timed[-1]:
     out["flops_per_token"] = timed[-1]["flops_per_s"] / timed[-1]["tokens_per_s"]
 if "mfu" in timed[-1]:
     out["mfu"] = sum(r["mfu"] for r in timed) / len(timed)
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l]
-timed = [r["ms"] for r in rows if r["step"] > int(sys.argv[3])]
-out["split"] = {k: sum(ms.get(k, 0) for ms in timed) / len(timed)
+ms = [r["ms"] for r in timed]  # the same interval records
+out["split"] = {k: sum(m.get(k, 0) for m in ms) / len(ms)
                 for k in ("forward", "backward", "comm_wait", "clip", "optimizer", "check")}
 print(json.dumps(out))
 PY

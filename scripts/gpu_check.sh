@@ -430,10 +430,13 @@ gpt_parity() {
 
 weights() { grep -o "final weights [0-9a-f]*" "$work/$1.out" | tail -n 1 | awk '{print $3}'; }
 # digits NAME NPROC ARGS...: digits on $dev, output in $work/NAME.out.
-digits() {
-  local name=$1 nproc=$2
-  shift 2
-  timeout -k 5 "$(cap 90)" "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/digits.yaml" \
+digits() { train_on_dev digits.yaml "$@"; }
+# train_on_dev CONFIG NAME NPROC ARGS...: lockstep train with configs/CONFIG
+# on $dev, output in $work/NAME.out (its tail shown when it fails).
+train_on_dev() {
+  local config=$1 name=$2 nproc=$3
+  shift 3
+  timeout -k 5 "$(cap 90)" "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train --config "$root/configs/$config" \
     --set run.dir="$work/runs" --set run.name="$name" --set log.progress=plain --set train.device="$dev" \
     "$@" >"$work/$name.out" 2>&1 || { tail -n 15 "$work/$name.out"; return 1; }
 }
@@ -571,10 +574,8 @@ lm() {
   local name=$1 nproc=$2
   shift 2
   [ -f "$work/lm_text.txt" ] || head -c 300000 "$root/data/kjv.txt" >"$work/lm_text.txt"
-  timeout -k 5 "$(cap 90)" "$run" --nproc-per-node "$nproc" --master-port 0 "$bin" train \
-    --config "$root/configs/gpt-text.yaml" --set run.dir="$work/runs" --set run.name="$name" \
-    --set log.progress=plain --set train.device="$dev" --set data.path="$work/lm_text.txt" \
-    --set checkpoint.every=0 --set train.max_steps=30 "$@" >"$work/$name.out" 2>&1
+  train_on_dev gpt-text.yaml "$name" "$nproc" --set data.path="$work/lm_text.txt" --set checkpoint.every=0 \
+    --set train.max_steps=30 "$@"
 }
 text_needed() {
   [ -f "$root/data/kjv.txt" ] || { echo "no data/kjv.txt: make it with scripts/make_text.sh and carry it"; return 1; }
@@ -604,9 +605,9 @@ corruption_gpu() {
   # cores replaying every step of the demo take minutes).
   local gpt=(--set dist.backend=gloo)
   [ "$dev" = cpu ] && gpt+=(--set model.n_layer=2 --set model.n_embd=64 --set model.n_head=2 --set model.block_size=64)
-  lm sdc_gpt_base 2 "${gpt[@]}" || { tail -n 15 "$work/sdc_gpt_base.out"; return 1; }
+  lm sdc_gpt_base 2 "${gpt[@]}" || return 1
   lm sdc_gpt_clean 2 "${gpt[@]}" "${every[@]}" ||
-    { tail -n 8 "$work/sdc_gpt_clean.out"; echo "GPT, replay every step: a false alarm (a nondeterministic backward?)"; bad=1; }
+    { echo "GPT, replay every step: a false alarm (a nondeterministic backward?)"; bad=1; }
   if [ "$(weights sdc_gpt_clean)" = "$(weights sdc_gpt_base)" ] && [ -n "$(weights sdc_gpt_base)" ]; then
     figures="$figures; GPT: 30 replays found nothing, same weights"
   else
@@ -676,8 +677,8 @@ llama_gpu() {
   local shape=(--set model.name=llama --set model.n_layer=2 --set model.n_head=4 --set model.n_kv_head=2
                --set model.n_embd=64 --set model.intermediate_size=160 --set model.block_size=64
                --set data.batch_size=8 --set train.max_steps=20 --set log.every=1 --set check.every=1)
-  lm llama_cpu 1 "${shape[@]}" --set train.device=cpu --set dist.backend=gloo || { tail -n 15 "$work/llama_cpu.out"; return 1; }
-  lm llama_dev 1 "${shape[@]}" --set dist.backend="$world1" || { tail -n 15 "$work/llama_dev.out"; return 1; }
+  lm llama_cpu 1 "${shape[@]}" --set train.device=cpu --set dist.backend=gloo || return 1
+  lm llama_dev 1 "${shape[@]}" --set dist.backend="$world1" || return 1
   local rel
   rel=$(timeout -k 5 "$(cap 30)" "$PYTHON" -c "
 import json, sys
@@ -687,9 +688,9 @@ assert len(a) == 20 and a.keys() == b.keys(), (len(a), len(b))
 print('%.3g' % max(abs(a[s] - b[s]) / abs(a[s]) for s in a))" \
     "$work/runs/llama_cpu/metrics.jsonl" "$work/runs/llama_dev/metrics.jsonl") || return 1
   local zero=(--set dist.backend=gloo --set log.every=10)
-  lm llama_ddp 2 "${shape[@]}" "${zero[@]}" || { tail -n 15 "$work/llama_ddp.out"; return 1; }
-  lm llama_ddp_again 2 "${shape[@]}" "${zero[@]}" || { tail -n 15 "$work/llama_ddp_again.out"; return 1; }
-  lm llama_z3 2 "${shape[@]}" "${zero[@]}" --set optim.zero=3 || { tail -n 15 "$work/llama_z3.out"; return 1; }
+  lm llama_ddp 2 "${shape[@]}" "${zero[@]}" || return 1
+  lm llama_ddp_again 2 "${shape[@]}" "${zero[@]}" || return 1
+  lm llama_z3 2 "${shape[@]}" "${zero[@]}" --set optim.zero=3 || return 1
   local d d2 z
   d=$(weights llama_ddp) d2=$(weights llama_ddp_again) z=$(weights llama_z3)
   echo "figures: ${stand_in}2 layers, GQA 4/2, 20 AdamW steps: $dev's losses within $rel (relative) of the CPU's; ZeRO-3 $([ -n "$z" ] && [ "$z" = "$d" ] && echo "bit-identical to" || echo "differs from") DDP on 2 ranks (gloo over $dev), DDP twice $([ "$d" = "$d2" ] && echo equal || echo "differs: a nondeterministic kernel")"

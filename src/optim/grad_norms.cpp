@@ -56,13 +56,10 @@ std::vector<at::Tensor> tensor_norms(const std::vector<at::Tensor>& tensors) {
 }
 
 void scale_tensors(const std::vector<at::Tensor>& tensors, const at::Tensor& factor) {
-  std::vector<bool> done(tensors.size(), false);
-  for (const auto& [key, indices] : cuda_groups(tensors)) {
+  for (const auto& [key, indices] : cuda_groups(tensors))
     foreach_mul_by(pick(tensors, indices), factor.to(at::Device(at::kCUDA, key.first)));
-    for (const size_t i : indices) done[i] = true;
-  }
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (!done[i]) tensors[i].mul_(factor.to(tensors[i].device()));
+  for (const auto& t : tensors)
+    if (!t.device().is_cuda()) t.mul_(factor.to(t.device()));
 }
 
 }  // namespace lockstep

@@ -234,8 +234,7 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
   const bool language = tokens_per_sample_ > 0;
   const double per_s = sums.samples * (language ? tokens_per_sample_ : 1.0) / sums.seconds;
   const double ranks = pg_.size();
-  const double step_ms =
-      in.forward_ms + in.backward_ms + in.comm_ms + in.clip_ms + in.optimizer_ms + in.check_ms;
+  const double step_ms = in.phases_ms();
   std::vector<MetricField> f;
   f.push_back({"step", static_cast<double>(state.step), "%.0f"});
   f.push_back({"epoch", static_cast<double>(state.epoch + 1), "%.0f"});
@@ -282,8 +281,7 @@ std::vector<MetricField> Metrics::interval_fields(const Interval& in, const Trai
 
 void Metrics::warn_comm_share(const Interval& in) {
   const double n = static_cast<double>(std::max<int64_t>(in.steps, 1));
-  const double step_ms =
-      in.forward_ms + in.backward_ms + in.comm_ms + in.clip_ms + in.optimizer_ms + in.check_ms;
+  const double step_ms = in.phases_ms();
   if (warned_comm_share_ || step_ms <= 0 || in.comm_ms / step_ms <= 0.2) return;
   warned_comm_share_ = true;
   spdlog::warn(

@@ -30,6 +30,10 @@ struct Interval {
   at::Tensor loss_sum, correct;
   double samples = 0;
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, clip_ms = 0, optimizer_ms = 0, check_ms = 0;
+  // The phases' sum: the interval's step time as the phases account for it.
+  double phases_ms() const {
+    return forward_ms + backward_ms + comm_ms + clip_ms + optimizer_ms + check_ms;
+  }
   double comm_bytes = 0;
   int64_t steps = 0;
   double lr = 0;          // the last step's

@@ -269,16 +269,14 @@ void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
   // optimizer that gathers the norms from their owners clips alike.
   const bool report_norm =
       options_.grad_norm_every > 0 && (step + 1) % options_.grad_norm_every == 0;
-  // (On a GPU, multi-tensor kernels as PyTorch's: Note [Clipping's kernels].)
-  const auto grads = [&] {
-    std::vector<at::Tensor> out;
-    for (const auto& p : model_.parameters())
-      if (p.grad().defined()) out.push_back(p.grad().detach());
-    return out;
-  };
+  // The gradients present (clamped in place below, so gathered once); on a
+  // GPU measured and scaled by multi-tensor kernels: Note [Clipping's kernels].
+  std::vector<at::Tensor> grads;
+  for (const auto& p : model_.parameters())
+    if (p.grad().defined()) grads.push_back(p.grad().detach());
   const auto norms_now = [&] {
     if (hooks.grad_norms) return hooks.grad_norms();
-    const auto each = tensor_norms(grads());
+    const auto each = tensor_norms(grads);
     return each.empty() ? at::Tensor() : at::stack(each);
   };
   const auto total_of = [](const at::Tensor& norms) {
@@ -294,16 +292,14 @@ void TrainStep::clip_gradients(int64_t step, StepStats& stats) {
     stop_if_diverged(stats.loss_sum, norms.defined() ? total_of(norms) : at::Tensor(), step + 1);
   }
   if (options_.clip_value > 0) {
-    for (const auto& p : model_.parameters()) {
-      if (p.grad().defined()) p.grad().clamp_(-options_.clip_value, options_.clip_value);
-    }
+    for (const auto& g : grads) g.clamp_(-options_.clip_value, options_.clip_value);
     norms = at::Tensor();
   }
   if (options_.clip_grad_norm > 0) {
     if (!norms.defined()) norms = norms_now();
     if (norms.defined()) {
       const auto clip_coef = options_.clip_grad_norm / (total_of(norms) + 1e-6);
-      scale_tensors(grads(), at::clamp(clip_coef, c10::nullopt, 1.0));
+      scale_tensors(grads, at::clamp(clip_coef, c10::nullopt, 1.0));
     }
   }
 }
